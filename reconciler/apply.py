@@ -1,0 +1,110 @@
+"""``Plan`` -> results, through the drivers: journal first, then act, then check health.
+
+Each change is written to the intent journal before it happens and settled after, so a run
+killed half way leaves a record of what it was doing; the next run re-plans from what it
+observes, which makes applying twice the same as applying once.
+
+A failed service stops the run for this commit: the services after it are skipped, not
+half-applied, and the result says which service failed first.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
+
+from .drivers import Driver
+from .errors import ApplyError, ReconcilerError
+from .model import Action, ActionKind, DesiredService, Health, Plan, ResultState, ServiceResult
+from .state import State
+
+log = logging.getLogger("reconciler.apply")
+
+# A process that survives this long after start is taken as started when no probe is set.
+SETTLE = 0.5
+
+
+def _probe(health: Health) -> bool:
+    if health.kind == "tcp":
+        host, _, port = health.target.rpartition(":")
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=1.0):
+                return True
+        except OSError:
+            return False
+    if health.kind == "http":
+        if urlsplit(health.target).scheme not in ("http", "https"):
+            return False
+        try:
+            with urllib.request.urlopen(health.target, timeout=2.0) as resp:  # noqa: S310
+                return 200 <= int(resp.status) < 300
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+    return True
+
+
+def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Return when the service passes its health check; ``ApplyError`` on exit or timeout."""
+    h = svc.health
+    start = time.monotonic()
+    deadline = start + h.timeout
+    while True:
+        if not driver.running(svc.name):
+            out = driver.last_output(svc.name)
+            raise ApplyError(f"service {svc.name} exited at once" + (f": {out}" if out else ""))
+        settled = time.monotonic() - start >= min(SETTLE, h.timeout)
+        if settled and _probe(h):
+            return
+        if time.monotonic() >= deadline:
+            what = f"{h.kind} {h.target}".strip()
+            raise ApplyError(f"service {svc.name} not healthy after {h.timeout:g}s ({what})")
+        sleep(0.1)
+
+
+def apply_plan(plan: Plan, drivers: Mapping[str, Driver], state: State) -> list[ServiceResult]:
+    results: list[ServiceResult] = []
+    failed: str | None = None
+    for action in plan.actions:
+        svc = action.desired
+        h = svc.hash if svc else None
+        if action.kind is ActionKind.NONE:
+            results.append(ServiceResult(action.service, action.kind, ResultState.OK, action.reason, hash=h))
+            continue
+        if failed is not None:
+            results.append(ServiceResult(
+                action.service, action.kind, ResultState.SKIPPED, action.reason,
+                detail=f"not applied: {failed} failed first", hash=h,
+            ))
+            continue
+        entry = state.intent(plan.commit, action.service, str(action.kind))
+        try:
+            pid = _do(action, drivers[action.driver], plan.commit)
+        except ReconcilerError as exc:
+            state.settle(entry, ok=False)
+            state.record(action.service, plan.commit, h, str(action.kind), "failed", action.reason, str(exc))
+            log.error("%s %s failed: %s", action.kind, action.service, exc)
+            results.append(ServiceResult(
+                action.service, action.kind, ResultState.FAILED, action.reason, detail=str(exc), hash=h
+            ))
+            failed = action.service
+            continue
+        state.settle(entry, ok=True)
+        state.record(action.service, plan.commit, h, str(action.kind), "ok", action.reason)
+        log.info("%s %s: %s", action.kind, action.service, action.reason)
+        results.append(ServiceResult(action.service, action.kind, ResultState.OK, action.reason, pid=pid, hash=h))
+    return results
+
+
+def _do(action: Action, driver: Driver, commit: str) -> int | None:
+    if action.kind is ActionKind.STOP:
+        driver.remove(action.service)
+        return None
+    assert action.desired is not None
+    pid = driver.start(action.desired, commit)
+    wait_healthy(driver, action.desired)
+    return pid

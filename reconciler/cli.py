@@ -1,0 +1,361 @@
+"""The command line: thin. The only place that prints errors and picks exit codes.
+
+Exit codes: 0 ok, 1 failed (a service, the remote), 2 bad input (repo, config, arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .agent import Agent, RunResult, run_daemon
+from .config import AgentConfig, load_config
+from .errors import BadInput, ReconcilerError
+from .model import ActionKind, Desired
+from .observe import observe
+from .render import render_node
+from .repo import load_repo
+from .state import atomic_write
+from .tree import open_tree
+from .yamlfile import Problem, RepoProblems
+
+F = TypeVar("F", bound=Callable[..., Any])
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "error": "red",
+         "skipped": "yellow", "start": "cyan", "restart": "yellow", "stop": "magenta"}
+
+
+def _style(word: str) -> str:
+    return f"[{STYLE.get(word, 'white')}]{word}[/]"
+
+
+def output_option(f: F) -> F:
+    return click.option("-o", "--output", type=click.Choice(["human", "json"]), default="human",
+                        show_default=True, help="Output format; json for scripts.")(f)
+
+
+def agent_options(f: F) -> F:
+    for opt in reversed([
+        click.option("--config", "config_file", type=click.Path(path_type=Path), envvar="RECONCILER_CONFIG",
+                     help="Agent settings (YAML). Flags override it."),
+        click.option("--node", help="This node's name in inventory.yaml."),
+        click.option("--remote", help="Deployment repo URL (file://, git://, ssh://, https://)."),
+        click.option("--branch", help="Branch to follow [main]."),
+        click.option("--state-dir", type=click.Path(path_type=Path), help="Local state directory."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _config(config_file: Path | None, **overrides: Any) -> AgentConfig:
+    return load_config(config_file, overrides)
+
+
+def _json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="reconciler")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def cli(verbose: int) -> None:
+    """Pull-based GitOps agent: every node converges on the reviewed deployment repo.
+
+    \b
+    Example:
+      reconciler validate --repo examples/repo
+      reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1
+    """
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+
+
+# ---------------------------------------------------------------------------- validate
+@cli.command()
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="Deployment repo: a directory, or a git repo when --rev is given.")
+@click.option("--rev", help="Check this commit instead of the files on disk.")
+@output_option
+def validate(repo_dir: Path, rev: str | None, output: str) -> None:
+    """Check schemas and references, and render every node.
+
+    Each problem is printed as file:line: message; exit 2 if there is any.
+
+    \b
+    Example:
+      reconciler validate --repo examples/repo
+      reconciler validate --repo . --rev HEAD
+    """
+    tree = open_tree(repo_dir, rev)
+    problems: list[Problem] = []
+    nodes = services = 0
+    try:
+        repo = load_repo(tree)
+    except RepoProblems as exc:
+        problems = exc.problems
+    else:
+        for node in sorted(repo.nodes):
+            try:
+                services += len(render_node(repo, node, tree.label).services)
+                nodes += 1
+            except BadInput as exc:
+                message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
+                problems.append(Problem(exc.file or "?", exc.line, message))
+    if output == "json":
+        _json({"ok": not problems, "nodes": nodes, "services": services,
+               "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in problems]})
+    else:
+        for p in problems:
+            click.echo(str(p), err=True)
+        if not problems:
+            out.print(f"[green]ok[/]: {tree.label}: {nodes} nodes, {services} service instances render")
+    if problems:
+        sys.exit(2)
+
+
+# ---------------------------------------------------------------------------- render
+@cli.command()
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True)
+@click.option("--rev", help="Render this commit instead of the files on disk.")
+@click.option("--node", "nodes", multiple=True, help="Node to render (repeatable).")
+@click.option("--all", "all_nodes", is_flag=True, help="Render every node.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write the files per node here.")
+@output_option
+def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: bool,
+           out_dir: Path | None, output: str) -> None:
+    """Render nodes' slices for review: OUT/<node>/<service>/<file>.
+
+    Same commit, same bytes. Without --out, prints each service's hash and files.
+
+    \b
+    Example:
+      reconciler render --repo examples/repo --all --out /tmp/rendered
+      reconciler render --repo . --rev HEAD --node ctl1 -o json
+    """
+    if not nodes and not all_nodes:
+        raise BadInput("give --node NODE or --all")
+    tree = open_tree(repo_dir, rev)
+    repo = load_repo(tree)
+    names = sorted(repo.nodes) if all_nodes else list(nodes)
+    slices = [render_node(repo, n, tree.label) for n in names]
+    if out_dir is not None:
+        for d in slices:
+            _write_slice(out_dir, d)
+    if output == "json":
+        _json([d.to_dict() for d in slices])
+        return
+    table = Table("node", "service", "driver", "hash", "files")
+    for d in slices:
+        for s in d.services:
+            table.add_row(d.node, s.name, s.runtime.driver, s.hash[:12], ", ".join(f.path for f in s.files))
+    out.print(table)
+    if out_dir is not None:
+        out.print(f"written under {out_dir}")
+
+
+def _write_slice(root: Path, desired: Desired) -> None:
+    for s in desired.services:
+        base = root / desired.node / s.name
+        for f in s.files:
+            atomic_write(base / f.path, f.content, f.mode)
+        spec = {"runtime": s.runtime.to_dict(), "health": s.health.to_dict(), "hash": s.hash,
+                "depends_on": list(s.depends_on)}
+        atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
+
+
+# ---------------------------------------------------------------------------- plan / apply
+@cli.command()
+@agent_options
+@click.option("--rev", help="Plan this commit of the node's mirror instead of the branch head.")
+@click.option("--no-fetch", is_flag=True, help="Use the mirror as it is; do not contact the remote.")
+@output_option
+def plan(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
+         state_dir: Path | None, rev: str | None, no_fetch: bool, output: str) -> None:
+    """Show what this node would do for the branch head, and why. Changes nothing.
+
+    \b
+    Example:
+      reconciler plan --config /etc/reconciler/agent.yaml
+    """
+    cfg = _config(config_file, node=node, remote=remote, branch=branch, state_dir=state_dir)
+    agent = Agent(cfg)
+    the_plan, _ = agent.plan(fetch=not no_fetch and rev is None, rev=rev)
+    if output == "json":
+        _json(the_plan.to_dict())
+        return
+    table = Table("service", "action", "reason", title=f"{cfg.node} @ {the_plan.commit[:12]} (plan {the_plan.hash})")
+    for a in the_plan.actions:
+        table.add_row(a.service, _style(str(a.kind)), a.reason)
+    out.print(table)
+    n = len(the_plan.changes)
+    out.print(f"{n} change{'s' if n != 1 else ''}" if n else "nothing to do")
+
+
+def _print_result(result: RunResult, output: str) -> None:
+    if output == "json":
+        _json(result.to_dict())
+        return
+    short = result.commit[:12]
+    for c, s, a in result.interrupted:
+        err.print(f"[yellow]note[/]: a previous run was interrupted during {a} {s} at {c[:12]}")
+    if result.report is None:
+        out.print(f"{result.node} @ {short}: unchanged, nothing to do")
+    else:
+        rep = result.report
+        if rep.services:
+            table = Table("service", "action", "result", "reason", "detail",
+                          title=f"{result.node} @ {short}: {rep.state}")
+            for r in rep.services:
+                table.add_row(r.service, _style(str(r.action)), _style(str(r.state)), r.reason, r.detail)
+            out.print(table)
+        else:
+            out.print(f"{result.node} @ {short}: {_style(str(rep.state))}")
+    if not result.pushed:
+        err.print("[yellow]warning[/]: the note could not be pushed; it will be pushed on the next run")
+    if result.error is not None:
+        raise result.error
+
+
+@cli.command()
+@agent_options
+@click.option("--rev", help="Apply this commit of the node's mirror instead of the branch head.")
+@click.option("--no-fetch", is_flag=True, help="Apply what the mirror has; do not contact the remote.")
+@output_option
+def apply(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
+          state_dir: Path | None, rev: str | None, no_fetch: bool, output: str) -> None:
+    """Converge this node on the branch head (or --rev) now, and note the result.
+
+    \b
+    Example:
+      reconciler apply --config /etc/reconciler/agent.yaml
+    """
+    cfg = _config(config_file, node=node, remote=remote, branch=branch, state_dir=state_dir)
+    agent = Agent(cfg)
+    result = agent.reconcile_once(fetch=not no_fetch and rev is None, rev=rev)
+    _print_result(result, output)
+    sys.exit(result.exit_code)
+
+
+@cli.command()
+@agent_options
+@click.option("--once", is_flag=True, help="Run one pass (poll, apply, report) and exit.")
+@click.option("--interval", type=float, help="Seconds between polls.")
+@click.option("--jitter", type=float, help="Random extra seconds per poll.")
+@output_option
+def agent(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
+          state_dir: Path | None, once: bool, interval: float | None, jitter: float | None,
+          output: str) -> None:
+    """Run the agent: poll the repo, apply, report; supervise services in between.
+
+    \b
+    Example:
+      reconciler agent --config /etc/reconciler/agent.yaml
+      reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1
+    """
+    cfg = _config(config_file, node=node, remote=remote, branch=branch, state_dir=state_dir,
+                  interval=interval, jitter=jitter)
+    the_agent = Agent(cfg)
+    if once:
+        result = the_agent.reconcile_once()
+        _print_result(result, output)
+        sys.exit(result.exit_code)
+    if logging.getLogger().level > logging.INFO:
+        logging.getLogger().setLevel(logging.INFO)
+
+    def show(result: RunResult) -> None:
+        if result.report is not None:
+            logging.getLogger("reconciler.agent").info(
+                "%s @ %s: %s", result.node, result.commit[:12], result.report.state)
+
+    run_daemon(the_agent, show)
+
+
+# ---------------------------------------------------------------------------- status / history
+@cli.command()
+@agent_options
+@output_option
+def status(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
+           state_dir: Path | None, output: str) -> None:
+    """What runs on this node now, from which commit, and the last run's verdict.
+
+    \b
+    Example:
+      reconciler status --config /etc/reconciler/agent.yaml -o json
+    """
+    cfg = _config(config_file, node=node, remote=remote or "unused", branch=branch, state_dir=state_dir)
+    from .agent import APPLIED_COMMIT, drivers_for
+    from .state import State
+
+    state = State(cfg.state_dir)
+    observed = observe(cfg.node, drivers_for(cfg, None))
+    last = state.last_run()
+    applied = state.get(APPLIED_COMMIT)
+    if output == "json":
+        _json({"node": cfg.node, "applied_commit": applied, "last_run": last, **observed.to_dict()})
+        return
+    out.print(f"node {cfg.node}: applied {applied[:12] if applied else 'nothing yet'}"
+              + (f"; last run {last['commit'][:12]} {_style(last['state'])}" if last else ""))
+    table = Table("service", "driver", "running", "pid", "commit", "hash")
+    for s in observed.services:
+        table.add_row(s.name, s.driver, _style("ok") if s.running else _style("failed"), str(s.pid or "-"),
+                      (s.commit or "")[:12], (s.hash or "")[:12])
+    out.print(table)
+
+
+@cli.command()
+@agent_options
+@click.argument("service", required=False)
+@click.option("--limit", default=30, show_default=True)
+@output_option
+def history(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
+            state_dir: Path | None, service: str | None, limit: int, output: str) -> None:
+    """What this node applied, per service, newest first.
+
+    \b
+    Example:
+      reconciler history identity --state-dir /var/lib/reconciler
+    """
+    cfg = _config(config_file, node=node or "local", remote=remote or "unused", branch=branch, state_dir=state_dir)
+    from datetime import UTC, datetime
+
+    from .state import State
+
+    rows = State(cfg.state_dir).history(service, limit)
+    if output == "json":
+        _json([r.to_dict() for r in rows])
+        return
+    table = Table("time", "service", "commit", "action", "result", "reason")
+    for r in rows:
+        when = datetime.fromtimestamp(r.time, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(when, r.service, r.commit[:12], r.action, _style(r.result), r.detail or r.reason)
+    out.print(table)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ReconcilerError as exc:
+        click.echo(f"error: {exc} [{exc.reason}]", err=True)
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+
+
+_ = ActionKind  # re-exported for scripts that read plan output

@@ -1,0 +1,86 @@
+"""The agent's own settings: a YAML file on the node (``--config``), flags override.
+
+These never come from the deployment repo: the node decides where it pulls from and who it is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .yamlfile import load_yaml
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    """This node's name, as in inventory.yaml."""
+    remote: str
+    """URL of the deployment repo: file://, git://, ssh://, https:// or a local path."""
+    branch: str = "main"
+    """Branch the node follows."""
+    state_dir: Path = Path("/var/lib/reconciler")
+    """Local state: mirror, rendered files, SQLite, lock."""
+    interval: float = 60.0
+    """Seconds between polls of the remote (agent daemon)."""
+    jitter: float = 10.0
+    """Random extra delay per poll, plus a fixed per-node offset, so a fleet does not poll in step."""
+    supervise_interval: float = 2.0
+    """Seconds between liveness checks of the services (agent daemon)."""
+    ssh_command: str | None = None
+    """GIT_SSH_COMMAND for ssh:// remotes (key, port, known hosts)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
+    """Settings from ``path`` (if any), then non-None ``overrides``; clear errors for each problem."""
+    values: dict[str, Any] = {}
+    file = str(path) if path else "command line"
+    if path is not None:
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read agent config: {exc.strerror}", file=str(path)) from exc
+        doc = load_yaml(raw, str(path))
+        if doc.data is not None and not isinstance(doc.data, dict):
+            raise ConfigError("agent config must be a mapping", file=str(path), line=1)
+        known = {f.name for f in fields(AgentConfig)}
+        for key, value in (doc.data or {}).items():
+            key = str(key).replace("-", "_")
+            if key not in known:
+                raise ConfigError(f"unknown setting {key!r} (known: {', '.join(sorted(known))})",
+                                  file=str(path), line=doc.line((key,)))
+            values[key] = value
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    for required in ("node", "remote"):
+        if not values.get(required):
+            flag = "--" + required.replace("_", "-")
+            raise ConfigError(f"missing setting {required!r} (give {flag} or set it in --config)", file=file)
+    try:
+        cfg = AgentConfig(
+            node=str(values["node"]),
+            remote=_remote(str(values["remote"])),
+            branch=str(values.get("branch", "main")),
+            state_dir=Path(str(values.get("state_dir", "/var/lib/reconciler"))).expanduser(),
+            interval=float(values.get("interval", 60.0)),
+            jitter=float(values.get("jitter", 10.0)),
+            supervise_interval=float(values.get("supervise_interval", 2.0)),
+            ssh_command=values.get("ssh_command"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad setting: {exc}", file=file) from exc
+    if cfg.interval <= 0 or cfg.jitter < 0 or cfg.supervise_interval <= 0:
+        raise ConfigError("interval and supervise_interval must be > 0, jitter >= 0", file=file)
+    return cfg
+
+
+def _remote(url: str) -> str:
+    """A plain local path is taken as a file:// URL (absolute), like git does."""
+    if "://" in url or url.startswith("git@") or ":" in url.split("/")[0]:
+        return url
+    return "file://" + os.path.abspath(url)

@@ -1,0 +1,206 @@
+"""The embedded default driver: plain processes supervised from the state directory.
+
+Per service, under ``<state>/services/<name>/``::
+
+    rev/<hash>/     the rendered files of one slice, written once, never changed: the cwd
+    record.json     what runs: pid, process start time, hash, commit, command, env
+    data/           persistent, writable ($RECONCILER_DATA_DIR); kept when the service goes
+    service.log     stdout and stderr, appended
+
+Processes run in their own session (process group), so they outlive the run that started them
+and a stop reaches their children. A pid alone is not proof: the record also holds the
+process's start time from /proc, so a recycled pid is never mistaken for the service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ApplyError
+from ..model import DesiredService, ObservedService
+from ..state import atomic_write, fsync_dir
+
+STOP_TIMEOUT = 10.0
+KEEP_REVISIONS = 5
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Start time of a live (non-zombie) process, in clock ticks since boot; None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)  # reap our own child so the pid can go
+        return None
+    return fields[19]
+
+
+class ProcessDriver:
+    name = "process"
+
+    def __init__(self, root: Path, node: str) -> None:
+        self.root = root
+        self.node = node
+
+    def _dir(self, name: str) -> Path:
+        return self.root / name
+
+    def _record(self, name: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self._dir(name) / "record.json").read_text())
+            return data
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def _alive(self, rec: dict[str, Any] | None) -> bool:
+        return bool(rec and rec.get("pid") and _proc_start_time(rec["pid"]) == rec.get("start_time"))
+
+    # observe ---------------------------------------------------------------------------
+    def observe(self) -> list[ObservedService]:
+        out: list[ObservedService] = []
+        if not self.root.is_dir():
+            return out
+        for d in sorted(self.root.iterdir()):
+            rec = self._record(d.name)
+            if rec is None:
+                continue
+            alive = self._alive(rec)
+            out.append(ObservedService(
+                name=d.name, driver=self.name, running=alive, hash=rec.get("hash"),
+                commit=rec.get("commit"), pid=rec["pid"] if alive else None,
+                detail="" if alive else "not running",
+                fingerprint=tuple(sorted(rec.get("fingerprint", {}).items())),
+            ))
+        return out
+
+    def running(self, name: str) -> bool:
+        return self._alive(self._record(name))
+
+    # apply -----------------------------------------------------------------------------
+    def materialise(self, svc: DesiredService) -> Path:
+        """Write the slice's files into rev/<hash>/ once; an existing revision is reused."""
+        rev = self._dir(svc.name) / "rev" / svc.hash
+        if rev.is_dir():
+            return rev
+        tmp = rev.with_name(f".tmp-{svc.hash}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for f in svc.files:
+            atomic_write(tmp / f.path, f.content, f.mode)
+        tmp.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, rev)
+        fsync_dir(rev.parent)
+        return rev
+
+    def start(self, svc: DesiredService, commit: str) -> int | None:
+        self.stop(svc.name)
+        rev = self.materialise(svc)
+        rec = {
+            "service": svc.name,
+            "hash": svc.hash,
+            "fingerprint": svc.fingerprint(),
+            "commit": commit,
+            "cwd": str(rev),
+            "command": list(svc.runtime.command),
+            "env": dict(svc.runtime.env),
+        }
+        pid = self._spawn(rec)
+        self._gc(svc.name, keep=svc.hash)
+        return pid
+
+    def revive(self, name: str) -> int | None:
+        rec = self._record(name)
+        if rec is None:
+            raise ApplyError(f"service {name}: no record to restart from")
+        if self._alive(rec):
+            return int(rec["pid"])
+        return self._spawn(rec)
+
+    def _spawn(self, rec: dict[str, Any]) -> int:
+        name = rec["service"]
+        d = self._dir(name)
+        data = d / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        # Services written in Python find the agent's interpreter first (a venv, say).
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+        env.update(rec["env"])
+        env.update(
+            RECONCILER_NODE=self.node, RECONCILER_SERVICE=name,
+            RECONCILER_COMMIT=rec["commit"], RECONCILER_DATA_DIR=str(data),
+        )
+        argv = list(rec["command"])
+        if "/" not in argv[0]:
+            found = shutil.which(argv[0], path=env["PATH"])
+            if found is None:
+                raise ApplyError(f"service {name}: command {argv[0]!r} not found on PATH")
+            argv[0] = found
+        with open(d / "service.log", "ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start {' '.join(argv)}\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    argv, cwd=rec["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                )
+            except OSError as exc:
+                raise ApplyError(f"service {name}: cannot start {argv[0]}: {exc.strerror}") from exc
+        start_time = None
+        for _ in range(100):  # /proc entry appears with the fork; the loop is for safety
+            start_time = _proc_start_time(proc.pid)
+            if start_time is not None or proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        rec = {**rec, "pid": proc.pid, "start_time": start_time, "started": time.time()}
+        atomic_write(d / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+        return proc.pid
+
+    def stop(self, name: str) -> None:
+        rec = self._record(name)
+        if not self._alive(rec):
+            return
+        assert rec is not None
+        pid = int(rec["pid"])
+        for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if _proc_start_time(pid) != rec["start_time"]:
+                    return
+                time.sleep(0.05)
+        raise ApplyError(f"service {name}: pid {pid} did not stop")
+
+    def remove(self, name: str) -> None:
+        self.stop(name)
+        d = self._dir(name)
+        with contextlib.suppress(FileNotFoundError):
+            (d / "record.json").unlink()
+        shutil.rmtree(d / "rev", ignore_errors=True)
+
+    def _gc(self, name: str, keep: str) -> None:
+        """Keep the newest revisions (for rollback), drop older ones."""
+        revs = self._dir(name) / "rev"
+        entries = sorted(
+            (p for p in revs.iterdir() if p.name != keep), key=lambda p: p.stat().st_mtime, reverse=True
+        )
+        for old in entries[KEEP_REVISIONS - 1 :]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def last_output(self, name: str, lines: int = 5) -> str:
+        try:
+            text = (self._dir(name) / "service.log").read_bytes()[-4000:].decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return " | ".join(t.strip() for t in text.splitlines()[-lines:] if t.strip())

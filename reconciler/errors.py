@@ -1,0 +1,82 @@
+"""The project's exception tree.
+
+The class decides what happens next; the reason code lands in the note:
+
+- ``BadInput``: the deployment repo, the agent config or a command line is wrong. Permanent
+  for this commit: nothing is applied, exit code 2, wait for a new commit.
+- ``RemoteError``: the git remote did not answer or refused a push. Temporary: retry on the
+  next poll, exit code 1.
+- ``ApplyError``: a driver could not bring a service to its desired state. Exit code 1.
+- ``Busy``: another run holds the node's lock.
+"""
+
+from __future__ import annotations
+
+
+class ReconcilerError(Exception):
+    """Base of every error the command line turns into a one-line message."""
+
+    reason = "ERROR"
+    exit_code = 1
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class BadInput(ReconcilerError):
+    """User input that cannot be used as it is; says what and where."""
+
+    reason = "BAD_INPUT"
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        where = ""
+        if file:
+            where = f"{file}:{line}: " if line else f"{file}: "
+        super().__init__(f"{where}{message}", reason=reason)
+
+
+class InvalidRepo(BadInput):
+    reason = "INVALID_REPO"
+
+
+class RenderError(BadInput):
+    reason = "RENDER_FAILED"
+
+
+class UnknownNode(BadInput):
+    reason = "UNKNOWN_NODE"
+
+
+class ConfigError(BadInput):
+    reason = "BAD_CONFIG"
+
+
+class RemoteError(ReconcilerError):
+    reason = "REMOTE_UNREACHABLE"
+    exit_code = 1
+
+
+class ApplyError(ReconcilerError):
+    reason = "APPLY_FAILED"
+    exit_code = 1
+
+
+class Busy(ReconcilerError):
+    reason = "LOCKED"
+    exit_code = 1

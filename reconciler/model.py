@@ -1,0 +1,288 @@
+"""What passes between the stages of the loop: plain, frozen, serialisable data.
+
+No I/O here. Every object has ``to_dict`` so a note, a test or ``-o json`` can print it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Same object, same bytes: sorted keys, no whitespace variance."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A commit of the deployment repo as the source stage saw it."""
+
+    commit: str
+    branch: str
+    author: str = ""
+    committer: str = ""
+    summary: str = ""
+    time: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "commit": self.commit,
+            "branch": self.branch,
+            "author": self.author,
+            "committer": self.committer,
+            "summary": self.summary,
+            "time": self.time,
+        }
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One rendered file of a service: a path relative to the service's config dir."""
+
+    path: str
+    mode: int
+    content: bytes
+
+    @property
+    def sha256(self) -> str:
+        return sha256_hex(self.content)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "mode": f"{self.mode:04o}", "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Health:
+    """How to tell that a started service works: ``tcp`` host:port, ``http`` URL, or ``running``."""
+
+    kind: str = "running"
+    target: str = ""
+    timeout: float = 10.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target": self.target, "timeout": self.timeout}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How the driver runs the service."""
+
+    driver: str
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"driver": self.driver, "command": list(self.command), "env": dict(self.env)}
+
+
+@dataclass(frozen=True)
+class DesiredService:
+    """A service as this node should run it at one commit."""
+
+    name: str
+    runtime: Runtime
+    files: tuple[FileSpec, ...]
+    health: Health = field(default_factory=Health)
+    depends_on: tuple[str, ...] = ()
+
+    def fingerprint(self) -> dict[str, str]:
+        """Hash per part of the slice, so a plan can say which part changed."""
+        parts = {f"file:{f.path}": f"{f.mode:o}:{f.sha256}" for f in self.files}
+        parts["runtime"] = sha256_hex(canonical_json(self.runtime.to_dict()))
+        parts["health"] = sha256_hex(canonical_json(self.health.to_dict()))
+        return parts
+
+    @property
+    def hash(self) -> str:
+        """Content hash of the service's slice: what decides whether it must change."""
+        return sha256_hex(canonical_json(self.fingerprint()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hash": self.hash,
+            "runtime": self.runtime.to_dict(),
+            "files": [f.to_dict() for f in self.files],
+            "health": self.health.to_dict(),
+            "depends_on": list(self.depends_on),
+        }
+
+
+@dataclass(frozen=True)
+class Desired:
+    """A node's slice of the deployment repo at one commit."""
+
+    node: str
+    commit: str
+    services: tuple[DesiredService, ...]
+
+    def __iter__(self) -> Iterator[DesiredService]:
+        return iter(self.services)
+
+    def by_name(self) -> Mapping[str, DesiredService]:
+        return {s.name: s for s in self.services}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "commit": self.commit,
+            "services": [s.to_dict() for s in self.services],
+        }
+
+
+@dataclass(frozen=True)
+class ObservedService:
+    """What runs on the node for one service, as read back from the driver's own records."""
+
+    name: str
+    driver: str
+    running: bool
+    hash: str | None = None
+    commit: str | None = None
+    pid: int | None = None
+    detail: str = ""
+    fingerprint: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "driver": self.driver,
+            "running": self.running,
+            "hash": self.hash,
+            "commit": self.commit,
+            "pid": self.pid,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Observed:
+    node: str
+    services: tuple[ObservedService, ...]
+
+    def by_name(self) -> Mapping[str, ObservedService]:
+        return {s.name: s for s in self.services}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "services": [s.to_dict() for s in self.services]}
+
+
+class ActionKind(StrEnum):
+    NONE = "none"
+    START = "start"
+    RESTART = "restart"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a plan, with the reason a reviewer reads."""
+
+    kind: ActionKind
+    service: str
+    reason: str
+    desired: DesiredService | None = None
+    driver: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"service": self.service, "action": str(self.kind), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    node: str
+    commit: str
+    actions: tuple[Action, ...]
+
+    @property
+    def changes(self) -> tuple[Action, ...]:
+        return tuple(a for a in self.actions if a.kind is not ActionKind.NONE)
+
+    @property
+    def hash(self) -> str:
+        return sha256_hex(canonical_json([a.to_dict() for a in self.actions]))[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "commit": self.commit,
+            "hash": self.hash,
+            "actions": [a.to_dict() for a in self.actions],
+        }
+
+
+class ResultState(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class ServiceResult:
+    service: str
+    action: ActionKind
+    state: ResultState
+    reason: str
+    detail: str = ""
+    pid: int | None = None
+    hash: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": str(self.action),
+            "result": str(self.state),
+            "reason": self.reason,
+            "detail": self.detail,
+            "pid": self.pid,
+            "hash": self.hash,
+        }
+
+
+class RunState(StrEnum):
+    APPLIED = "applied"
+    FAILED = "failed"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one run did on one node for one commit: the body of the git note."""
+
+    node: str
+    commit: str
+    state: RunState
+    time: str
+    services: tuple[ServiceResult, ...] = ()
+    reason: str = ""
+    error: str = ""
+    plan_hash: str = ""
+    revision: Revision | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": 1,
+            "node": self.node,
+            "commit": self.commit,
+            "state": str(self.state),
+            "time": self.time,
+            "services": {r.service: r.to_dict() for r in self.services},
+        }
+        if self.plan_hash:
+            out["plan_hash"] = self.plan_hash
+        if self.reason:
+            out["reason"] = self.reason
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

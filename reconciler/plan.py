@@ -1,0 +1,90 @@
+"""``Desired`` + ``Observed`` -> ``Plan``. Pure: no I/O, no clock, same input, same plan.
+
+Per service, the least that makes observed match desired:
+
+- not observed: ``start``;
+- observed under another driver: ``stop`` there, ``start`` here;
+- slice hash differs: ``restart``, naming the parts that changed;
+- same slice but not running: ``start`` (it crashed or was stopped by hand);
+- same slice, running: ``none``, said explicitly;
+- observed but no longer desired: ``stop`` (drivers only report what they started).
+
+Stops come first; then the rest in dependency order (``depends_on``), ties broken by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from .model import Action, ActionKind, Desired, DesiredService, Observed, ObservedService, Plan
+
+
+def dependency_order(services: Iterable[DesiredService]) -> list[DesiredService]:
+    """Kahn's algorithm with a sorted ready set: dependencies first, deterministic."""
+    by_name = {s.name: s for s in services}
+    waiting = {n: {d for d in s.depends_on if d in by_name} for n, s in by_name.items()}
+    out: list[DesiredService] = []
+    while waiting:
+        ready = sorted(n for n, deps in waiting.items() if not deps)
+        if not ready:  # repo validation rejects cycles; keep going by name rather than loop
+            ready = [min(waiting)]
+        for n in ready:
+            out.append(by_name[n])
+            del waiting[n]
+        for deps in waiting.values():
+            deps.difference_update(ready)
+    return out
+
+
+def _changed_parts(desired: DesiredService, observed: ObservedService) -> list[str]:
+    before: Mapping[str, str] = dict(observed.fingerprint)
+    after = desired.fingerprint()
+    if not before:
+        return ["slice"]
+    parts = []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            kind, _, name = key.partition(":")
+            if kind == "file":
+                what = "added" if key not in before else "removed" if key not in after else "changed"
+                parts.append(f"{name} {what}")
+            else:
+                parts.append(f"{kind} changed")
+    return parts or ["slice"]
+
+
+def _short(commit: str | None) -> str:
+    return commit[:12] if commit else "unknown commit"
+
+
+def plan(desired: Desired, observed: Observed) -> Plan:
+    seen = observed.by_name()
+    wanted = desired.by_name()
+    actions: list[Action] = []
+
+    for o in observed.services:
+        if o.name not in wanted:
+            actions.append(Action(ActionKind.STOP, o.name, "no longer assigned to this node", driver=o.driver))
+        elif o.driver != wanted[o.name].runtime.driver:
+            actions.append(Action(
+                ActionKind.STOP, o.name, f"moves from driver {o.driver} to {wanted[o.name].runtime.driver}",
+                driver=o.driver,
+            ))
+
+    for svc in dependency_order(desired.services):
+        actions.append(_action_for(svc, seen.get(svc.name)))
+
+    return Plan(node=desired.node, commit=desired.commit, actions=tuple(actions))
+
+
+def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
+    drv = svc.runtime.driver
+    if o is None or o.driver != drv:
+        return Action(ActionKind.START, svc.name, "not running on this node yet", svc, drv)
+    if o.hash != svc.hash:
+        return Action(ActionKind.RESTART, svc.name, ", ".join(_changed_parts(svc, o)), svc, drv)
+    if not o.running:
+        why = f"not running ({o.detail or 'stopped'}); same slice as {_short(o.commit)}"
+        return Action(ActionKind.START, svc.name, why, svc, drv)
+    return Action(ActionKind.NONE, svc.name, f"unchanged since {_short(o.commit)}", svc, drv)
+

@@ -1,0 +1,149 @@
+"""Templates + inventory -> ``Desired`` for one node. Pure: no I/O, no clock, no driver.
+
+Templates run in Jinja2's immutable sandbox with ``StrictUndefined``: a template cannot call
+unsafe attributes or mutate its inputs, and a missing variable is an error naming the file and
+line, never an empty string on a production node.
+
+Context of every template, runtime string and health target:
+
+- every variable, precedence low to high: the service's ``defaults``, the repo's ``vars``, the
+  node's groups' ``vars`` (in the order the node lists its groups), the node's own ``vars``;
+- ``node`` (this node's name), ``service`` (this service's name), ``release``;
+- ``groups``: group name -> sorted member node names;
+- ``hostvars``: node name -> that node's variables (without service defaults).
+
+The commit id is deliberately not in the context: a slice must change only when its inputs do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+
+from .errors import RenderError
+from .model import Desired, DesiredService, FileSpec, Health, Runtime
+from .repo import DeploymentRepo, ServiceDef
+
+
+class _RepoLoader(jinja2.BaseLoader):
+    """Templates by their repo path, so errors name ``services/x/templates/y.j2``."""
+
+    def __init__(self, sources: Mapping[str, str]) -> None:
+        self.sources = sources
+
+    def get_source(
+        self, environment: jinja2.Environment, template: str
+    ) -> tuple[str, str | None, Callable[[], bool] | None]:
+        if template not in self.sources:
+            raise jinja2.TemplateNotFound(template)
+        return self.sources[template], template, lambda: True
+
+
+def _environment(templates: Mapping[str, str]) -> jinja2.Environment:
+    return jinja2.sandbox.ImmutableSandboxedEnvironment(
+        loader=_RepoLoader(templates),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _template_line(tb: TracebackType | None, filename: str) -> int | None:
+    """Jinja rewrites tracebacks so template frames carry the template's file and line."""
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _render(
+    env: jinja2.Environment,
+    ctx: Mapping[str, Any],
+    *,
+    name: str | None,
+    text: str | None,
+    file: str,
+    line: int | None,
+    node: str,
+) -> str:
+    """Render a template by ``name``, or an inline ``text`` from ``file`` at ``line``."""
+    try:
+        tpl = env.get_template(name) if name else env.from_string(text or "")
+        return tpl.render(ctx)
+    except jinja2.TemplateSyntaxError as exc:
+        where, at = (exc.filename or file, exc.lineno) if name else (file, line)
+        raise RenderError(f"node {node}: template syntax error: {exc.message}", file=where, line=at) from exc
+    except jinja2.TemplateNotFound as exc:
+        raise RenderError(f"node {node}: template not found: {exc.name}", file=file, line=line) from exc
+    except jinja2.UndefinedError as exc:
+        at = _template_line(exc.__traceback__, name) if name else line
+        raise RenderError(f"node {node}: {exc.message}", file=name or file, line=at) from exc
+    except jinja2.exceptions.SecurityError as exc:
+        at = _template_line(exc.__traceback__, name) if name else line
+        raise RenderError(f"node {node}: unsafe template: {exc}", file=name or file, line=at) from exc
+    except Exception as exc:  # any error a template's expression raises (1/0, bad filter arg)
+        at = _template_line(exc.__traceback__, name) if name else line
+        raise RenderError(f"node {node}: {type(exc).__name__}: {exc}", file=name or file, line=at) from exc
+
+
+def context(repo: DeploymentRepo, node: str, svc: ServiceDef) -> dict[str, Any]:
+    ctx: dict[str, Any] = dict(svc.defaults)
+    ctx.update(repo.node_vars(node))
+    ctx.update(
+        node=node,
+        service=svc.name,
+        release=repo.release,
+        groups={g: list(repo.members(g)) for g in sorted(repo.groups)},
+        hostvars={n: repo.node_vars(n) for n in sorted(repo.nodes)},
+    )
+    return ctx
+
+
+def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredService:
+    env = _environment(svc.templates)
+    ctx = context(repo, node, svc)
+
+    def inline(text: str, key: str) -> str:
+        return _render(env, ctx, name=None, text=text, file=svc.file, line=svc.lines.get(key), node=node)
+
+    files = []
+    for decl in sorted(svc.files, key=lambda d: d.path):
+        if decl.template is not None:
+            tpl = svc.template_path(decl.template)
+            text = _render(env, ctx, name=tpl, text=None, file=svc.file, line=decl.line, node=node)
+            content = text.encode("utf-8")
+        else:
+            assert decl.source is not None
+            content = svc.sources[svc.source_path(decl.source)]
+        files.append(FileSpec(decl.path, decl.mode, content))
+
+    command = tuple(inline(arg, "command") for arg in svc.command)
+    env_vars = tuple(sorted((k, inline(v, "env")) for k, v in svc.env.items()))
+    health = Health()
+    timeout = float(svc.health.get("timeout", repo.settings.get("defaults", {}).get("health_timeout", 10)))
+    for kind in ("http", "tcp"):
+        if kind in svc.health:
+            health = Health(kind, inline(str(svc.health[kind]), "health"), timeout)
+    if health.kind == "running":
+        health = Health("running", "", timeout)
+    node_services = set(repo.services_of(node))
+    return DesiredService(
+        name=svc.name,
+        runtime=Runtime(repo.driver_of(node, svc.name), command, env_vars),
+        files=tuple(files),
+        health=health,
+        depends_on=tuple(sorted(d for d in svc.depends_on if d in node_services)),
+    )
+
+
+def render_node(repo: DeploymentRepo, node: str, commit: str) -> Desired:
+    """The node's whole slice. Same repo and node, same bytes."""
+    repo.node(node)  # UnknownNode before anything else
+    services = tuple(render_service(repo, node, repo.services[s]) for s in repo.services_of(node))
+    return Desired(node=node, commit=commit, services=services)

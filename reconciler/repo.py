@@ -1,0 +1,265 @@
+"""Load and check the deployment repo at one commit (format v1).
+
+Layout::
+
+    reconciler.yaml                 settings
+    inventory.yaml                  groups -> services, nodes -> groups, vars
+    services/<name>/service.yaml    runtime, files, health, depends_on, defaults
+    services/<name>/templates/      Jinja2 templates named by files[].template
+    services/<name>/files/          files copied verbatim, named by files[].source
+
+Every problem is collected with its file and line, so ``validate`` reports all at once.
+No rendering here (see ``render``), and no I/O beyond reading the ``Tree``.
+"""
+
+from __future__ import annotations
+
+import graphlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BadInput, UnknownNode
+from .tree import Tree
+from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml
+
+DRIVERS = ("process", "docker", "systemd")
+
+
+@dataclass(frozen=True)
+class FileDecl:
+    path: str
+    mode: int
+    template: str | None
+    source: str | None
+    line: int | None
+
+
+@dataclass(frozen=True)
+class ServiceDef:
+    name: str
+    file: str  # services/<name>/service.yaml, for error messages
+    driver: str | None
+    depends_on: tuple[str, ...]
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    files: tuple[FileDecl, ...]
+    health: Mapping[str, Any]
+    defaults: Mapping[str, Any]
+    templates: Mapping[str, str]  # repo path -> text, for the files that name a template
+    sources: Mapping[str, bytes]  # repo path -> bytes
+    lines: Mapping[str, int | None] = field(default_factory=dict)
+
+    def template_path(self, name: str) -> str:
+        return f"services/{self.name}/templates/{name}"
+
+    def source_path(self, name: str) -> str:
+        return f"services/{self.name}/files/{name}"
+
+
+@dataclass(frozen=True)
+class GroupDef:
+    name: str
+    services: tuple[str, ...]
+    vars: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class NodeDef:
+    name: str
+    groups: tuple[str, ...]
+    driver: str | None
+    vars: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeploymentRepo:
+    label: str  # commit id or directory
+    name: str
+    settings: Mapping[str, Any]
+    release: str
+    vars: Mapping[str, Any]
+    groups: Mapping[str, GroupDef]
+    nodes: Mapping[str, NodeDef]
+    services: Mapping[str, ServiceDef]
+
+    def node(self, name: str) -> NodeDef:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            known = ", ".join(sorted(self.nodes))
+            raise UnknownNode(
+                f"node {name!r} is not in the inventory (known: {known})", file="inventory.yaml"
+            ) from None
+
+    def services_of(self, node: str) -> tuple[str, ...]:
+        """The node's services: the union of its groups' services, sorted by name."""
+        names: set[str] = set()
+        for g in self.node(node).groups:
+            names.update(self.groups[g].services)
+        return tuple(sorted(names))
+
+    def members(self, group: str) -> tuple[str, ...]:
+        return tuple(sorted(n for n, d in self.nodes.items() if group in d.groups))
+
+    def node_vars(self, node: str) -> dict[str, Any]:
+        """Variables of a node, precedence low to high: repo vars, then each of the node's
+        groups in the order the node lists them, then the node's own vars."""
+        merged: dict[str, Any] = dict(self.vars)
+        nd = self.node(node)
+        for g in nd.groups:
+            merged.update(self.groups[g].vars)
+        merged.update(nd.vars)
+        return merged
+
+    def driver_of(self, node: str, service: str) -> str:
+        svc = self.services[service]
+        nd = self.node(node)
+        return svc.driver or nd.driver or str(self.settings.get("defaults", {}).get("driver", "process"))
+
+
+def _doc(tree: Tree, path: str, schema_name: str, problems: list[Problem]) -> YamlDoc | None:
+    try:
+        raw = tree.read(path)
+    except FileNotFoundError:
+        problems.append(Problem(path, None, "missing"))
+        return None
+    try:
+        doc = load_yaml(raw, path)
+    except BadInput as exc:
+        problems.append(Problem(path, exc.line, str(exc).split(": ", 1)[-1] if exc.line else str(exc)))
+        return None
+    found = check_schema(doc, schema_name)
+    problems.extend(found)
+    return None if found else doc
+
+
+def _mode(text: str | None, default: int) -> int:
+    return int(text, 8) if text else default
+
+
+def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef | None:
+    base = f"services/{name}"
+    file = f"{base}/service.yaml"
+    doc = _doc(tree, file, "service", problems)
+    if doc is None:
+        return None
+    data = doc.data
+    files: list[FileDecl] = []
+    templates: dict[str, str] = {}
+    sources: dict[str, bytes] = {}
+    seen_paths: set[str] = set()
+    for i, f in enumerate(data.get("files", [])):
+        line = doc.line(("files", i))
+        if f["path"] in seen_paths or ".." in f["path"].split("/"):
+            problems.append(Problem(file, line, f"files/{i}: bad or duplicate path {f['path']!r}"))
+            continue
+        seen_paths.add(f["path"])
+        tpl, src = f.get("template"), f.get("source")
+        if tpl is not None:
+            rel = f"{base}/templates/{tpl}"
+            try:
+                templates[rel] = tree.read(rel).decode("utf-8")
+            except FileNotFoundError:
+                problems.append(Problem(file, line, f"template {tpl!r} not found at {rel}"))
+            except UnicodeDecodeError:
+                problems.append(Problem(rel, None, "template is not UTF-8 text"))
+        if src is not None:
+            rel = f"{base}/files/{src}"
+            try:
+                sources[rel] = tree.read(rel)
+            except FileNotFoundError:
+                problems.append(Problem(file, line, f"source {src!r} not found at {rel}"))
+        default_mode = 0o755 if src is not None and src.endswith((".py", ".sh")) else 0o644
+        files.append(FileDecl(f["path"], _mode(f.get("mode"), default_mode), tpl, src, line))
+    runtime = data["runtime"]
+    return ServiceDef(
+        name=name,
+        file=file,
+        driver=data.get("driver"),
+        depends_on=tuple(data.get("depends_on", [])),
+        command=tuple(runtime["command"]),
+        env={k: str(v) for k, v in runtime.get("env", {}).items()},
+        files=tuple(files),
+        health=dict(data.get("health", {})),
+        defaults=dict(data.get("defaults", {})),
+        templates=templates,
+        sources=sources,
+        lines={
+            "runtime": doc.line(("runtime",)),
+            "command": doc.line(("runtime", "command")),
+            "env": doc.line(("runtime", "env")),
+            "health": doc.line(("health",)),
+            "depends_on": doc.line(("depends_on",)),
+        },
+    )
+
+
+def load_repo(tree: Tree) -> DeploymentRepo:
+    """Read and check the whole repo; raise ``RepoProblems`` listing everything wrong."""
+    problems: list[Problem] = []
+    settings = _doc(tree, "reconciler.yaml", "reconciler", problems)
+    inventory = _doc(tree, "inventory.yaml", "inventory", problems)
+
+    services: dict[str, ServiceDef] = {}
+    for name in tree.listdir("services"):
+        if tree.exists(f"services/{name}/service.yaml"):
+            svc = _load_service(tree, name, problems)
+            if svc is not None:
+                services[name] = svc
+        else:
+            problems.append(Problem(f"services/{name}", None, "service folder without service.yaml"))
+    broken_services = {p.file.split("/")[1] for p in problems if p.file.startswith("services/")}
+
+    groups: dict[str, GroupDef] = {}
+    nodes: dict[str, NodeDef] = {}
+    if inventory is not None:
+        inv = inventory.data
+        for gname, g in inv["groups"].items():
+            for i, s in enumerate(g.get("services", [])):
+                if s not in services and s not in broken_services:
+                    problems.append(Problem(
+                        "inventory.yaml", inventory.line(("groups", gname, "services", i)),
+                        f"group {gname!r}: unknown service {s!r} (no services/{s}/service.yaml)",
+                    ))
+            groups[gname] = GroupDef(gname, tuple(g.get("services", [])), dict(g.get("vars", {})))
+        for nname, n in inv["nodes"].items():
+            for i, gname in enumerate(n["groups"]):
+                if gname not in inv["groups"]:
+                    problems.append(Problem(
+                        "inventory.yaml", inventory.line(("nodes", nname, "groups", i)),
+                        f"node {nname!r}: unknown group {gname!r}",
+                    ))
+            nodes[nname] = NodeDef(nname, tuple(n["groups"]), n.get("driver"), dict(n.get("vars", {})))
+
+    problems.extend(_check_dependencies(services))
+    if problems:
+        raise RepoProblems(problems)
+    assert settings is not None and inventory is not None
+    return DeploymentRepo(
+        label=tree.label,
+        name=settings.data["name"],
+        settings=settings.data,
+        release=str(inventory.data.get("release", "")),
+        vars=dict(inventory.data.get("vars", {})),
+        groups=groups,
+        nodes=nodes,
+        services=services,
+    )
+
+
+def _check_dependencies(services: Mapping[str, ServiceDef]) -> list[Problem]:
+    problems = []
+    graph: dict[str, set[str]] = {}
+    for svc in services.values():
+        for dep in svc.depends_on:
+            if dep not in services:
+                problems.append(Problem(svc.file, svc.lines.get("depends_on"), f"depends_on: unknown service {dep!r}"))
+        graph[svc.name] = {d for d in svc.depends_on if d in services}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        cycle = " -> ".join(exc.args[1])
+        first = services[exc.args[1][0]]
+        problems.append(Problem(first.file, first.lines.get("depends_on"), f"dependency cycle: {cycle}"))
+    return problems

@@ -1,0 +1,116 @@
+"""Results -> a JSON git note on the commit, in ``refs/notes/reconciler/<node>``, pushed.
+
+One writer per notes ref (this node), so a push never races another node. The note is written
+locally first and pushed after; a push that fails is retried on the next run, and a ref the
+remote has ahead of ours (state dir lost) is merged, keeping our note for a commit both have.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import pygit2
+
+from .errors import RemoteError
+from .model import Report
+from .source import Source
+from .state import State
+
+log = logging.getLogger("reconciler.report")
+
+NOTES_PREFIX = "refs/notes/reconciler/"
+PUSHED_KEY = "notes_pushed"
+
+
+def notes_ref(node: str) -> str:
+    return NOTES_PREFIX + node
+
+
+class Reporter:
+    def __init__(self, source: Source, state: State, node: str) -> None:
+        self.source = source
+        self.state = state
+        self.node = node
+        self.ref = notes_ref(node)
+        self.tracking = f"refs/reconciler/remote-notes/{node}"
+
+    def _local(self) -> str | None:
+        try:
+            return str(self.source.repo.references[self.ref].target)
+        except KeyError:
+            return None
+
+    def write(self, report: Report) -> None:
+        sig = pygit2.Signature(f"reconciler {self.node}", f"{self.node}@reconciler.invalid", int(time.time()), 0)
+        self.source.repo.create_note(
+            report.to_json(), sig, sig, report.commit, self.ref, True,
+        )
+
+    def read(self, commit: str, ref: str | None = None) -> dict[str, Any] | None:
+        try:
+            note = self.source.repo.lookup_note(commit, ref or self.ref)
+        except KeyError:
+            return None
+        try:
+            data: dict[str, Any] = json.loads(note.message)
+            return data
+        except json.JSONDecodeError:
+            return None
+
+    def pending(self) -> bool:
+        local = self._local()
+        return local is not None and local != self.state.get(PUSHED_KEY)
+
+    def _fetch_remote_ref(self) -> bool:
+        """Bring the remote's copy of our notes ref; False if the remote has none."""
+        out = self.source.run("ls-remote", self.source.url, self.ref, what="notes check of")
+        if not out.strip():
+            return False
+        self.source.run("fetch", "--no-tags", self.source.url, f"+{self.ref}:{self.tracking}", what="notes fetch from")
+        return True
+
+    def recover(self) -> None:
+        """After the state dir is lost, start from the notes this node already pushed."""
+        if self._local() is not None:
+            return
+        try:
+            if self._fetch_remote_ref():
+                self.source.run("update-ref", self.ref, self.tracking, what="notes restore in")
+                self.state.put(PUSHED_KEY, self._local() or "")
+        except RemoteError as exc:
+            log.warning("could not recover notes from the remote yet: %s", exc)
+
+    def push(self) -> bool:
+        """Push our notes ref if it moved; False (and retried next run) when the remote fails."""
+        if not self.pending():
+            return True
+        try:
+            try:
+                self._push()
+            except RemoteError:
+                # Rejected if the remote's ref has notes we lack (pushed before our state dir
+                # was lost); merge them in, ours winning for a commit both have, and retry.
+                if not self._fetch_remote_ref() or self._contains(self.tracking):
+                    raise
+                self.source.run(
+                    "notes", f"--ref={self.ref}", "merge", "-s", "ours", "-q", self.tracking,
+                    what="notes merge for",
+                )
+                self._push()
+        except RemoteError as exc:
+            log.warning("note not pushed, will retry on the next run: %s", exc)
+            return False
+        self.state.put(PUSHED_KEY, self._local() or "")
+        return True
+
+    def _contains(self, ref: str) -> bool:
+        """Does our notes ref already include ``ref``'s history?"""
+        repo = self.source.repo
+        local, other = self._local(), repo.references[ref].target
+        return local is not None and (str(other) == local or repo.descendant_of(local, other))
+
+    def _push(self) -> None:
+        self.source.run("push", "--porcelain", self.source.url, f"{self.ref}:{self.ref}", what="note push to")
