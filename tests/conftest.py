@@ -1,0 +1,182 @@
+"""Shared fixtures: real git repos and remotes, real processes, one state dir per node.
+
+A ``Deployment`` is the operator's side: a work tree copied from examples/repo (ports moved to
+a free range so tests never collide with a running demo), committed and pushed to a bare repo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reconciler.agent import Agent
+from reconciler.config import AgentConfig
+from reconciler.drivers.process import ProcessDriver
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "repo"
+NODES = ("cmp1", "cmp2", "ctl1", "ctl2", "ctl3")
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Operator", "GIT_AUTHOR_EMAIL": "op@example.org",
+    "GIT_COMMITTER_NAME": "Merge Bot", "GIT_COMMITTER_EMAIL": "merge@example.org",
+    "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def git(*args: str, cwd: Path | None = None) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}
+    ).stdout.strip()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_bases(count: int) -> list[int]:
+    """Port ranges of 100 whose service ports (base + 0..99 used ones) are all free."""
+    offsets = (0, 5, 6, 10, 90)
+    bases: list[int] = []
+    start = 20000 + (os.getpid() % 200) * 100
+    base = start
+    while len(bases) < count:
+        if all(_port_free(base + o) for o in offsets):
+            bases.append(base)
+        base += 100
+        if base > 60000:
+            base = 20000
+    return bases
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Deployment:
+    """The operator's work tree and the bare remote every node pulls from."""
+
+    work: Path
+    bare: Path
+    port_bases: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"file://{self.bare}"
+
+    def write(self, rel: str, text: str) -> None:
+        p = self.work / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+    def read(self, rel: str) -> str:
+        return (self.work / rel).read_text()
+
+    def edit(self, rel: str, old: str, new: str) -> None:
+        text = self.read(rel)
+        assert old in text, f"{old!r} not in {rel}"
+        self.write(rel, text.replace(old, new, 1))
+
+    def commit(self, message: str) -> str:
+        git("add", "-A", cwd=self.work)
+        git("commit", "-q", "-m", message, cwd=self.work)
+        git("push", "-q", self.url, "HEAD:refs/heads/main", cwd=self.work)
+        return git("rev-parse", "HEAD", cwd=self.work)
+
+    def note(self, node: str, commit: str | None = None) -> dict[str, object] | None:
+        import json
+
+        try:
+            text = git("--git-dir", str(self.bare), "notes", f"--ref=reconciler/{node}", "show",
+                       commit or "refs/heads/main")
+        except subprocess.CalledProcessError:
+            return None
+        data: dict[str, object] = json.loads(text)
+        return data
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Deployment:
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLE, work)
+    inv_path = work / "inventory.yaml"
+    inv = yaml.safe_load(inv_path.read_text())
+    bases = dict(zip(sorted(inv["nodes"]), free_port_bases(len(inv["nodes"])), strict=True))
+    text = inv_path.read_text()
+    for node, old in ((n, inv["nodes"][n]["vars"]["port_base"]) for n in inv["nodes"]):
+        text = text.replace(f"port_base: {old}", f"port_base: {bases[node]}")
+    inv_path.write_text(text)
+    bare = tmp_path / "cloud.git"
+    git("init", "-q", "--bare", "-b", "main", str(bare))
+    git("init", "-q", "-b", "main", cwd=work)
+    dep = Deployment(work, bare, bases)
+    dep.commit("initial deployment")
+    return dep
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
+    """Make a node's agent; every service any of them started is stopped at teardown."""
+    made: list[Agent] = []
+
+    def make(node: str, remote: str, **kw: object) -> Agent:
+        cfg = AgentConfig(node=node, remote=remote, state_dir=tmp_path / "nodes" / node, **kw)  # type: ignore[arg-type]
+        agent = Agent(cfg, progress=False)
+        made.append(agent)
+        return agent
+
+    yield make
+    for agent in made:
+        driver = ProcessDriver(agent.cfg.state_dir / "services", agent.cfg.node)
+        for o in driver.observe():
+            with contextlib.suppress(Exception):
+                driver.remove(o.name)
+        agent.close()
+
+
+@pytest.fixture
+def git_daemon(tmp_path: Path, deployment: Deployment) -> Iterator[str]:
+    """A real `git daemon` on a loopback port serving the deployment's bare repo (push enabled)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        ["git", "daemon", "--reuseaddr", f"--base-path={deployment.bare.parent}", "--export-all",
+         "--enable=receive-pack", f"--port={port}", "--listen=127.0.0.1", str(deployment.bare.parent)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+    def up() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(up, 10, "git daemon")
+        yield f"git://127.0.0.1:{port}/{deployment.bare.name}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
