@@ -1,0 +1,158 @@
+"""Bad input: one clear line naming file and line (or node, service), exit code 2.
+
+Each test starts from a small valid repo and breaks one thing, the way an operator would.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.errors import BadInput, RenderError, UnknownNode
+from reconciler.render import render_node
+from reconciler.repo import load_repo
+from reconciler.tree import DirTree
+from reconciler.yamlfile import RepoProblems
+
+SMALL = {
+    "reconciler.yaml": "format: 1\nname: small\n",
+    "inventory.yaml": (
+        "vars:\n  greeting: hello\n"
+        "groups:\n  web:\n    services: [api]\n"
+        "nodes:\n  n1:\n    groups: [web]\n    vars: {port: 1}\n  n2:\n    groups: [web]\n    vars: {port: 2}\n"
+    ),
+    "services/api/service.yaml": (
+        "runtime:\n  command: [python3, api.py]\n"
+        "files:\n  - path: api.conf\n    template: api.conf.j2\n"
+    ),
+    "services/api/templates/api.conf.j2": "greeting = {{ greeting }}\nport = {{ port }}\n",
+}
+
+
+def make(tmp_path: Path, changes: dict[str, str | None] | None = None) -> Path:
+    files = dict(SMALL)
+    for path, text in (changes or {}).items():
+        if text is None:
+            files.pop(path, None)
+        else:
+            files[path] = text
+    for rel, text in files.items():
+        p = tmp_path / "repo" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path / "repo"
+
+
+def problem(repo: Path) -> str:
+    with pytest.raises(BadInput) as info:
+        loaded = load_repo(DirTree(repo))
+        for node in loaded.nodes:
+            render_node(loaded, node, "test")
+    return str(info.value)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True)
+
+
+def test_the_small_repo_is_valid(tmp_path: Path) -> None:
+    repo = load_repo(DirTree(make(tmp_path)))
+    assert render_node(repo, "n1", "x").services[0].files[0].content == b"greeting = hello\nport = 1\n"
+
+
+def test_broken_yaml_names_file_and_line(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"inventory.yaml": "groups:\n  web:\n    services: [api\nnodes: {}\n"})
+    msg = problem(repo)
+    assert msg.startswith("inventory.yaml:4: invalid YAML"), msg
+
+
+def test_duplicate_key_is_an_error_not_a_silent_override(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"reconciler.yaml": "format: 1\nname: a\nname: b\n"})
+    assert problem(repo).startswith("reconciler.yaml:3: duplicate key 'name' (first at line 2)")
+
+
+def test_schema_violation_points_at_the_key(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/service.yaml": (
+        "runtime:\n  command: [python3, api.py]\n  restart: always\n"
+    )})
+    msg = problem(repo)
+    assert msg.startswith("services/api/service.yaml:1: runtime: unknown key ('restart' was unexpected)"), msg
+
+
+def test_unknown_service_in_a_group(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"inventory.yaml": SMALL["inventory.yaml"].replace("[api]", "[api, keystone]")})
+    assert problem(repo) == (
+        "inventory.yaml:5: group 'web': unknown service 'keystone' (no services/keystone/service.yaml)"
+    )
+
+
+def test_undefined_template_variable_names_template_line_and_node(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2": "a = 1\nb = {{ nope }}\n"})
+    msg = problem(repo)
+    assert msg == "services/api/templates/api.conf.j2:2: node n1: 'nope' is undefined", msg
+
+
+def test_template_syntax_error(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2": "a = 1\n\n{% if x %}\n"})
+    with pytest.raises(RenderError) as info:
+        render_node(load_repo(DirTree(repo)), "n1", "x")
+    assert str(info.value).startswith("services/api/templates/api.conf.j2:3: node n1: template syntax error")
+
+
+def test_templates_are_sandboxed(tmp_path: Path) -> None:
+    evil = "{{ greeting.__class__.__mro__[1].__subclasses__() }}\n"
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2": evil})
+    with pytest.raises(RenderError, match="unsafe template"):
+        render_node(load_repo(DirTree(repo)), "n1", "x")
+
+
+def test_unknown_node(tmp_path: Path) -> None:
+    with pytest.raises(UnknownNode, match="node 'n9' is not in the inventory"):
+        render_node(load_repo(DirTree(make(tmp_path))), "n9", "x")
+
+
+def test_dependency_cycle_names_its_members(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/service.yaml": (
+        "depends_on: [api]\nruntime:\n  command: [x]\n"
+    )})
+    assert "dependency cycle: api -> api" in problem(repo)
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"inventory.yaml": SMALL["inventory.yaml"].replace("[api]", "[api, nova]").replace("groups: [web]\n    vars: {port: 2}", "groups: [db]\n    vars: {port: 2}"),
+        "services/api/service.yaml": "runtime:\n  command: []\n"})
+    with pytest.raises(RepoProblems) as info:
+        load_repo(DirTree(repo))
+    assert [str(p) for p in info.value.problems] == [
+        "inventory.yaml:5: group 'web': unknown service 'nova' (no services/nova/service.yaml)",
+        "inventory.yaml:11: node 'n2': unknown group 'db'",
+        "services/api/service.yaml:2: runtime/command: [] should be non-empty",
+    ]
+
+
+def test_cli_validate_prints_one_line_per_problem_and_exits_2(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2": "{{ missing_var }}\n"})
+    proc = cli("validate", "--repo", str(repo))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "services/api/templates/api.conf.j2:1: node n1: 'missing_var' is undefined",
+        "services/api/templates/api.conf.j2:1: node n2: 'missing_var' is undefined",
+    ]
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_validate_ok(tmp_path: Path) -> None:
+    proc = cli("validate", "--repo", str(make(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    assert "2 nodes, 2 service instances render" in proc.stdout
+
+
+def test_cli_render_unknown_node_exits_2_with_one_line(tmp_path: Path) -> None:
+    proc = cli("render", "--repo", str(make(tmp_path)), "--node", "n9")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "error: inventory.yaml: node 'n9' is not in the inventory (known: n1, n2) [UNKNOWN_NODE]"
+    )
