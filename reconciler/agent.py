@@ -25,12 +25,9 @@ from .errors import BadInput, Busy, ReconcilerError
 from .model import Desired, Plan, Report, ResultState, RunState
 from .observe import observe
 from .plan import plan as make_plan
-from .render import render_node
-from .repo import load_repo
 from .report import Reporter
 from .source import Source
 from .state import State
-from .tree import GitTree
 
 log = logging.getLogger("reconciler.agent")
 
@@ -105,6 +102,11 @@ class Agent:
 
     # stages --------------------------------------------------------------------------
     def desired(self, commit: str) -> Desired:
+        # Imported here: templates and schemas are not needed on a poll that finds nothing new.
+        from .render import render_node
+        from .repo import load_repo
+        from .tree import GitTree
+
         repo = load_repo(GitTree(self.source.repo, commit))
         return render_node(repo, self.cfg.node, commit)
 
@@ -160,7 +162,8 @@ class Agent:
                                  pushed=self.reporter.push(), interrupted=interrupted, error=exc)
             drivers = drivers_for(self.cfg, desired)
             the_plan = make_plan(desired, observe(self.cfg.node, drivers))
-            results = apply_plan(the_plan, drivers, self.state)
+            recheck = frozenset(s for _, s, a in interrupted if a != "stop")
+            results = apply_plan(the_plan, drivers, self.state, recheck)
             ok = all(r.state is ResultState.OK for r in results)
             report = Report(
                 self.cfg.node, commit, RunState.APPLIED if ok else RunState.FAILED, now_iso(),

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -38,6 +36,9 @@ def _probe(health: Health) -> bool:
         except OSError:
             return False
     if health.kind == "http":
+        import urllib.error
+        import urllib.request
+
         if urlsplit(health.target).scheme not in ("http", "https"):
             return False
         try:
@@ -66,13 +67,17 @@ def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], N
         sleep(0.1)
 
 
-def apply_plan(plan: Plan, drivers: Mapping[str, Driver], state: State) -> list[ServiceResult]:
+def apply_plan(
+    plan: Plan, drivers: Mapping[str, Driver], state: State, recheck: frozenset[str] = frozenset()
+) -> list[ServiceResult]:
+    """Apply in order. ``recheck``: services a killed run had started but not yet seen healthy;
+    they are health-checked even when the plan leaves them alone."""
     results: list[ServiceResult] = []
     failed: str | None = None
     for action in plan.actions:
         svc = action.desired
         h = svc.hash if svc else None
-        if action.kind is ActionKind.NONE:
+        if action.kind is ActionKind.NONE and not (svc and action.service in recheck and failed is None):
             results.append(ServiceResult(action.service, action.kind, ResultState.OK, action.reason, hash=h))
             continue
         if failed is not None:
@@ -105,6 +110,6 @@ def _do(action: Action, driver: Driver, commit: str) -> int | None:
         driver.remove(action.service)
         return None
     assert action.desired is not None
-    pid = driver.start(action.desired, commit)
+    pid = None if action.kind is ActionKind.NONE else driver.start(action.desired, commit)
     wait_healthy(driver, action.desired)
     return pid

@@ -22,11 +22,7 @@ from .config import AgentConfig, load_config
 from .errors import BadInput, ReconcilerError
 from .model import ActionKind, Desired
 from .observe import observe
-from .render import render_node
-from .repo import load_repo
 from .state import atomic_write
-from .tree import open_tree
-from .yamlfile import Problem, RepoProblems
 
 F = TypeVar("F", bound=Callable[..., Any])
 out = Console(highlight=False, soft_wrap=True)
@@ -97,6 +93,11 @@ def validate(repo_dir: Path, rev: str | None, output: str) -> None:
       reconciler validate --repo examples/repo
       reconciler validate --repo . --rev HEAD
     """
+    from .render import render_node
+    from .repo import load_repo
+    from .tree import open_tree
+    from .yamlfile import Problem, RepoProblems
+
     tree = open_tree(repo_dir, rev)
     problems: list[Problem] = []
     nodes = services = 0
@@ -143,6 +144,10 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
       reconciler render --repo examples/repo --all --out /tmp/rendered
       reconciler render --repo . --rev HEAD --node ctl1 -o json
     """
+    from .render import render_node
+    from .repo import load_repo
+    from .tree import open_tree
+
     if not nodes and not all_nodes:
         raise BadInput("give --node NODE or --all")
     tree = open_tree(repo_dir, rev)

@@ -32,7 +32,7 @@ def safe_url(url: str) -> str:
 
 
 def git_env(ssh_command: str | None = None) -> dict[str, str]:
-    env = {"GIT_TERMINAL_PROMPT": "0", "GIT_PROTOCOL_FROM_USER": "0"}
+    env = {"GIT_TERMINAL_PROMPT": "0"}
     if ssh_command:
         env["GIT_SSH_COMMAND"] = ssh_command
     return env

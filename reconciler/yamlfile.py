@@ -8,7 +8,6 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import jsonschema
 import yaml
 
 from .errors import BadInput
@@ -108,6 +107,8 @@ def schema(name: str) -> dict[str, Any]:
 
 
 def check_schema(doc: YamlDoc, name: str) -> list[Problem]:
+    import jsonschema  # heavy; only needed when a commit is loaded, never on a no-op poll
+
     validator = jsonschema.Draft202012Validator(schema(name))
     problems = []
     for err in validator.iter_errors(doc.data):
@@ -118,7 +119,7 @@ def check_schema(doc: YamlDoc, name: str) -> list[Problem]:
     return problems
 
 
-def _short(err: jsonschema.ValidationError) -> str:
+def _short(err: Any) -> str:
     if err.validator == "additionalProperties":
         return str(err.message).replace("Additional properties are not allowed ", "unknown key ")
     if err.validator == "oneOf" and err.schema_path and "files" in str(err.schema_path):

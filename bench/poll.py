@@ -1,0 +1,124 @@
+"""Cost of a no-op poll: the branch did not move, so the agent must do (almost) nothing.
+
+Measured on one remote, for a remote with few refs and one with many (review refs, tags,
+other nodes' notes), each as the median of repeated runs:
+
+- reconciler in process: ``Source.update()`` (one protocol-v2 ls-remote with a ref prefix);
+- ``reconciler agent --once`` as a command (interpreter start, lock, poll, no-op check);
+- ``git fetch`` of the same branch into an up-to-date clone (the peer);
+- ``git ls-remote`` of the branch (the floor: one git process, one round trip).
+
+Usage: .venv/bin/python bench/poll.py [--runs 20] [--refs 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from reconciler.agent import Agent
+from reconciler.config import AgentConfig
+from reconciler.drivers.process import ProcessDriver
+from reconciler.source import Source
+
+ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
+       "GIT_COMMITTER_EMAIL": "b@x"}
+REPO = {
+    "reconciler.yaml": "format: 1\nname: bench\n",
+    "inventory.yaml": "groups:\n  all:\n    services: [idle]\nnodes:\n  bench1:\n    groups: [all]\n",
+    "services/idle/service.yaml": (
+        "runtime:\n  command: [python3, idle.py]\nfiles:\n  - {path: idle.py, source: idle.py}\n"
+    ),
+    "services/idle/files/idle.py": "import time\nwhile True:\n    time.sleep(3600)\n",
+}
+
+
+def git(*args: str, cwd: Path | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, env=ENV, check=True, capture_output=True, text=True).stdout
+
+
+def median_ms(fn: Callable[[], object], runs: int) -> float:
+    fn()  # warm caches
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def make_remote(root: Path, refs: int) -> Path:
+    work, bare = root / "work", root / "remote.git"
+    for rel, text in REPO.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", "-A", cwd=work)
+    git("commit", "-q", "-m", "bench", cwd=work)
+    git("init", "-q", "--bare", "-b", "main", str(bare))
+    git("push", "-q", str(bare), "main", cwd=work)
+    head = git("rev-parse", "HEAD", cwd=work).strip()
+    # Many refs, as a busy review system has: changes, tags, other nodes' notes.
+    lines = "".join(f"create refs/changes/{i % 100:02d}/{i}/1 {head}\n" for i in range(refs))
+    subprocess.run(["git", "update-ref", "--stdin"], cwd=bare, input=lines, text=True, check=True)
+    git("pack-refs", "--all", cwd=bare)
+    return bare
+
+
+def bench(refs: int, runs: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="reconciler-bench-") as tmp:
+        root = Path(tmp)
+        bare = make_remote(root, refs)
+        url = f"file://{bare}"
+        state = root / "node"
+        agent = Agent(AgentConfig(node="bench1", remote=url, state_dir=state), progress=False)
+        assert agent.reconcile_once().exit_code == 0
+        agent.close()
+        try:
+            source = Source(url, "main", state / "mirror.git", progress=False)
+            clone = root / "clone"
+            git("clone", "-q", "--bare", url, str(clone))
+            cli = [str(Path(sys.executable).parent / "reconciler"), "agent", "--once", "--node", "bench1",
+                   "--remote", url, "--state-dir", str(state)]
+
+            def in_process() -> None:
+                _, fetched = source.update()
+                assert not fetched
+
+            return {
+                "reconciler in process": median_ms(in_process, runs),
+                "reconciler agent --once": median_ms(lambda: subprocess.run(cli, check=True, capture_output=True), runs),
+                "git fetch (peer)": median_ms(lambda: git("-c", "protocol.version=2", "fetch", "-q", url,
+                                                          "+refs/heads/main:refs/heads/main", cwd=clone), runs),
+                "git ls-remote (floor)": median_ms(lambda: git("-c", "protocol.version=2", "ls-remote", url,
+                                                               "refs/heads/main"), runs),
+            }
+        finally:
+            driver = ProcessDriver(state / "services", "bench1")
+            for o in driver.observe():
+                driver.remove(o.name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--refs", type=int, default=10000, help="refs on the busy remote")
+    args = parser.parse_args()
+    print(f"no-op poll, median of {args.runs} runs, file:// remote, git {git('--version').split()[-1]}")
+    for refs in (10, args.refs):
+        r = bench(refs, args.runs)
+        peer = r["git fetch (peer)"]
+        print(f"\nremote with {refs} refs")
+        for name, ms in r.items():
+            print(f"  {name:28s} {ms:8.2f} ms   {ms / peer:5.2f}x git fetch")
+
+
+if __name__ == "__main__":
+    main()

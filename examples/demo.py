@@ -1,0 +1,157 @@
+"""The demo: a small cloud of five nodes converges on a git remote, then one template changes.
+
+Run through ./demo.sh. Everything happens in a temporary folder; every command shown is the
+real CLI, as an operator would type it. At the end every service is stopped (--keep leaves
+them running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from reconciler.drivers.process import ProcessDriver
+
+HERE = Path(__file__).resolve().parent
+NODES = ["ctl1", "ctl2", "ctl3", "cmp1", "cmp2"]
+console = Console(highlight=False)
+GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "Ada Operator", "GIT_AUTHOR_EMAIL": "ada@example.org",
+           "GIT_COMMITTER_NAME": "Review Bot", "GIT_COMMITTER_EMAIL": "merge@example.org"}
+
+
+def sh(*args: str, cwd: Path | None = None, show: bool = True, check: bool = True) -> str:
+    if show:
+        console.print(f"[dim]$ {' '.join(args)}[/]")
+    proc = subprocess.run(args, cwd=cwd, env=GIT_ENV, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        console.print(proc.stdout + proc.stderr)
+        raise SystemExit(f"demo: command failed ({proc.returncode}): {' '.join(args)}")
+    return proc.stdout
+
+
+def reconciler(*args: str, show: bool = True) -> str:
+    exe = shutil.which("reconciler", path=os.path.dirname(sys.executable)) or "reconciler"
+    if show:
+        console.print(f"[dim]$ reconciler {' '.join(args)}[/]")
+    proc = subprocess.run([exe, *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        console.print(proc.stdout + proc.stderr)
+        raise SystemExit(f"demo: reconciler {args[0]} failed with exit code {proc.returncode}")
+    return proc.stdout
+
+
+def run_fleet(root: Path, remote: str) -> dict[str, dict[str, object]]:
+    """Every node's agent once (in a real fleet each node runs `reconciler agent` by itself)."""
+    results = {}
+    for node in NODES:
+        out = reconciler("agent", "--once", "--node", node, "--remote", remote,
+                         "--state-dir", str(root / "nodes" / node), "-o", "json", show=node == NODES[0])
+        results[node] = json.loads(out)
+    console.print(f"[dim]  (and the same for {', '.join(NODES[1:])})[/]")
+    return results
+
+
+def notes_table(bare: Path, commit: str, title: str) -> None:
+    table = Table("node", "state", "started", "restarted", "untouched", title=title)
+    for node in NODES:
+        text = sh("git", "--git-dir", str(bare), "notes", f"--ref=reconciler/{node}", "show", commit, show=False)
+        note = json.loads(text)
+        by_action: dict[str, list[str]] = {}
+        for svc, r in sorted(note["services"].items()):
+            by_action.setdefault(r["action"], []).append(svc)
+        table.add_row(node, note["state"], ", ".join(by_action.get("start", [])),
+                      "[yellow]" + ", ".join(by_action.get("restart", [])) + "[/]",
+                      ", ".join(by_action.get("none", [])))
+    console.print(table)
+
+
+def pids(root: Path) -> dict[str, dict[str, int | None]]:
+    return {n: {o.name: o.pid for o in ProcessDriver(root / "nodes" / n / "services", n).observe()} for n in NODES}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--keep", action="store_true", help="leave the services running")
+    parser.add_argument("--dir", type=Path, help="work here instead of a new temporary folder")
+    args = parser.parse_args()
+    root = args.dir or Path(tempfile.mkdtemp(prefix="reconciler-demo-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        demo(root)
+    finally:
+        if not args.keep:
+            for node in NODES:
+                driver = ProcessDriver(root / "nodes" / node / "services", node)
+                for o in driver.observe():
+                    driver.remove(o.name)
+            console.print(f"\nstopped every service; the state of each node is under {root}/nodes")
+        else:
+            console.print(f"\nservices keep running; state under {root}/nodes; stop them by killing their process groups (pid in each record.json)")
+
+
+def demo(root: Path) -> None:
+    work, bare = root / "deploy", root / "cloud.git"
+    console.rule("1. the deployment repo, reviewed and merged, on a bare remote")
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(bare, ignore_errors=True)
+    shutil.copytree(HERE / "repo", work)
+    sh("git", "init", "-q", "-b", "main", cwd=work, show=False)
+    sh("git", "add", "-A", cwd=work, show=False)
+    sh("git", "commit", "-q", "-m", "demo-cloud: initial deployment", cwd=work, show=False)
+    sh("git", "init", "-q", "--bare", "-b", "main", str(bare))
+    sh("git", "push", "-q", str(bare), "main", cwd=work)
+    remote = f"file://{bare}"
+    console.print(reconciler("validate", "--repo", str(work)).strip())
+
+    console.rule("2. every node's agent runs once: fetch, render its slice, start, note")
+    run_fleet(root, remote)
+    c1 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
+    notes_table(bare, c1, f"notes on {c1[:12]} (refs/notes/reconciler/<node> on the remote)")
+    sh("git", "--git-dir", str(bare), "notes", "--ref=reconciler/ctl1", "show", c1)
+    console.print(sh("git", "--git-dir", str(bare), "notes", "--ref=reconciler/ctl1", "show", c1, show=False)
+                  .strip()[:600] + "\n  ...")
+    lb = "http://127.0.0.1:18100"
+    console.print(f"[dim]$ curl -X POST {lb}/v3/auth/tokens   # load balancer -> identity -> db[/]")
+    req = urllib.request.Request(f"{lb}/v3/auth/tokens", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        console.print(f"  {resp.status} via {resp.headers.get('X-Backend')}: {resp.read().decode().strip()}")
+    before = pids(root)
+
+    console.rule("3. a reviewed change to one template: identity's token lifetime")
+    tpl = work / "services/identity/templates/identity.conf.j2"
+    tpl.write_text(tpl.read_text().replace("ttl = {{ token_ttl }}", "ttl = {{ token_ttl // 6 }}"))
+    console.print(sh("git", "diff", cwd=work))
+    sh("git", "commit", "-q", "-am", "identity: tokens live 10 minutes", cwd=work)
+    sh("git", "push", "-q", str(bare), "main", cwd=work)
+    console.print(reconciler("plan", "--node", "ctl1", "--remote", remote,
+                             "--state-dir", str(root / "nodes" / "ctl1")))
+    run_fleet(root, remote)
+    c2 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
+    notes_table(bare, c2, f"notes on {c2[:12]}")
+    after = pids(root)
+    table = Table("node", "service", "pid before", "pid after", title="what really restarted")
+    for node in NODES:
+        for svc in sorted(after[node]):
+            same = before[node].get(svc) == after[node][svc]
+            style = "dim" if same else "yellow"
+            table.add_row(node, svc, str(before[node].get(svc)), f"[{style}]{after[node][svc]}[/]")
+    console.print(table)
+    restarted = sorted(f"{n}/{s}" for n in NODES for s in after[n] if before[n].get(s) != after[n][s])
+    console.print(f"restarted: {', '.join(restarted)}; every other service kept its process.")
+    with urllib.request.urlopen("http://127.0.0.1:18105/v3", timeout=5) as resp:
+        console.print(f"ctl1 identity now says: {resp.read().decode().strip()}")
+    console.print(reconciler("history", "identity", "--state-dir", str(root / "nodes" / "ctl1"), "--limit", "5"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""One node, then five, converge on commits of a real git remote with real processes.
+
+History used here (each test builds its own)::
+
+    C1 initial deployment --- C2 identity template changed --- C3 ...
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from conftest import NODES, Deployment, git
+from reconciler.agent import Agent
+from reconciler.errors import RemoteError
+from reconciler.model import ActionKind, RunState
+
+CONTROLLER_SERVICES = ["db", "identity", "lb", "node-exporter"]
+COMPUTE_SERVICES = ["compute-agent", "node-exporter"]
+
+
+def pids(agent: Agent) -> dict[str, int | None]:
+    from reconciler.agent import drivers_for
+    from reconciler.observe import observe
+
+    return {o.name: o.pid for o in observe(agent.cfg.node, drivers_for(agent.cfg, None)).services}
+
+
+def get_json(url: str, data: bytes | None = None) -> Any:
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def actions(result: Any) -> dict[str, str]:
+    return {r.service: str(r.action) for r in result.report.services}
+
+
+def test_one_node_converges_and_notes_the_commit(deployment: Deployment, agents: Callable[..., Agent]) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    head = git("rev-parse", "HEAD", cwd=deployment.work)
+
+    result = ctl1.reconcile_once()
+
+    assert result.exit_code == 0 and result.commit == head and result.fetched
+    assert actions(result) == {s: "start" for s in CONTROLLER_SERVICES}
+    assert all(pid for pid in pids(ctl1).values())
+    note = deployment.note("ctl1")
+    assert note is not None
+    assert note["state"] == "applied" and note["commit"] == head and note["node"] == "ctl1"
+    assert note["services"]["identity"]["action"] == "start"  # type: ignore[index]
+    # The service really serves its rendered config.
+    port = deployment.port_bases["ctl1"] + 5
+    assert get_json(f"http://127.0.0.1:{port}/v3")["node"] == "ctl1"
+
+
+def test_second_run_on_the_same_commit_touches_nothing(deployment: Deployment, agents: Callable[..., Agent]) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    ctl1.reconcile_once()
+    before = pids(ctl1)
+
+    again = ctl1.reconcile_once()
+
+    assert again.report is None and not again.fetched and again.exit_code == 0
+    assert pids(ctl1) == before
+
+
+def test_five_nodes_then_a_template_change_restarts_only_identity_on_controllers(
+    deployment: Deployment, agents: Callable[..., Agent], git_daemon: str
+) -> None:
+    fleet = {n: agents(n, git_daemon) for n in NODES}
+    for node, agent in fleet.items():
+        assert agent.reconcile_once().exit_code == 0, node
+    before = {n: pids(a) for n, a in fleet.items()}
+    # The whole control plane works: a token through ctl1's lb, identity, db.
+    lb = deployment.port_bases["ctl1"]
+    token = get_json(f"http://127.0.0.1:{lb}/v3/auth/tokens", data=b"{}")
+    assert token["expires_in"] == 3600
+
+    deployment.edit("services/identity/templates/identity.conf.j2", "ttl = {{ token_ttl }}", "ttl = 600")
+    c2 = deployment.commit("identity: shorter token lifetime")
+    results = {n: a.reconcile_once() for n, a in fleet.items()}
+
+    after = {n: pids(a) for n, a in fleet.items()}
+    for node, result in results.items():
+        assert result.commit == c2 and result.exit_code == 0
+        changed = {s for s, a in actions(result).items() if a != "none"}
+        if node.startswith("ctl"):
+            assert changed == {"identity"}
+            assert actions(result)["identity"] == "restart"
+            assert after[node]["identity"] != before[node]["identity"]
+            untouched = {s: p for s, p in after[node].items() if s != "identity"}
+            assert untouched == {s: p for s, p in before[node].items() if s != "identity"}
+        else:
+            assert changed == set()
+            assert after[node] == before[node]
+        note = deployment.note(node, c2)
+        assert note is not None and note["state"] == "applied"
+    reason = results["ctl2"].report.services  # type: ignore[union-attr]
+    assert next(r.reason for r in reason if r.service == "identity") == "identity.conf changed"
+    assert get_json(f"http://127.0.0.1:{deployment.port_bases['ctl2'] + 5}/v3")["token_ttl"] == 600
+
+
+def test_a_service_removed_from_the_group_is_stopped(deployment: Deployment, agents: Callable[..., Agent]) -> None:
+    cmp1 = agents("cmp1", deployment.url)
+    cmp1.reconcile_once()
+    exporter_pid = pids(cmp1)["node-exporter"]
+    assert exporter_pid
+
+    deployment.edit("inventory.yaml", "groups: [computes, monitoring]\n    vars: {port_base: "
+                    f"{deployment.port_bases['cmp1']}",
+                    f"groups: [computes]\n    vars: {{port_base: {deployment.port_bases['cmp1']}")
+    deployment.commit("cmp1 leaves monitoring")
+    result = cmp1.reconcile_once()
+
+    assert actions(result) == {"compute-agent": "none", "node-exporter": "stop"}
+    assert set(pids(cmp1)) == {"compute-agent"}
+    with pytest.raises(ProcessLookupError):
+        import os
+        os.kill(exporter_pid, 0)
+
+
+@pytest.mark.parametrize("breakage, expected", [
+    ({"services/db/templates/db.conf.j2": "port = {{ no_such_var }}\n"},
+     "services/db/templates/db.conf.j2:1: node ctl1: 'no_such_var' is undefined"),
+    ({"inventory.yaml": "groups: [\n"}, "inventory.yaml:2: invalid YAML"),
+])
+def test_a_broken_commit_applies_nothing_and_is_noted(
+    deployment: Deployment, agents: Callable[..., Agent], breakage: dict[str, str], expected: str
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    ctl1.reconcile_once()
+    before = pids(ctl1)
+    for rel, text in breakage.items():
+        deployment.write(rel, text)
+    bad = deployment.commit("a broken change")
+
+    result = ctl1.reconcile_once()
+
+    assert result.exit_code == 2 and result.commit == bad
+    assert str(result.error).startswith(expected)
+    assert pids(ctl1) == before, "running services untouched"
+    note = deployment.note("ctl1", bad)
+    assert note is not None and note["state"] == "error" and str(note["error"]).startswith(expected)
+    assert result.report is not None and result.report.state is RunState.ERROR
+
+
+def test_unreachable_remote_is_a_remote_error(agents: Callable[..., Agent], tmp_path: Any) -> None:
+    agent = agents("ctl1", "git://127.0.0.1:9/nothing.git")
+    with pytest.raises(RemoteError, match="ref check of git://127.0.0.1:9/nothing.git failed"):
+        agent.reconcile_once()
+
+
+def test_credentials_never_reach_error_messages(agents: Callable[..., Agent]) -> None:
+    agent = agents("ctl1", "https://deploy:s3cret@127.0.0.1:9/cloud.git")
+    with pytest.raises(RemoteError) as info:
+        agent.reconcile_once()
+    assert "s3cret" not in str(info.value) and "https://127.0.0.1:9/cloud.git" in str(info.value)
+
+
+def test_a_note_that_could_not_be_pushed_is_pushed_on_the_next_run(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Any
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    ctl1.reconcile_once()
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 1800")
+    c2 = deployment.commit("shorter tokens")
+    # The remote refuses writes for a while (a hook that declines every push).
+    hook = deployment.bare / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho 'read-only maintenance' >&2\nexit 1\n")
+    hook.chmod(0o755)
+
+    result = ctl1.reconcile_once()
+    assert result.exit_code == 0 and not result.pushed
+    assert deployment.note("ctl1", c2) is None
+
+    hook.unlink()
+    again = ctl1.reconcile_once()
+    assert again.report is None and again.pushed
+    note = deployment.note("ctl1", c2)
+    assert note is not None and note["state"] == "applied"
+
+
+def test_notes_survive_the_loss_of_the_state_dir(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Any
+) -> None:
+    import shutil
+
+    first = agents("cmp2", deployment.url)
+    c1 = first.reconcile_once().commit
+    # The node's disk is replaced: its services and its whole state dir are gone.
+    from reconciler.drivers.process import ProcessDriver
+    driver = ProcessDriver(first.cfg.state_dir / "services", "cmp2")
+    for o in driver.observe():
+        driver.remove(o.name)
+    first.close()
+    shutil.rmtree(first.cfg.state_dir)
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    c2 = deployment.commit("kvm")
+
+    second = agents("cmp2", deployment.url)
+    assert second.reconcile_once().exit_code == 0
+
+    # Both notes are on the remote: the old one was recovered, not overwritten.
+    assert (deployment.note("cmp2", c1) or {}).get("state") == "applied"
+    assert (deployment.note("cmp2", c2) or {}).get("state") == "applied"
+
+
+def test_plan_is_a_dry_run(deployment: Deployment, agents: Callable[..., Agent]) -> None:
+    cmp1 = agents("cmp1", deployment.url)
+    the_plan, fetched = cmp1.plan()
+    assert fetched
+    assert [(str(a.kind), a.service) for a in the_plan.actions] == [
+        ("start", "compute-agent"), ("start", "node-exporter")]
+    assert pids(cmp1) == {}
+    assert all(a.kind is ActionKind.START for a in the_plan.changes)

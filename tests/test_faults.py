@@ -1,0 +1,173 @@
+"""Faults: services that crash, an agent killed mid-apply, two runs at once, a daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import Deployment, wait_for
+from reconciler.agent import Agent, Supervisor, drivers_for
+from reconciler.errors import Busy
+from reconciler.observe import observe
+
+
+def pids(agent: Agent) -> dict[str, int | None]:
+    return {o.name: o.pid for o in observe(agent.cfg.node, drivers_for(agent.cfg, None)).services}
+
+
+def processes_of(state_dir: Path) -> dict[str, list[int]]:
+    """Every live process on the machine that runs a service of this state dir, by service."""
+    found: dict[str, list[int]] = {}
+    marker = f"RECONCILER_DATA_DIR={state_dir}/services/".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(marker):
+                service = var[len(marker):].split(b"/")[0].decode()
+                found.setdefault(service, []).append(int(entry.name))
+    return found
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_supervisor_restarts_a_killed_service_with_backoff(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    cmp1 = agents("cmp1", deployment.url)
+    cmp1.reconcile_once()
+    clock = FakeClock()
+    supervisor = Supervisor(cmp1, clock)
+    first = pids(cmp1)["compute-agent"]
+    assert first is not None
+
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: pids(cmp1)["compute-agent"] is None, what="death seen")
+    assert supervisor.tick() == ["compute-agent"]
+    second = pids(cmp1)["compute-agent"]
+    assert second not in (None, first)
+
+    # It dies again at once: the next restart waits 1 s, the one after 2 s.
+    os.kill(second, signal.SIGKILL)  # type: ignore[arg-type]
+    wait_for(lambda: pids(cmp1)["compute-agent"] is None, what="second death seen")
+    assert supervisor.tick() == []
+    clock.now += 1.0
+    assert supervisor.tick() == ["compute-agent"]
+    third = pids(cmp1)["compute-agent"]
+    os.kill(third, signal.SIGKILL)  # type: ignore[arg-type]
+    wait_for(lambda: pids(cmp1)["compute-agent"] is None, what="third death seen")
+    clock.now += 1.0
+    assert supervisor.tick() == []
+    clock.now += 1.0
+    assert supervisor.tick() == ["compute-agent"]
+    assert pids(cmp1)["node-exporter"] is not None
+    revives = [r for r in cmp1.state.history("compute-agent") if r.action == "revive"]
+    assert len(revives) == 3 and all(r.result == "ok" for r in revives)
+
+
+def test_two_runs_never_overlap(deployment: Deployment, agents: Callable[..., Agent]) -> None:
+    a = agents("cmp2", deployment.url)
+    with a.state.lock(), pytest.raises(Busy, match="another reconciler run holds the lock"):
+        agents("cmp2", deployment.url).reconcile_once()
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "reconciler", *args]
+
+
+def test_agent_killed_mid_apply_is_finished_by_the_next_run(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    # A service that takes 3 s to become healthy keeps the agent inside apply long enough.
+    port = deployment.port_bases["ctl1"] + 50
+    deployment.write("services/slow/service.yaml", (
+        "runtime:\n  command: [python3, slow.py]\n"
+        "files:\n  - {path: slow.py, source: slow.py}\n"
+        f"health:\n  tcp: \"127.0.0.1:{port}\"\n  timeout: 20\n"
+    ))
+    deployment.write("services/slow/files/slow.py", (
+        "import socket, time\ntime.sleep(3)\ns = socket.socket()\n"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('127.0.0.1', {port}))\ns.listen()\nwhile True:\n    time.sleep(60)\n"
+    ))
+    deployment.edit("inventory.yaml", "services: [db, identity, lb]", "services: [db, identity, lb, slow]")
+    deployment.commit("add a slow service")
+    state_dir = tmp_path / "nodes" / "ctl1"
+    args = ["agent", "--once", "--node", "ctl1", "--remote", deployment.url, "--state-dir", str(state_dir)]
+    proc = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def in_flight() -> bool:
+        db = state_dir / "state.db"
+        if not db.exists():
+            return False
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute("SELECT service FROM journal WHERE status='intent'").fetchall()
+        return ("slow",) in rows
+
+    wait_for(in_flight, 30, "the agent to be applying the slow service")
+    proc.kill()
+    proc.wait()
+
+    agent = agents("ctl1", deployment.url)  # the fixture stops every service afterwards
+    result = agent.reconcile_once()
+
+    assert result.exit_code == 0
+    assert result.interrupted and result.interrupted[0][1:] == ("slow", "start")
+    assert result.report is not None and result.report.state == "applied"
+    running = processes_of(state_dir)
+    assert sorted(running) == ["db", "identity", "lb", "node-exporter", "slow"]
+    assert all(len(p) == 1 for p in running.values()), f"a service runs twice: {running}"
+    assert (deployment.note("ctl1") or {}).get("state") == "applied"
+
+
+def test_daemon_applies_new_commits_and_restarts_a_killed_service(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "nodes" / "cmp2"
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"node: cmp2\nremote: {deployment.url}\nstate_dir: {state_dir}\n"
+        "interval: 1\njitter: 0\nsupervise_interval: 0.5\n"
+    )
+    daemon = subprocess.Popen(_cli("agent", "--config", str(config)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    agent = agents("cmp2", deployment.url)  # for reading state, and cleanup
+    try:
+        wait_for(lambda: (deployment.note("cmp2") or {}).get("state") == "applied", 30, "first note")
+        victim = pids(agent)["node-exporter"]
+        assert victim
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: pids(agent).get("node-exporter") not in (None, victim), 15, "supervisor restart")
+
+        deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+        c2 = deployment.commit("kvm everywhere")
+        wait_for(lambda: (deployment.note("cmp2", c2) or {}).get("state") == "applied", 30, "note of c2")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        _, stderr = daemon.communicate(timeout=30)
+    assert daemon.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    # The daemon exits; the services it started keep running.
+    assert all(pids(agent).values())
+
