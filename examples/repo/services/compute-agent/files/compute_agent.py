@@ -48,7 +48,7 @@ def load_config(path: str) -> dict[str, Any]:
     types = {"port": int, "identity_url": str, "db_url": str, "interval": int | float, "hypervisor": str, "vcpus": int}
     for key, want in types.items():
         if not isinstance(cfg.get(key), want) or isinstance(cfg.get(key), bool):
-            raise ValueError(f"{key} is missing or not of type {want}")
+            raise ValueError(f"{key} is missing or not {getattr(want, '__name__', want)}")
     if not 0 < cfg["port"] < 65536 or cfg["interval"] <= 0 or cfg["vcpus"] < 1:
         raise ValueError("want port 1-65535, interval > 0, vcpus >= 1")
     for key in ("identity_url", "db_url"):
@@ -58,16 +58,22 @@ def load_config(path: str) -> dict[str, Any]:
     return {key: cfg[key] for key in types}
 
 
+def call(req: urllib.request.Request) -> tuple[bytes, str | None]:
+    """Body and X-Backend header of one request; RuntimeError naming the request if it fails."""
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as resp:
+            return resp.read(), resp.headers.get("X-Backend")
+    except OSError as e:  # URLError, HTTPError, timeouts, refused connections
+        raise RuntimeError(f"{req.get_method()} {req.full_url}: {getattr(e, 'reason', e)}") from None
+
+
 def heartbeat(cfg: dict[str, Any]) -> None:
     """One round: ask identity (through the lb) for its version, then record ourselves in the db."""
-    with urllib.request.urlopen(f"{cfg['identity_url']}/v3", timeout=HTTP_TIMEOUT) as resp:
-        version = json.load(resp)
-        backend = resp.headers.get("X-Backend")
+    data, backend = call(urllib.request.Request(f"{cfg['identity_url']}/v3"))
+    version = json.loads(data)
     body = {"node": NODE, "time": time.time(), "vcpus": cfg["vcpus"], "hypervisor": cfg["hypervisor"]}
-    req = urllib.request.Request(f"{cfg['db_url']}/kv/compute-{NODE}", data=json.dumps(body).encode(),
-                                 method="PUT", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as resp:
-        resp.read()
+    call(urllib.request.Request(f"{cfg['db_url']}/kv/compute-{NODE}", data=json.dumps(body).encode(),
+                                method="PUT", headers={"Content-Type": "application/json"}))
     state["identity"] = {"backend": backend, "node": version.get("node"), "region": version.get("region")}
 
 
@@ -76,8 +82,8 @@ def loop() -> None:
         cfg = config  # a reload takes effect from the next round
         try:
             heartbeat(cfg)
-        except (OSError, ValueError, AttributeError) as e:  # URLError, HTTPError, timeouts, bad JSON
-            state.update(last_error=time.time(), last_error_message=str(getattr(e, "reason", e)))
+        except (RuntimeError, ValueError, AttributeError) as e:  # failed request, bad JSON
+            state.update(last_error=time.time(), last_error_message=str(e))
             log(f"heartbeat failed: {state['last_error_message']}")
         else:
             state["heartbeats"] += 1

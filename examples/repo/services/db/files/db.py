@@ -49,8 +49,8 @@ def load_config(path: str) -> dict[str, Any]:
             host, _, port = p.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"bad peer {p!r} (want host:port)")
-        cfg = {"name": db["name"], "port": int(db["port"]), "peers": peers,
-               "max_connections": int(db["max_connections"])}
+        cfg: dict[str, Any] = {"name": db["name"], "port": int(db["port"]), "peers": peers,
+                               "max_connections": int(db["max_connections"])}
     except KeyError as e:
         raise ValueError(f"missing {e}") from None
     except configparser.Error as e:

@@ -40,10 +40,10 @@ def load_config(path: str) -> dict[str, Any]:
     try:
         if not ini.read(path):
             raise ValueError(f"cannot read {path}")
-        cfg = {"debug": ini.getboolean("DEFAULT", "debug", fallback=False),
-               "region": ini["DEFAULT"]["region"], "port": int(ini["api"]["port"]),
-               "token_ttl": int(ini["token"]["ttl"]), "provider": ini["token"]["provider"],
-               "database_url": ini["database"]["url"].rstrip("/")}
+        cfg: dict[str, Any] = {"debug": ini.getboolean("DEFAULT", "debug", fallback=False),
+                               "region": ini["DEFAULT"]["region"], "port": int(ini["api"]["port"]),
+                               "token_ttl": int(ini["token"]["ttl"]), "provider": ini["token"]["provider"],
+                               "database_url": ini["database"]["url"].rstrip("/")}
     except KeyError as e:
         raise ValueError(f"missing {e}") from None
     except configparser.Error as e:
@@ -92,8 +92,9 @@ class Handler(BaseHTTPRequestHandler):
             with urllib.request.urlopen(req, timeout=DB_TIMEOUT) as resp:
                 resp.read()
         except OSError as e:  # URLError, HTTPError, timeouts, refused connections
-            log(f"cannot store token in {cfg['database_url']}: {e}")
-            return self.reply(503, {"error": f"database unavailable: {e}"})
+            reason = getattr(e, "reason", e)
+            log(f"cannot store token in {cfg['database_url']}: {reason}")
+            return self.reply(503, {"error": f"database unavailable: {reason}"})
         if cfg["debug"]:
             log(f"issued token {token[:8]}... ttl={cfg['token_ttl']}")
         return self.reply(201, {"token": token, "expires_in": cfg["token_ttl"]})
