@@ -277,6 +277,7 @@ def agent(config_file: Path | None, node: str | None, remote: str | None, branch
         sys.exit(result.exit_code)
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is normal
 
     def show(result: RunResult) -> None:
         if result.report is not None:

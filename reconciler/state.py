@@ -114,7 +114,8 @@ class State:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(root / "state.db", timeout=30, isolation_level=None)
+        # The daemon runs its jobs in scheduler threads; they are serialised by the run lock.
+        self.db = sqlite3.connect(root / "state.db", timeout=30, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)

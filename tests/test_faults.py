@@ -121,8 +121,11 @@ def test_agent_killed_mid_apply_is_finished_by_the_next_run(
         db = state_dir / "state.db"
         if not db.exists():
             return False
-        with sqlite3.connect(db) as conn:
-            rows = conn.execute("SELECT service FROM journal WHERE status='intent'").fetchall()
+        try:
+            with sqlite3.connect(db) as conn:
+                rows = conn.execute("SELECT service FROM journal WHERE status='intent'").fetchall()
+        except sqlite3.OperationalError:  # the agent is still creating its tables
+            return False
         return ("slow",) in rows
 
     wait_for(in_flight, 30, "the agent to be applying the slow service")
