@@ -10,7 +10,10 @@ stamp=.venv/.reconciler-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing reconciler and its dependencies into .venv ..." >&2
-  .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/pip install -q -e '.[test]'
+  if ! .venv/bin/pip install -q -e '.[test]' >.venv/install.log 2>&1; then
+    cat .venv/install.log >&2
+    echo "error: installing into .venv failed (log above, and in .venv/install.log)" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from conftest import NODES, Deployment, git
+
 from reconciler.agent import Agent
 from reconciler.errors import RemoteError
 from reconciler.model import ActionKind, RunState

@@ -7,13 +7,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import Deployment, wait_for
+
 from reconciler.agent import Agent, Supervisor, drivers_for
 from reconciler.errors import Busy
 from reconciler.observe import observe

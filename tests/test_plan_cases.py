@@ -38,8 +38,10 @@ def _observed(name: str, spec: dict[str, Any]) -> ObservedService:
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
 def test_plan_case(case: Path) -> None:
     data = yaml.safe_load(case.read_text())
-    desired = Desired("node1", "c1", tuple(_service(n, s or {}) for n, s in sorted((data.get("desired") or {}).items())))
-    observed = Observed("node1", tuple(_observed(n, s or {}) for n, s in sorted((data.get("observed") or {}).items())))
+    wanted = sorted((data.get("desired") or {}).items())
+    seen = sorted((data.get("observed") or {}).items())
+    desired = Desired("node1", "c1", tuple(_service(n, s or {}) for n, s in wanted))
+    observed = Observed("node1", tuple(_observed(n, s or {}) for n, s in seen))
 
     got = plan(desired, observed)
 
