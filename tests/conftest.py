@@ -180,3 +180,50 @@ def git_daemon(tmp_path: Path, deployment: Deployment) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _http_backend(root: Path):  # type: ignore[no-untyped-def]
+    """A WSGI app that runs the real `git http-backend` (smart HTTP, fetch and push) per request."""
+
+    def app(environ, start_response):  # type: ignore[no-untyped-def]
+        env = {
+            **os.environ, "GIT_PROJECT_ROOT": str(root), "GIT_HTTP_EXPORT_ALL": "1",
+            "REQUEST_METHOD": environ["REQUEST_METHOD"], "PATH_INFO": environ["PATH_INFO"],
+            "QUERY_STRING": environ.get("QUERY_STRING", ""), "CONTENT_TYPE": environ.get("CONTENT_TYPE", ""),
+            "REMOTE_USER": "node", "REMOTE_ADDR": "127.0.0.1",
+            "GIT_PROTOCOL": environ.get("HTTP_GIT_PROTOCOL", ""),
+            "HTTP_CONTENT_ENCODING": environ.get("HTTP_CONTENT_ENCODING", ""),
+        }
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
+        head, _, rest = out.partition(b"\r\n\r\n")
+        headers = [tuple(h.split(": ", 1)) for h in head.decode().split("\r\n") if ": " in h]
+        status = next((v for k, v in headers if k.lower() == "status"), "200 OK")
+        start_response(status, [(k, v) for k, v in headers if k.lower() != "status"])
+        return [rest]
+
+    return app
+
+
+@pytest.fixture
+def http_remote(deployment: Deployment) -> Iterator[str]:
+    """The deployment's bare repo over smart HTTP on a loopback port."""
+    import socketserver
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Threaded(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    server = make_server("127.0.0.1", 0, _http_backend(deployment.bare.parent), Threaded, Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/{deployment.bare.name}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -218,3 +218,17 @@ def test_plan_is_a_dry_run(deployment: Deployment, agents: Callable[..., Agent])
         ("start", "compute-agent"), ("start", "node-exporter")]
     assert pids(cmp1) == {}
     assert all(a.kind is ActionKind.START for a in the_plan.changes)
+
+
+def test_smart_http_remote_fetch_and_note_push(
+    deployment: Deployment, agents: Callable[..., Agent], http_remote: str
+) -> None:
+    cmp2 = agents("cmp2", http_remote)
+    result = cmp2.reconcile_once()
+    assert result.exit_code == 0 and result.pushed
+    assert (deployment.note("cmp2") or {}).get("state") == "applied"
+    # Only the branch was fetched, and only this node's notes ref was pushed.
+    assert sorted(r for r in cmp2.source.repo.references if not r.startswith("refs/reconciler/")) == [
+        "refs/heads/main", "refs/notes/reconciler/cmp2"]
+    remote_refs = git("--git-dir", str(deployment.bare), "for-each-ref", "--format=%(refname)").split()
+    assert remote_refs == ["refs/heads/main", "refs/notes/reconciler/cmp2"]

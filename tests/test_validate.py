@@ -156,3 +156,23 @@ def test_cli_render_unknown_node_exits_2_with_one_line(tmp_path: Path) -> None:
     assert proc.stderr.strip() == (
         "error: inventory.yaml: node 'n9' is not in the inventory (known: n1, n2) [UNKNOWN_NODE]"
     )
+
+
+def test_agent_config_errors_are_located_and_flags_override(tmp_path: Path) -> None:
+    from reconciler.config import load_config
+    from reconciler.errors import ConfigError
+
+    cfg_file = tmp_path / "agent.yaml"
+    cfg_file.write_text("node: n1\nremote: /srv/cloud.git\ninterval: 30\npoll_every: 5\n")
+    with pytest.raises(ConfigError, match=r"agent.yaml:4: unknown setting 'poll_every'"):
+        load_config(cfg_file, {})
+    cfg_file.write_text("node: n1\nremote: /srv/cloud.git\ninterval: 30\n")
+    cfg = load_config(cfg_file, {"interval": 5.0, "node": None})
+    assert (cfg.node, cfg.remote, cfg.interval) == ("n1", "file:///srv/cloud.git", 5.0)
+    proc = cli("status", "--config", str(cfg_file), "--interval", "x")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    proc = cli("plan", "--state-dir", str(tmp_path / "s"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "error: command line: missing setting 'node' (give --node or set it in --config) [BAD_CONFIG]"
+    )
