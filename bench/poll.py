@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig
+from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
 from reconciler.source import Source
 
@@ -54,14 +54,23 @@ def median_ms(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
-def make_remote(root: Path, refs: int) -> Path:
+def make_key(root: Path) -> tuple[Path, Path]:
+    """A throwaway signing key and an allowed-signers file for the committer."""
+    key = root / "merge"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    allowed = root / "allowed_signers"
+    allowed.write_text(f"b@x namespaces=\"git\" {(root / 'merge.pub').read_text()}")
+    return key, allowed
+
+
+def make_remote(root: Path, refs: int, key: Path) -> Path:
     work, bare = root / "work", root / "remote.git"
     for rel, text in REPO.items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(text)
     git("init", "-q", "-b", "main", cwd=work)
     git("add", "-A", cwd=work)
-    git("commit", "-q", "-m", "bench", cwd=work)
+    git("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-S", "-q", "-m", "bench", cwd=work)
     git("init", "-q", "--bare", "-b", "main", str(bare))
     git("push", "-q", str(bare), "main", cwd=work)
     head = git("rev-parse", "HEAD", cwd=work).strip()
@@ -75,10 +84,12 @@ def make_remote(root: Path, refs: int) -> Path:
 def bench(refs: int, runs: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="reconciler-bench-") as tmp:
         root = Path(tmp)
-        bare = make_remote(root, refs)
+        key, allowed = make_key(root)
+        bare = make_remote(root, refs, key)
         url = f"file://{bare}"
         state = root / "node"
-        agent = Agent(AgentConfig(node="bench1", remote=url, state_dir=state), progress=False)
+        trust = TrustConfig(allowed_signers=allowed)
+        agent = Agent(AgentConfig(node="bench1", remote=url, state_dir=state, trust=trust), progress=False)
         assert agent.reconcile_once().exit_code == 0
         agent.close()
         try:
@@ -86,7 +97,7 @@ def bench(refs: int, runs: int) -> dict[str, float]:
             clone = root / "clone"
             git("clone", "-q", "--bare", url, str(clone))
             cli = [str(Path(sys.executable).parent / "reconciler"), "agent", "--once", "--node", "bench1",
-                   "--remote", url, "--state-dir", str(state)]
+                   "--remote", url, "--state-dir", str(state), "--allowed-signers", str(allowed)]
 
             def in_process() -> None:
                 _, fetched = source.update()
@@ -97,7 +108,7 @@ def bench(refs: int, runs: int) -> dict[str, float]:
                 "reconciler agent --once": median_ms(lambda: subprocess.run(cli, check=True, capture_output=True), runs),
                 "git fetch (peer)": median_ms(lambda: git("-c", "protocol.version=2", "fetch", "-q", url,
                                                           "+refs/heads/main:refs/heads/main", cwd=clone), runs),
-                "git ls-remote (floor)": median_ms(lambda: git("-c", "protocol.version=2", "ls-remote", url,
+                "git ls-remote --heads (floor)": median_ms(lambda: git("-c", "protocol.version=2", "ls-remote", "--heads", url,
                                                                "refs/heads/main"), runs),
             }
         finally:

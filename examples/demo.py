@@ -39,39 +39,47 @@ def sh(*args: str, cwd: Path | None = None, show: bool = True, check: bool = Tru
     return proc.stdout
 
 
-def reconciler(*args: str, show: bool = True) -> str:
+def reconciler(*args: str, show: bool = True, ok: tuple[int, ...] = (0,)) -> str:
     exe = shutil.which("reconciler", path=os.path.dirname(sys.executable)) or "reconciler"
     if show:
         console.print(f"[dim]$ reconciler {' '.join(args)}[/]")
     proc = subprocess.run([exe, *args], capture_output=True, text=True)
-    if proc.returncode != 0:
+    if proc.returncode not in ok:
         console.print(proc.stdout + proc.stderr)
         raise SystemExit(f"demo: reconciler {args[0]} failed with exit code {proc.returncode}")
     return proc.stdout
 
 
-def run_fleet(root: Path, remote: str) -> dict[str, dict[str, object]]:
+def node_args(root: Path, node: str, remote: str) -> list[str]:
+    return ["--node", node, "--remote", remote, "--state-dir", str(root / "nodes" / node),
+            "--allowed-signers", str(root / "trust" / "allowed_signers")]
+
+
+def run_fleet(root: Path, remote: str, ok: tuple[int, ...] = (0,)) -> dict[str, dict[str, object]]:
     """Every node's agent once (in a real fleet each node runs `reconciler agent` by itself)."""
     results = {}
     for node in NODES:
-        out = reconciler("agent", "--once", "--node", node, "--remote", remote,
-                         "--state-dir", str(root / "nodes" / node), "-o", "json", show=node == NODES[0])
+        out = reconciler("agent", "--once", *node_args(root, node, remote), "-o", "json",
+                         show=node == NODES[0], ok=ok)
         results[node] = json.loads(out)
     console.print(f"[dim]  (and the same for {', '.join(NODES[1:])})[/]")
     return results
 
 
 def notes_table(bare: Path, commit: str, title: str) -> None:
-    table = Table("node", "state", "started", "restarted", "untouched", title=title)
+    table = Table("node", "state", "started", "restarted", "untouched", "signed by", title=title)
     for node in NODES:
         text = sh("git", "--git-dir", str(bare), "notes", f"--ref=reconciler/{node}", "show", commit, show=False)
         note = json.loads(text)
         by_action: dict[str, list[str]] = {}
         for svc, r in sorted(note["services"].items()):
             by_action.setdefault(r["action"], []).append(svc)
-        table.add_row(node, note["state"], ", ".join(by_action.get("start", [])),
+        signer = note.get("signer") or {}
+        state = note["state"] if note["state"] != "refused" else f"[red]refused: {note['reason']}[/]"
+        table.add_row(node, state, ", ".join(by_action.get("start", [])),
                       "[yellow]" + ", ".join(by_action.get("restart", [])) + "[/]",
-                      ", ".join(by_action.get("none", [])))
+                      ", ".join(by_action.get("none", [])),
+                      f"{signer.get('principal', '')} {signer.get('fingerprint', '')[:20]}")
     console.print(table)
 
 
@@ -105,7 +113,18 @@ def demo(root: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(bare, ignore_errors=True)
     shutil.copytree(HERE / "repo", work)
+    console.print("the review system signs what it merges; each node trusts its key (made now, thrown away after)")
+    trust = root / "trust"
+    shutil.rmtree(trust, ignore_errors=True)
+    trust.mkdir()
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "merge-bot", "-f", str(trust / "merge_key"))
+    pub = (trust / "merge_key.pub").read_text().strip()
+    (trust / "allowed_signers").write_text(f'merge@example.org namespaces="git" {pub}\n')
+    console.print(f"[dim]  {trust / 'allowed_signers'}: merge@example.org namespaces=\"git\" {pub[:40]}...[/]")
     sh("git", "init", "-q", "-b", "main", cwd=work, show=False)
+    sh("git", "config", "gpg.format", "ssh", cwd=work, show=False)
+    sh("git", "config", "user.signingkey", str(trust / "merge_key"), cwd=work, show=False)
+    sh("git", "config", "commit.gpgsign", "true", cwd=work, show=False)
     sh("git", "add", "-A", cwd=work, show=False)
     sh("git", "commit", "-q", "-m", "demo-cloud: initial deployment", cwd=work, show=False)
     sh("git", "init", "-q", "--bare", "-b", "main", str(bare))
@@ -133,8 +152,7 @@ def demo(root: Path) -> None:
     console.print(sh("git", "diff", cwd=work))
     sh("git", "commit", "-q", "-am", "identity: tokens live 10 minutes", cwd=work)
     sh("git", "push", "-q", str(bare), "main", cwd=work)
-    console.print(reconciler("plan", "--node", "ctl1", "--remote", remote,
-                             "--state-dir", str(root / "nodes" / "ctl1")))
+    console.print(reconciler("plan", *node_args(root, "ctl1", remote)))
     run_fleet(root, remote)
     c2 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
     notes_table(bare, c2, f"notes on {c2[:12]}")
@@ -151,6 +169,19 @@ def demo(root: Path) -> None:
     with urllib.request.urlopen("http://127.0.0.1:18105/v3", timeout=5) as resp:
         console.print(f"ctl1 identity now says: {resp.read().decode().strip()}")
     console.print(reconciler("history", "identity", "--state-dir", str(root / "nodes" / "ctl1"), "--limit", "5"))
+
+    console.rule("4. an unsigned commit reaches the branch: every node refuses it")
+    before = pids(root)
+    tpl.write_text(tpl.read_text().replace("provider = fernet", "provider = plaintext"))
+    sh("git", "-c", "commit.gpgsign=false", "commit", "-q", "-am", "sneaky: weaker tokens", cwd=work)
+    sh("git", "push", "-q", str(bare), "main", cwd=work)
+    c3 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
+    run_fleet(root, remote, ok=(2,))
+    notes_table(bare, c3, f"notes on {c3[:12]}")
+    assert pids(root) == before
+    console.print("nothing was rendered or restarted; every node keeps running "
+                  f"{c2[:12]}, and its note says why it refused {c3[:12]}.")
+    console.print(reconciler("verify", *node_args(root, "ctl1", remote), f"{c1}..{c3}", ok=(2,)))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import pygit2
 
 from .apply import apply_plan
 from .config import AgentConfig
@@ -27,12 +30,17 @@ from .observe import observe
 from .plan import plan as make_plan
 from .report import Reporter
 from .source import Source
-from .state import State
+from .state import State, atomic_write
+from .trust import Decision, Gate, Policy, TrustError, TrustRoot, load_root, parse_revoked, tree_file
 
 log = logging.getLogger("reconciler.agent")
 
 APPLIED_COMMIT = "applied_commit"
 APPLIED_HASHES = "applied_hashes"
+HIGH_WATER = "high_water"  # the last commit this node acted on: anti-rollback's reference
+SIGNER = "high_water_signer"
+REFUSED = "refused_head"
+TRUST_ORIGIN = "trust_origin"
 
 
 @dataclass(frozen=True)
@@ -85,12 +93,22 @@ class Agent:
 
     cfg: AgentConfig
     progress: bool | None = None
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     state: State = field(init=False)
     source: Source = field(init=False)
     reporter: Reporter = field(init=False)
+    gate: Gate = field(init=False)
 
     def __post_init__(self) -> None:
+        t = self.cfg.trust
+        node_root = load_root(t.allowed_signers, t.gpg_home, t.revoked)
+        if node_root.empty:
+            from .errors import ConfigError
+
+            raise ConfigError("no trust root: set trust.allowed_signers and/or trust.gpg_home "
+                              "(--allowed-signers / --gpg-home); the agent applies only signed commits")
         self.state = State(self.cfg.state_dir)
+        self.gate = Gate(self._adopted_root(node_root), Policy(t.policy), self.clock, node_root.revoked)
         self.source = Source(
             self.cfg.remote, self.cfg.branch, self.state.mirror,
             ssh_command=self.cfg.ssh_command, progress=self.progress,
@@ -99,6 +117,91 @@ class Agent:
 
     def close(self) -> None:
         self.state.close()
+
+    # trust -----------------------------------------------------------------------------
+    @property
+    def _trust_dir(self) -> Path:
+        return self.cfg.state_dir / "trust"
+
+    def _adopted_root(self, node_root: TrustRoot) -> TrustRoot:
+        """A root rotated through the repo earlier, kept in the state dir; else the node's own."""
+        from .sshsig import parse_allowed_signers
+
+        origin = self.state.get(TRUST_ORIGIN)
+        signers = self._trust_dir / "allowed_signers"
+        if not origin or not signers.exists():
+            return node_root
+        revoked = self._trust_dir / "revoked"
+        return TrustRoot(
+            parse_allowed_signers(signers.read_text(), str(signers)),
+            (parse_revoked(revoked.read_text()) if revoked.exists() else frozenset()) | node_root.revoked,
+            node_root.gpg_home, origin,
+        )
+
+    def _adopt(self, decision: Decision) -> None:
+        """Persist what a verified head established: the high-water mark, its signer, a rotated root."""
+        if decision.root.origin != self.gate.root.origin:
+            commit = decision.root.origin.removeprefix("repo@")
+            for name in ("allowed_signers", "revoked"):
+                blob = self._tree_file(commit, f"trust/{name}")
+                atomic_write(self._trust_dir / name, blob or b"", 0o600)
+            self.state.put(TRUST_ORIGIN, decision.root.origin)
+            log.warning("%s: trust root rotated by %s", self.cfg.node, commit[:12])
+            self.gate = self.gate.with_root(decision.root)
+        self.state.put(HIGH_WATER, decision.head)
+        if decision.signer is not None:
+            self.state.put(SIGNER, json.dumps(self._signer_dict(decision.signer.to_dict())))
+
+    @staticmethod
+    def _signer_dict(verdict: dict[str, Any]) -> dict[str, str]:
+        return {k: str(verdict[k]) for k in ("format", "principal", "fingerprint")}
+
+    def _tree_file(self, commit: str, path: str) -> bytes | None:
+        return tree_file(self.source.repo, commit, path)
+
+    def high_water(self) -> str | None:
+        """The last commit this node acted on; after the state dir was lost, the newest commit
+        that this node's own notes (on the remote, written only by it) say it applied."""
+        mark = self.state.get(HIGH_WATER)
+        if mark:
+            return mark
+        newest: tuple[str, str] | None = None
+        try:
+            notes = list(self.source.repo.notes(self.reporter.ref))  # type: ignore[call-arg]  # stub lacks ref
+        except (KeyError, pygit2.GitError):
+            return None
+        for note in notes:
+            try:
+                data = json.loads(note.message)
+            except (json.JSONDecodeError, TypeError):
+                continue
+            if data.get("state") in ("applied", "failed") and (newest is None or data.get("time", "") > newest[0]):
+                newest = (str(data.get("time", "")), str(note.annotated_id))
+        if newest is None:
+            return None
+        self.state.put(HIGH_WATER, newest[1])
+        log.warning("%s: high-water mark %s recovered from this node's notes", self.cfg.node, newest[1][:12])
+        return newest[1]
+
+    def _repo_policy(self, *commits: str | None) -> Policy:
+        """The strictest policy the repo asks for at these commits (it can only tighten)."""
+        import yaml
+
+        policies = [Policy.HEAD]
+        for commit in commits:
+            raw = self._tree_file(commit, "reconciler.yaml") if commit else None
+            try:
+                data = yaml.safe_load(raw) if raw else None
+                wanted = data.get("trust", {}).get("policy") if isinstance(data, dict) else None
+                if wanted:
+                    policies.append(Policy(wanted))
+            except (yaml.YAMLError, ValueError, AttributeError):
+                continue  # a bad file is reported by validation; it cannot loosen anything
+        return Policy.strictest(*policies)
+
+    def decide(self, commit: str) -> Decision:
+        base = self.high_water()
+        return self.gate.decide(self.source.repo, commit, base, self._repo_policy(base, commit))
 
     # stages --------------------------------------------------------------------------
     def desired(self, commit: str) -> Desired:
@@ -137,6 +240,7 @@ class Agent:
     def plan(self, *, fetch: bool = True, rev: str | None = None) -> tuple[Plan, bool]:
         with self.state.lock(wait=30):
             commit, fetched = self.head(fetch, rev)
+            self.decide(commit)  # a refusal is raised: nothing unverified is even rendered
             desired = self.desired(commit)
             observed = observe(self.cfg.node, drivers_for(self.cfg, desired))
             return make_plan(desired, observed), fetched
@@ -150,13 +254,30 @@ class Agent:
                 log.warning("%s: a previous run was interrupted during %s %s at %s; re-planning",
                             self.cfg.node, a, s, c[:12])
             self.state.clear_interrupted()
-            if not interrupted and self._unchanged(commit):
+            if not interrupted and self.state.get(HIGH_WATER) == commit and self._unchanged(commit):
                 pushed = self.reporter.push()
                 return RunResult(self.cfg.node, commit, fetched, pushed=pushed)
+            refused = json.loads(self.state.get(REFUSED) or "{}")
+            if refused.get("commit") == commit:  # judged and noted already: no work, no new note
+                exc = TrustError(refused["message"], refused["reason"])
+                return RunResult(self.cfg.node, commit, fetched, pushed=self.reporter.push(), error=exc)
+            try:
+                decision = self.decide(commit)
+            except TrustError as exc:
+                report = Report(self.cfg.node, commit, RunState.REFUSED, now_iso(), reason=exc.reason,
+                                error=str(exc), verdicts=tuple(v.to_dict() for v in exc.verdicts if not v.ok))
+                self.state.put(REFUSED, json.dumps({"commit": commit, "reason": exc.reason, "message": str(exc)}))
+                self._finish(report)
+                log.error("%s: refused %s: %s", self.cfg.node, commit[:12], exc)
+                return RunResult(self.cfg.node, commit, fetched, report=report,
+                                 pushed=self.reporter.push(), interrupted=interrupted, error=exc)
+            self._adopt(decision)
+            signer = json.loads(self.state.get(SIGNER) or "null")
             try:
                 desired = self.desired(commit)
             except BadInput as exc:
-                report = Report(self.cfg.node, commit, RunState.ERROR, now_iso(), reason=exc.reason, error=str(exc))
+                report = Report(self.cfg.node, commit, RunState.ERROR, now_iso(), reason=exc.reason, error=str(exc),
+                                signer=signer)
                 self._finish(report)
                 return RunResult(self.cfg.node, commit, fetched, report=report,
                                  pushed=self.reporter.push(), interrupted=interrupted, error=exc)
@@ -167,7 +288,7 @@ class Agent:
             ok = all(r.state is ResultState.OK for r in results)
             report = Report(
                 self.cfg.node, commit, RunState.APPLIED if ok else RunState.FAILED, now_iso(),
-                services=tuple(results), plan_hash=the_plan.hash,
+                services=tuple(results), plan_hash=the_plan.hash, signer=signer,
                 reason="" if ok else "APPLY_FAILED",
                 error="" if ok else next(r.detail for r in results if r.state is ResultState.FAILED),
             )
@@ -182,9 +303,9 @@ class Agent:
         """Record the run and write its note, unless the same verdict is already noted."""
         self.state.record_run(report.commit, str(report.state), report.reason)
         previous = self.reporter.read(report.commit)
-        if report.state is RunState.ERROR and previous and previous.get("state") == "error" \
-                and previous.get("error") == report.error:
-            return  # a broken commit is noted once, not on every poll
+        if report.state in (RunState.ERROR, RunState.REFUSED) and previous \
+                and previous.get("state") == str(report.state) and previous.get("error") == report.error:
+            return  # a broken or refused commit is noted once, not on every poll
         self.reporter.write(report)
 
 

@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 failed (a service, the remote), 2 bad input (repo, config, a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -28,7 +29,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "error": "red",
+STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "error": "red", "refused": "red",
          "skipped": "yellow", "start": "cyan", "restart": "yellow", "stop": "magenta"}
 
 
@@ -41,21 +42,44 @@ def output_option(f: F) -> F:
                         show_default=True, help="Output format; json for scripts.")(f)
 
 
+AGENT_KEYS = ("config_file", "node", "remote", "branch", "state_dir",
+              "trust_allowed_signers", "trust_gpg_home", "trust_revoked", "trust_policy")
+
+
 def agent_options(f: F) -> F:
+    """The node's settings as options, handed to the command as one ``agent_opts`` dict."""
+
+    @functools.wraps(f)
+    def wrapper(**kw: Any) -> Any:
+        return f({k: kw.pop(k) for k in AGENT_KEYS}, **kw)
+
+    path = click.Path(path_type=Path)
     for opt in reversed([
-        click.option("--config", "config_file", type=click.Path(path_type=Path), envvar="RECONCILER_CONFIG",
+        click.option("--config", "config_file", type=path, envvar="RECONCILER_CONFIG",
                      help="Agent settings (YAML). Flags override it."),
         click.option("--node", help="This node's name in inventory.yaml."),
         click.option("--remote", help="Deployment repo URL (file://, git://, ssh://, https://)."),
         click.option("--branch", help="Branch to follow [main]."),
-        click.option("--state-dir", type=click.Path(path_type=Path), help="Local state directory."),
+        click.option("--state-dir", type=path, help="Local state directory."),
+        click.option("--allowed-signers", "trust_allowed_signers", type=path,
+                     help="Trust root: SSH allowed signers file (git's format)."),
+        click.option("--gpg-home", "trust_gpg_home", type=path,
+                     help="Trust root: GNUPGHOME with trusted OpenPGP keys."),
+        click.option("--revoked", "trust_revoked", type=path, help="Revoked key fingerprints, one per line."),
+        click.option("--trust-policy", "trust_policy", type=click.Choice(["every-commit", "first-parent", "head"]),
+                     help="Which commits must be signed [every-commit]."),
     ]):
-        f = opt(f)
-    return f
+        wrapper = opt(wrapper)
+    return wrapper  # type: ignore[return-value]
 
 
-def _config(config_file: Path | None, **overrides: Any) -> AgentConfig:
-    return load_config(config_file, overrides)
+def _config(agent_opts: dict[str, Any], **extra: Any) -> AgentConfig:
+    opts = dict(agent_opts)
+    config_file = opts.pop("config_file")
+    for key, value in extra.items():
+        if opts.get(key) is None:
+            opts[key] = value
+    return load_config(config_file, opts)
 
 
 def _json(data: Any) -> None:
@@ -185,15 +209,14 @@ def _write_slice(root: Path, desired: Desired) -> None:
 @click.option("--rev", help="Plan this commit of the node's mirror instead of the branch head.")
 @click.option("--no-fetch", is_flag=True, help="Use the mirror as it is; do not contact the remote.")
 @output_option
-def plan(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
-         state_dir: Path | None, rev: str | None, no_fetch: bool, output: str) -> None:
+def plan(agent_opts: dict[str, Any], rev: str | None, no_fetch: bool, output: str) -> None:
     """Show what this node would do for the branch head, and why. Changes nothing.
 
     \b
     Example:
       reconciler plan --config /etc/reconciler/agent.yaml
     """
-    cfg = _config(config_file, node=node, remote=remote, branch=branch, state_dir=state_dir)
+    cfg = _config(agent_opts)
     agent = Agent(cfg)
     the_plan, _ = agent.plan(fetch=not no_fetch and rev is None, rev=rev)
     if output == "json":
@@ -237,15 +260,14 @@ def _print_result(result: RunResult, output: str) -> None:
 @click.option("--rev", help="Apply this commit of the node's mirror instead of the branch head.")
 @click.option("--no-fetch", is_flag=True, help="Apply what the mirror has; do not contact the remote.")
 @output_option
-def apply(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
-          state_dir: Path | None, rev: str | None, no_fetch: bool, output: str) -> None:
+def apply(agent_opts: dict[str, Any], rev: str | None, no_fetch: bool, output: str) -> None:
     """Converge this node on the branch head (or --rev) now, and note the result.
 
     \b
     Example:
       reconciler apply --config /etc/reconciler/agent.yaml
     """
-    cfg = _config(config_file, node=node, remote=remote, branch=branch, state_dir=state_dir)
+    cfg = _config(agent_opts)
     agent = Agent(cfg)
     result = agent.reconcile_once(fetch=not no_fetch and rev is None, rev=rev)
     _print_result(result, output)
@@ -258,8 +280,7 @@ def apply(config_file: Path | None, node: str | None, remote: str | None, branch
 @click.option("--interval", type=float, help="Seconds between polls.")
 @click.option("--jitter", type=float, help="Random extra seconds per poll.")
 @output_option
-def agent(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
-          state_dir: Path | None, once: bool, interval: float | None, jitter: float | None,
+def agent(agent_opts: dict[str, Any], once: bool, interval: float | None, jitter: float | None,
           output: str) -> None:
     """Run the agent: poll the repo, apply, report; supervise services in between.
 
@@ -268,8 +289,7 @@ def agent(config_file: Path | None, node: str | None, remote: str | None, branch
       reconciler agent --config /etc/reconciler/agent.yaml
       reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1
     """
-    cfg = _config(config_file, node=node, remote=remote, branch=branch, state_dir=state_dir,
-                  interval=interval, jitter=jitter)
+    cfg = _config(agent_opts, interval=interval, jitter=jitter)
     the_agent = Agent(cfg)
     if once:
         result = the_agent.reconcile_once()
@@ -287,19 +307,68 @@ def agent(config_file: Path | None, node: str | None, remote: str | None, branch
     run_daemon(the_agent, show)
 
 
+@cli.command()
+@agent_options
+@click.argument("spec", required=False)
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path),
+              help="Verify in this git repo instead of the node's mirror (no node settings needed).")
+@click.option("--no-fetch", is_flag=True, help="Use the mirror as it is; do not contact the remote.")
+@output_option
+def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, no_fetch: bool, output: str) -> None:
+    """Check commits against this node's trust root: REV (default the branch head) or A..B.
+
+    Prints each commit's verdict and signer; exit 2 if any is refused.
+
+    \b
+    Example:
+      reconciler verify --config /etc/reconciler/agent.yaml HEAD~5..HEAD
+      reconciler verify --repo . --allowed-signers ./allowed_signers origin/main
+    """
+    import pygit2
+
+    from .trust import Gate, Policy, load_root, verify_range
+
+    if repo_dir is not None:
+        cfg = _config(agent_opts, node="local", remote="unused")
+        t = cfg.trust
+        node_root = load_root(t.allowed_signers, t.gpg_home, t.revoked)
+        if node_root.empty:
+            raise BadInput("no trust root: give --allowed-signers and/or --gpg-home")
+        try:
+            repo = pygit2.Repository(str(repo_dir))
+        except pygit2.GitError as exc:
+            raise BadInput(f"{repo_dir}: not a git repository") from exc
+        gate = Gate(node_root, Policy(t.policy), node_revoked=node_root.revoked)
+        verdicts = verify_range(repo, spec or "HEAD", gate)
+    else:
+        the_agent = Agent(_config(agent_opts))
+        with the_agent.state.lock(wait=30):
+            head, _ = the_agent.head(fetch=not no_fetch, rev=None)
+        verdicts = verify_range(the_agent.source.repo, spec or head, the_agent.gate)
+    if output == "json":
+        _json([v.to_dict() for v in verdicts])
+    else:
+        table = Table("commit", "verdict", "reason", "format", "signer", "key")
+        for v in verdicts:
+            table.add_row(v.commit[:12], _style("ok") if v.ok else _style("refused"), v.message or v.reason,
+                          v.format, v.principal, v.fingerprint)
+        out.print(table)
+    if not all(v.ok for v in verdicts):
+        sys.exit(2)
+
+
 # ---------------------------------------------------------------------------- status / history
 @cli.command()
 @agent_options
 @output_option
-def status(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
-           state_dir: Path | None, output: str) -> None:
+def status(agent_opts: dict[str, Any], output: str) -> None:
     """What runs on this node now, from which commit, and the last run's verdict.
 
     \b
     Example:
       reconciler status --config /etc/reconciler/agent.yaml -o json
     """
-    cfg = _config(config_file, node=node, remote=remote or "unused", branch=branch, state_dir=state_dir)
+    cfg = _config(agent_opts, remote="unused")
     from .agent import APPLIED_COMMIT, drivers_for
     from .state import State
 
@@ -324,15 +393,14 @@ def status(config_file: Path | None, node: str | None, remote: str | None, branc
 @click.argument("service", required=False)
 @click.option("--limit", default=30, show_default=True)
 @output_option
-def history(config_file: Path | None, node: str | None, remote: str | None, branch: str | None,
-            state_dir: Path | None, service: str | None, limit: int, output: str) -> None:
+def history(agent_opts: dict[str, Any], service: str | None, limit: int, output: str) -> None:
     """What this node applied, per service, newest first.
 
     \b
     Example:
       reconciler history identity --state-dir /var/lib/reconciler
     """
-    cfg = _config(config_file, node=node or "local", remote=remote or "unused", branch=branch, state_dir=state_dir)
+    cfg = _config(agent_opts, node="local", remote="unused")
     from datetime import UTC, datetime
 
     from .state import State

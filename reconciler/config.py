@@ -13,6 +13,25 @@ from typing import Any
 from .errors import ConfigError
 from .yamlfile import load_yaml
 
+POLICIES = ("every-commit", "first-parent", "head")
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    """The node's trust root: provisioned on the node, never read from the branch it protects."""
+
+    allowed_signers: Path | None = None
+    """SSH allowed signers file, git's format (principals, namespaces, valid-after/before, cert-authority)."""
+    gpg_home: Path | None = None
+    """GNUPGHOME holding the OpenPGP public keys this node trusts."""
+    revoked: Path | None = None
+    """Revoked key fingerprints, one per line (SHA256:... for SSH, hex for OpenPGP)."""
+    policy: str = "every-commit"
+    """every-commit | first-parent | head. The repo may make it stricter, never looser."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -32,14 +51,19 @@ class AgentConfig:
     """Seconds between liveness checks of the services (agent daemon)."""
     ssh_command: str | None = None
     """GIT_SSH_COMMAND for ssh:// remotes (key, port, known hosts)."""
+    trust: TrustConfig = TrustConfig()
+    """Who may sign the commits this node applies."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
+        out = {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
+        out["trust"] = self.trust.to_dict()
+        return out
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     """Settings from ``path`` (if any), then non-None ``overrides``; clear errors for each problem."""
     values: dict[str, Any] = {}
+    overrides = dict(overrides)
     file = str(path) if path else "command line"
     if path is not None:
         try:
@@ -56,6 +80,17 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
                 raise ConfigError(f"unknown setting {key!r} (known: {', '.join(sorted(known))})",
                                   file=str(path), line=doc.line((key,)))
             values[key] = value
+    trust_values = values.pop("trust", None) or {}
+    if not isinstance(trust_values, dict):
+        raise ConfigError("trust must be a mapping", file=file)
+    trust_values = {str(k).replace("-", "_"): v for k, v in trust_values.items()}
+    for key in ("allowed_signers", "gpg_home", "revoked", "policy"):
+        flag = overrides.pop(f"trust_{key}", None)
+        if flag is not None:
+            trust_values[key] = flag
+    unknown = set(trust_values) - {f.name for f in fields(TrustConfig)}
+    if unknown:
+        raise ConfigError(f"unknown trust setting {sorted(unknown)[0]!r}", file=file)
     values.update({k: v for k, v in overrides.items() if v is not None})
     for required in ("node", "remote"):
         if not values.get(required):
@@ -71,12 +106,24 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
             jitter=float(values.get("jitter", 10.0)),
             supervise_interval=float(values.get("supervise_interval", 2.0)),
             ssh_command=values.get("ssh_command"),
+            trust=TrustConfig(
+                allowed_signers=_path(trust_values.get("allowed_signers")),
+                gpg_home=_path(trust_values.get("gpg_home")),
+                revoked=_path(trust_values.get("revoked")),
+                policy=str(trust_values.get("policy", "every-commit")),
+            ),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc
+    if cfg.trust.policy not in POLICIES:
+        raise ConfigError(f"trust policy {cfg.trust.policy!r} is not one of {', '.join(POLICIES)}", file=file)
     if cfg.interval <= 0 or cfg.jitter < 0 or cfg.supervise_interval <= 0:
         raise ConfigError("interval and supervise_interval must be > 0, jitter >= 0", file=file)
     return cfg
+
+
+def _path(value: Any) -> Path | None:
+    return None if value in (None, "") else Path(str(value)).expanduser()
 
 
 def _remote(url: str) -> str:

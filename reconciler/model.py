@@ -251,6 +251,7 @@ class RunState(StrEnum):
     APPLIED = "applied"
     FAILED = "failed"
     ERROR = "error"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,8 @@ class Report:
     reason: str = ""
     error: str = ""
     plan_hash: str = ""
-    revision: Revision | None = None
+    signer: Mapping[str, str] | None = None
+    verdicts: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -282,6 +284,10 @@ class Report:
             out["reason"] = self.reason
         if self.error:
             out["error"] = self.error
+        if self.signer:
+            out["signer"] = dict(self.signer)
+        if self.verdicts:
+            out["verdicts"] = [dict(v) for v in self.verdicts]
         return out
 
     def to_json(self) -> str:

@@ -3,9 +3,9 @@
 Transport is the git CLI through GitPython, so ssh config, credential helpers and protocol v2
 behave as they do for the operator's own git. Objects are read with pygit2 (see ``tree``).
 
-A poll is one ``ls-remote`` of the one branch with protocol v2: the client sends a
-``ref-prefix`` so the server lists only that ref, and the cost stays flat however many refs
-(tags, review refs, other nodes' notes) the remote has.
+A poll is one ``ls-remote --heads`` of the one branch with protocol v2: the client sends
+``ref-prefix refs/heads/`` so the server lists branches only, and the cost stays flat however
+many other refs (tags, review refs, other nodes' notes) the remote has.
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ class Source:
             return None
 
     def remote_head(self) -> str:
-        out = self.run("ls-remote", "--refs", self.url, self.ref, what="ref check of")
+        # --heads makes git send "ref-prefix refs/heads/" (a bare pattern would not: ls-remote
+        # patterns match from the tail), so review refs, tags and notes are never listed.
+        out = self.run("ls-remote", "--heads", self.url, self.ref, what="ref check of")
         for line in out.splitlines():
             oid, _, name = line.partition("\t")
             if name == self.ref:

@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig
+from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,12 +79,50 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@dataclass(frozen=True)
+class SigningKey:
+    """A throwaway SSH signing key, made at run time, and an allowed-signers file naming it."""
+
+    key: Path
+    principal: str
+    allowed_signers: Path
+
+    @property
+    def public(self) -> str:
+        return (self.key.parent / (self.key.name + ".pub")).read_text().strip()
+
+    @property
+    def fingerprint(self) -> str:
+        out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(self.key)], capture_output=True,
+                             text=True, check=True).stdout
+        return out.split()[1]
+
+
+def make_key(directory: Path, name: str, principal: str = "merge@example.org", kind: str = "ed25519",
+             options: str = 'namespaces="git"') -> SigningKey:
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / name
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", name, "-f", str(key)], check=True)
+    allowed = directory / f"{name}.allowed_signers"
+    pub = (directory / f"{name}.pub").read_text().strip()
+    allowed.write_text(f"{principal} {options} {pub}\n")
+    return SigningKey(key, principal, allowed)
+
+
+@pytest.fixture(scope="session")
+def merge_key(tmp_path_factory: pytest.TempPathFactory) -> SigningKey:
+    """The review system's merge key: the node's trust root in most tests."""
+    return make_key(tmp_path_factory.mktemp("keys"), "merge")
+
+
 @dataclass
 class Deployment:
-    """The operator's work tree and the bare remote every node pulls from."""
+    """The operator's work tree and the bare remote every node pulls from.
+    Commits are signed with ``key`` (the merge bot's), or left unsigned when it is None."""
 
     work: Path
     bare: Path
+    key: SigningKey | None
     port_bases: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -103,11 +142,18 @@ class Deployment:
         assert old in text, f"{old!r} not in {rel}"
         self.write(rel, text.replace(old, new, 1))
 
-    def commit(self, message: str) -> str:
+    def commit(self, message: str, key: SigningKey | None | bool = True, push: bool = True) -> str:
+        """Commit everything, signed with ``key`` (True: the deployment's key; None: unsigned)."""
+        signer = self.key if key is True else key or None
         git("add", "-A", cwd=self.work)
-        git("commit", "-q", "-m", message, cwd=self.work)
-        git("push", "-q", self.url, "HEAD:refs/heads/main", cwd=self.work)
+        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={signer.key}", "commit", "-S"] if signer else ["commit"]
+        git(*sign, "-q", "--allow-empty", "-m", message, cwd=self.work)
+        if push:
+            self.push()
         return git("rev-parse", "HEAD", cwd=self.work)
+
+    def push(self, rev: str = "HEAD", force: bool = False) -> None:
+        git("push", "-q", *(["--force"] if force else []), self.url, f"{rev}:refs/heads/main", cwd=self.work)
 
     def note(self, node: str, commit: str | None = None) -> dict[str, object] | None:
         import json
@@ -122,7 +168,7 @@ class Deployment:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Deployment:
+def deployment(tmp_path: Path, merge_key: SigningKey) -> Deployment:
     work = tmp_path / "work"
     shutil.copytree(EXAMPLE, work)
     inv_path = work / "inventory.yaml"
@@ -135,19 +181,22 @@ def deployment(tmp_path: Path) -> Deployment:
     bare = tmp_path / "cloud.git"
     git("init", "-q", "--bare", "-b", "main", str(bare))
     git("init", "-q", "-b", "main", cwd=work)
-    dep = Deployment(work, bare, bases)
+    dep = Deployment(work, bare, merge_key, bases)
     dep.commit("initial deployment")
     return dep
 
 
 @pytest.fixture
-def agents(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
-    """Make a node's agent; every service any of them started is stopped at teardown."""
+def agents(tmp_path: Path, merge_key: SigningKey) -> Iterator[Callable[..., Agent]]:
+    """Make a node's agent (trusting the merge key unless told otherwise); every service any of
+    them started is stopped at teardown."""
     made: list[Agent] = []
 
-    def make(node: str, remote: str, **kw: object) -> Agent:
-        cfg = AgentConfig(node=node, remote=remote, state_dir=tmp_path / "nodes" / node, **kw)  # type: ignore[arg-type]
-        agent = Agent(cfg, progress=False)
+    def make(node: str, remote: str, trust: TrustConfig | None = None, clock: Any = None, **kw: object) -> Agent:
+        trust = trust or TrustConfig(allowed_signers=merge_key.allowed_signers)
+        cfg = AgentConfig(node=node, remote=remote, state_dir=tmp_path / "nodes" / node, trust=trust,
+                          **kw)  # type: ignore[arg-type]
+        agent = Agent(cfg, progress=False, **({"clock": clock} if clock else {}))
         made.append(agent)
         return agent
 

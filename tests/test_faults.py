@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Deployment, wait_for
+from conftest import Deployment, SigningKey, wait_for
 
 from reconciler.agent import Agent, Supervisor, drivers_for
 from reconciler.errors import Busy
@@ -96,7 +96,7 @@ def _cli(*args: str) -> list[str]:
 
 
 def test_agent_killed_mid_apply_is_finished_by_the_next_run(
-    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path, merge_key: SigningKey
 ) -> None:
     # A service that takes 3 s to become healthy keeps the agent inside apply long enough.
     port = deployment.port_bases["ctl1"] + 50
@@ -113,7 +113,8 @@ def test_agent_killed_mid_apply_is_finished_by_the_next_run(
     deployment.edit("inventory.yaml", "services: [db, identity, lb]", "services: [db, identity, lb, slow]")
     deployment.commit("add a slow service")
     state_dir = tmp_path / "nodes" / "ctl1"
-    args = ["agent", "--once", "--node", "ctl1", "--remote", deployment.url, "--state-dir", str(state_dir)]
+    args = ["agent", "--once", "--node", "ctl1", "--remote", deployment.url, "--state-dir", str(state_dir),
+            "--allowed-signers", str(merge_key.allowed_signers)]
     proc = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def in_flight() -> bool:
@@ -144,13 +145,14 @@ def test_agent_killed_mid_apply_is_finished_by_the_next_run(
 
 
 def test_daemon_applies_new_commits_and_restarts_a_killed_service(
-    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path, merge_key: SigningKey
 ) -> None:
     state_dir = tmp_path / "nodes" / "cmp2"
     config = tmp_path / "agent.yaml"
     config.write_text(
         f"node: cmp2\nremote: {deployment.url}\nstate_dir: {state_dir}\n"
         "interval: 1\njitter: 0\nsupervise_interval: 0.5\n"
+        f"trust:\n  allowed_signers: {merge_key.allowed_signers}\n"
     )
     daemon = subprocess.Popen(_cli("agent", "--config", str(config)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)

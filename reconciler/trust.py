@@ -1,0 +1,326 @@
+"""Trust: act only on commits signed under the node's trust root, and only moving forward.
+
+The trust root lives on the node, never in the branch it protects: an SSH allowed-signers
+file (git's format), an OpenPGP keyring (its own GNUPGHOME), and a revocation list. The repo
+may rotate the SSH part through ``trust/allowed_signers`` and ``trust/revoked``; a rotation is
+honoured only from a commit that itself verified under the root in force before it.
+
+Which commits must be signed (policy, strictest wins between the node and the repo):
+
+- ``every-commit``: every commit between the last applied one and the new head, all parents;
+- ``first-parent``: the first-parent chain; a signed merge (made by the review system)
+  vouches for its second parents;
+- ``head``: the new head only.
+
+Anti-rollback: the new head must descend from the high-water mark (the last commit this node
+acted on). Key validity is judged by the agent's clock, never by a date inside the commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import pygit2
+
+from . import sshsig
+from .errors import ConfigError, ReconcilerError
+
+TRUST_DIR = "trust"
+
+
+class Policy(StrEnum):
+    HEAD = "head"
+    FIRST_PARENT = "first-parent"
+    EVERY_COMMIT = "every-commit"
+
+    @property
+    def strictness(self) -> int:
+        return [Policy.HEAD, Policy.FIRST_PARENT, Policy.EVERY_COMMIT].index(self)
+
+    @staticmethod
+    def strictest(*policies: Policy) -> Policy:
+        return max(policies, key=lambda p: p.strictness)
+
+
+class TrustError(ReconcilerError):
+    """A refusal: permanent for this head, like bad input (exit 2). Carries every verdict."""
+
+    reason = "UNTRUSTED"
+    exit_code = 2
+
+    def __init__(self, message: str, reason: str, verdicts: Sequence[Verdict] = ()) -> None:
+        super().__init__(message, reason=reason)
+        self.verdicts = tuple(verdicts)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    commit: str
+    ok: bool
+    reason: str = ""
+    message: str = ""
+    format: str = "none"  # ssh | openpgp | none
+    principal: str = ""
+    fingerprint: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "commit": self.commit, "ok": self.ok, "reason": self.reason, "message": self.message,
+            "format": self.format, "principal": self.principal, "fingerprint": self.fingerprint,
+        }
+
+
+@dataclass(frozen=True)
+class TrustRoot:
+    signers: tuple[sshsig.AllowedSigner, ...] = ()
+    revoked: frozenset[str] = frozenset()
+    gpg_home: Path | None = None
+    origin: str = "node"  # "node", or "repo@<commit>" after a rotation
+
+    @property
+    def empty(self) -> bool:
+        return not self.signers and self.gpg_home is None
+
+
+def parse_revoked(text: str) -> frozenset[str]:
+    """One fingerprint per line (SHA256:... for SSH keys, hex for OpenPGP); # comments."""
+    out = set()
+    for line in text.splitlines():
+        entry = line.split("#", 1)[0].strip()
+        if entry:
+            out.add(entry.upper() if not entry.startswith("SHA256:") else entry)
+    return frozenset(out)
+
+
+def load_root(allowed_signers: Path | None, gpg_home: Path | None, revoked: Path | None) -> TrustRoot:
+    signers: tuple[sshsig.AllowedSigner, ...] = ()
+    if allowed_signers is not None:
+        try:
+            text = allowed_signers.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read allowed signers: {exc.strerror}", file=str(allowed_signers)) from exc
+        signers = sshsig.parse_allowed_signers(text, str(allowed_signers))
+    rev: frozenset[str] = frozenset()
+    if revoked is not None:
+        try:
+            rev = parse_revoked(revoked.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read revocation list: {exc.strerror}", file=str(revoked)) from exc
+    if gpg_home is not None and not gpg_home.is_dir():
+        raise ConfigError("OpenPGP home is not a directory", file=str(gpg_home))
+    return TrustRoot(signers, rev, gpg_home)
+
+
+# ------------------------------------------------------------------ one commit
+def _committer_email(commit: pygit2.Commit) -> str:
+    return commit.committer.email or ""
+
+
+def verify_commit(repo: pygit2.Repository, commit_id: str, root: TrustRoot, now: datetime) -> Verdict:
+    commit = repo.get(commit_id)
+    assert isinstance(commit, pygit2.Commit)
+    try:
+        signature, payload = commit.gpg_signature
+    except (TypeError, ValueError):
+        signature, payload = None, None
+    if not signature or payload is None:
+        return Verdict(commit_id, False, "UNSIGNED", "commit is not signed")
+    if signature.lstrip().startswith(b"-----BEGIN SSH SIGNATURE-----"):
+        return _verify_ssh(commit_id, signature, payload, _committer_email(commit), root, now)
+    if signature.lstrip().startswith(b"-----BEGIN PGP SIGNATURE-----"):
+        return _verify_openpgp(commit_id, signature, payload, root, now)
+    return Verdict(commit_id, False, "BAD_SIGNATURE", "unknown signature format")
+
+
+def _verify_ssh(commit_id: str, signature: bytes, payload: bytes, principal: str,
+                root: TrustRoot, now: datetime) -> Verdict:
+    try:
+        sig = sshsig.verify(signature, payload, "git")
+        entry = sshsig.find_signer(root.signers, sig, principal, now, "git")
+    except sshsig.SignatureError as exc:
+        fpr = ""
+        with contextlib.suppress(sshsig.SignatureError):
+            fpr = sshsig.parse_signature(signature).fingerprint
+        return Verdict(commit_id, False, exc.reason, str(exc), "ssh", principal, fpr)
+    fingerprints = {sig.fingerprint, entry.fingerprint}
+    if fingerprints & root.revoked:
+        return Verdict(commit_id, False, "KEY_REVOKED", f"key {sig.fingerprint} is revoked", "ssh",
+                       principal, sig.fingerprint)
+    return Verdict(commit_id, True, format="ssh", principal=principal, fingerprint=sig.fingerprint)
+
+
+def _verify_openpgp(commit_id: str, signature: bytes, payload: bytes, root: TrustRoot, now: datetime) -> Verdict:
+    del now  # gpg judges expiry by the system clock, which is the agent's clock
+    if root.gpg_home is None:
+        return Verdict(commit_id, False, "UNTRUSTED_KEY", "OpenPGP signature but no keyring configured", "openpgp")
+    with tempfile.NamedTemporaryFile(suffix=".sig") as sigfile:
+        sigfile.write(signature)
+        sigfile.flush()
+        proc = subprocess.run(
+            ["gpg", "--homedir", str(root.gpg_home), "--batch", "--no-tty", "--no-auto-key-retrieve",
+             "--trust-model", "always", "--status-fd", "1", "--verify", sigfile.name, "-"],
+            input=payload, capture_output=True, env={**os.environ, "LC_ALL": "C"},
+        )
+    status: dict[str, list[str]] = {}
+    for line in proc.stdout.decode(errors="replace").splitlines():
+        if line.startswith("[GNUPG:] "):
+            word, *rest = line[9:].split()
+            status.setdefault(word, rest)
+    uid = " ".join(status.get("GOODSIG", status.get("EXPKEYSIG", status.get("REVKEYSIG", ["", ""])))[1:])
+    fpr = (status.get("VALIDSIG") or [""])[0]
+    primary = (status.get("VALIDSIG") or [""] * 10)[-1] if "VALIDSIG" in status else ""
+    if "REVKEYSIG" in status:
+        return Verdict(commit_id, False, "KEY_REVOKED", "OpenPGP key is revoked", "openpgp", uid, fpr)
+    if "EXPKEYSIG" in status or "KEYEXPIRED" in status:
+        return Verdict(commit_id, False, "KEY_EXPIRED", "OpenPGP key has expired", "openpgp", uid, fpr)
+    if "NO_PUBKEY" in status or ("ERRSIG" in status and "BADSIG" not in status):
+        return Verdict(commit_id, False, "UNTRUSTED_KEY", "signed by a key not in the node's keyring", "openpgp")
+    if "GOODSIG" not in status or "VALIDSIG" not in status or proc.returncode != 0:
+        return Verdict(commit_id, False, "BAD_SIGNATURE", "OpenPGP signature does not verify", "openpgp", uid)
+    if {fpr.upper(), primary.upper()} & root.revoked:
+        return Verdict(commit_id, False, "KEY_REVOKED", f"key {fpr} is revoked", "openpgp", uid, fpr)
+    return Verdict(commit_id, True, format="openpgp", principal=uid, fingerprint=fpr)
+
+
+# ------------------------------------------------------------------ a range
+def commits_to_verify(repo: pygit2.Repository, head: str, base: str | None, policy: Policy) -> list[str]:
+    """The commits the policy requires, oldest first. Without a base (a node's first run) the
+    head alone: the node has no earlier commit to measure history against."""
+    if base is None or policy is Policy.HEAD:
+        return [head]
+    flags = pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE
+    walker = repo.walk(pygit2.Oid(hex=head), flags)
+    walker.hide(pygit2.Oid(hex=base))
+    if policy is Policy.FIRST_PARENT:
+        walker.simplify_first_parent()
+    return [str(c.id) for c in walker]
+
+
+def is_descendant(repo: pygit2.Repository, head: str, base: str) -> bool:
+    if head == base:
+        return True
+    try:
+        return bool(repo.descendant_of(head, base))
+    except (KeyError, ValueError, pygit2.GitError):
+        return False  # the base is not in the mirror: the branch no longer contains it
+
+
+def tree_file(repo: pygit2.Repository, commit_id: str, path: str) -> bytes | None:
+    """A file's bytes at a commit, or None."""
+    commit = repo.get(commit_id)
+    if not isinstance(commit, pygit2.Commit):
+        return None
+    try:
+        obj = commit.tree[path]
+    except KeyError:
+        return None
+    return bytes(obj.data) if isinstance(obj, pygit2.Blob) else None
+
+
+def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_revoked: frozenset[str]) -> TrustRoot:
+    """The root after ``commit_id`` (already verified under ``root``): the repo's trust/ if it
+    differs. The node's own revocation list always stays in force."""
+    signers_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers")
+    if signers_raw is None:
+        return root
+    revoked_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/revoked") or b""
+    file = f"{TRUST_DIR}/allowed_signers@{commit_id[:12]}"
+    try:
+        signers = sshsig.parse_allowed_signers(signers_raw.decode(), file)
+    except (UnicodeDecodeError, ReconcilerError) as exc:
+        raise TrustError(f"rotation refused: {exc}", "BAD_TRUST_ROOT") from exc
+    new = TrustRoot(signers, parse_revoked(revoked_raw.decode(errors="replace")) | node_revoked,
+                    root.gpg_home, f"repo@{commit_id}")
+    if (new.signers, new.revoked) == (root.signers, root.revoked):
+        return root
+    return new
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome for a new head: verdicts oldest first, and the root in force after it."""
+
+    head: str
+    verdicts: tuple[Verdict, ...]
+    root: TrustRoot
+    policy: Policy
+
+    @property
+    def signer(self) -> Verdict | None:
+        """The head's verdict (walks end at the head); None when the head was verified before."""
+        return self.verdicts[-1] if self.verdicts else None
+
+
+@dataclass
+class Gate:
+    """Decides whether a node may act on a new head."""
+
+    root: TrustRoot
+    policy: Policy = Policy.EVERY_COMMIT
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    node_revoked: frozenset[str] = frozenset()
+    """The node's own revocation list: stays in force whatever the repo rotates to."""
+
+    def decide(
+        self, repo: pygit2.Repository, head: str, base: str | None, repo_policy: Policy | None = None
+    ) -> Decision:
+        policy = Policy.strictest(self.policy, repo_policy or Policy.HEAD)
+        if base is not None and not is_descendant(repo, head, base):
+            raise TrustError(
+                f"{head[:12]} does not descend from {base[:12]}, the last commit this node applied "
+                "(force-push or replay of an older commit)", "NOT_DESCENDANT",
+                [Verdict(head, False, "NOT_DESCENDANT", "history went backwards")],
+            )
+        if head == base:
+            return Decision(head, (), self.root, policy)
+        if self.root.empty:
+            raise TrustError("the node has no trust root (allowed signers or OpenPGP keyring)", "NO_TRUST_ROOT")
+        now = self.clock()
+        root = self.root
+        verdicts = []
+        for commit in commits_to_verify(repo, head, base, policy):
+            verdict = verify_commit(repo, commit, root, now)
+            verdicts.append(verdict)
+            if not verdict.ok:
+                raise TrustError(f"commit {commit[:12]}: {verdict.message}", verdict.reason, verdicts)
+            root = rotated_root(repo, commit, root, self.node_revoked)
+        return Decision(head, tuple(verdicts), root, policy)
+
+    def with_root(self, root: TrustRoot) -> Gate:
+        return replace(self, root=root)
+
+
+def verify_range(repo: pygit2.Repository, spec: str, gate: Gate) -> list[Verdict]:
+    """Verdicts for ``REV`` or every commit of ``A..B`` (oldest first), rotating the root as
+    a node would, but going on past a bad commit so the whole range is reported."""
+    def resolve(rev: str) -> str:
+        try:
+            return str(repo.revparse_single(rev).peel(pygit2.Commit).id)
+        except (KeyError, ValueError, pygit2.GitError) as exc:
+            from .errors import BadInput
+
+            raise BadInput(f"unknown revision {rev!r}") from exc
+
+    if ".." in spec:
+        a, _, b = spec.partition("..")
+        commits = commits_to_verify(repo, resolve(b or "HEAD"), resolve(a), Policy.EVERY_COMMIT)
+    else:
+        commits = [resolve(spec)]
+    now = gate.clock()
+    root = gate.root
+    out = []
+    for commit in commits:
+        verdict = verify_commit(repo, commit, root, now)
+        out.append(verdict)
+        if verdict.ok:
+            root = rotated_root(repo, commit, root, gate.node_revoked)
+    return out

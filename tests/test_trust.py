@@ -1,0 +1,314 @@
+"""Trust: a node applies only commits signed under its trust root, and only moving forward.
+
+Real ssh-keygen keys and gpg keys made at run time, real signed git commits. For the SSH
+cases, every verdict is checked against `ssh-keygen -Y verify` on the same signature.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pygit2
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import Deployment, SigningKey, git, make_key
+from reconciler.agent import Agent
+from reconciler.config import TrustConfig
+from reconciler.trust import Gate, Policy, TrustError, load_root, verify_commit
+
+
+def ssh_keygen_agrees(repo_dir: Path, commit: str, allowed: Path, accepted: bool) -> None:
+    """`ssh-keygen -Y verify` must reach the same verdict as the agent on this commit."""
+    repo = pygit2.Repository(str(repo_dir))
+    c = repo.get(commit)
+    try:
+        sig, payload = c.gpg_signature  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        sig, payload = None, None
+    if not sig:
+        assert not accepted
+        return
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(sig)
+        f.flush()
+        proc = subprocess.run(
+            ["ssh-keygen", "-Y", "verify", "-f", str(allowed), "-I", c.committer.email, "-n", "git",  # type: ignore[union-attr]
+             "-s", f.name], input=payload, capture_output=True,
+        )
+    assert (proc.returncode == 0) == accepted, f"ssh-keygen says {proc.returncode}: {proc.stderr!r}"
+
+
+def refusal(agent: Agent) -> str:
+    result = agent.reconcile_once()
+    assert result.exit_code == 2 and result.report is not None, result
+    assert result.report.state == "refused"
+    return result.report.reason
+
+
+def test_unsigned_head_is_refused_noted_and_nothing_changes(deployment: Deployment,
+                                                           agents: Callable[..., Agent]) -> None:
+    cmp1 = agents("cmp1", deployment.url)
+    good = cmp1.reconcile_once()
+    assert good.exit_code == 0
+    assert good.report is not None and good.report.signer is not None
+    assert good.report.signer["principal"] == "merge@example.org"
+    assert good.report.signer["fingerprint"] == deployment.key.fingerprint  # type: ignore[union-attr]
+    pids = {o.name: o.pid for o in cmp1_observed(cmp1)}
+
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    bad = deployment.commit("unsigned change", key=None)
+
+    assert refusal(cmp1) == "UNSIGNED"
+    note = deployment.note("cmp1", bad)
+    assert note is not None and note["state"] == "refused" and note["reason"] == "UNSIGNED"
+    assert {o.name: o.pid for o in cmp1_observed(cmp1)} == pids
+    # A second poll neither re-judges nor re-notes, and still refuses.
+    again = cmp1.reconcile_once()
+    assert again.exit_code == 2 and again.report is None
+    ssh_keygen_agrees(deployment.work, bad, deployment.key.allowed_signers, False)  # type: ignore[union-attr]
+
+
+def cmp1_observed(agent: Agent) -> list:  # type: ignore[type-arg]
+    from reconciler.agent import drivers_for
+    from reconciler.observe import observe
+
+    return list(observe(agent.cfg.node, drivers_for(agent.cfg, None)).services)
+
+
+def test_signed_merge_over_an_unsigned_commit(deployment: Deployment, agents: Callable[..., Agent],
+                                              merge_key: SigningKey) -> None:
+    # main:  C1 ---------- M (signed merge by the review system)
+    #          \\          /
+    # topic:    U (unsigned, the contributor's)
+    strict = agents("ctl1", deployment.url, trust=TrustConfig(allowed_signers=merge_key.allowed_signers))
+    merges = agents("ctl2", deployment.url, trust=TrustConfig(allowed_signers=merge_key.allowed_signers,
+                                                               policy="first-parent"))
+    for a in (strict, merges):
+        assert a.reconcile_once().exit_code == 0
+    git("checkout", "-q", "-b", "topic", cwd=deployment.work)
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 1200")
+    deployment.commit("contributor change", key=None, push=False)
+    git("checkout", "-q", "main", cwd=deployment.work)
+    git("-c", "gpg.format=ssh", "-c", f"user.signingkey={merge_key.key}", "merge", "-S", "--no-ff", "-q",
+        "-m", "Merge topic (reviewed)", "topic", cwd=deployment.work)
+    deployment.push()
+
+    assert refusal(strict) == "UNSIGNED"
+    result = merges.reconcile_once()
+    assert result.exit_code == 0 and result.report is not None and result.report.state == "applied"
+
+
+def test_force_push_back_to_an_older_signed_commit_is_refused_even_after_state_loss(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    import shutil
+
+    c1 = git("rev-parse", "HEAD", cwd=deployment.work)
+    node = agents("cmp2", deployment.url)
+    node.reconcile_once()
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    deployment.commit("kvm")
+    assert node.reconcile_once().exit_code == 0
+
+    deployment.push(c1, force=True)  # replay of an older, validly signed commit
+    assert refusal(node) == "NOT_DESCENDANT"
+
+    # The node's disk is replaced: the high-water mark comes back from its own notes.
+    node.close()
+    shutil.rmtree(node.cfg.state_dir)
+    fresh = agents("cmp2", deployment.url)
+    result = fresh.reconcile_once()
+    assert result.exit_code == 2 and result.error is not None and result.error.reason == "NOT_DESCENDANT"
+
+
+@pytest.mark.parametrize("case", ["outside", "wrong-principal", "expired-backdated", "not-yet-valid", "revoked"])
+def test_keys_the_root_does_not_accept(case: str, deployment: Deployment, agents: Callable[..., Agent],
+                                       merge_key: SigningKey, tmp_path: Path) -> None:
+    day = timedelta(days=1)
+    now = datetime.now(UTC)
+    stranger = make_key(tmp_path / "k", "stranger")
+    trust = TrustConfig(allowed_signers=merge_key.allowed_signers)
+    signer = stranger
+    allowed = merge_key.allowed_signers
+    expected = {"outside": "UNTRUSTED_KEY", "wrong-principal": "WRONG_PRINCIPAL",
+                "expired-backdated": "KEY_EXPIRED", "not-yet-valid": "KEY_NOT_YET_VALID",
+                "revoked": "KEY_REVOKED"}[case]
+    if case == "wrong-principal":
+        allowed = tmp_path / "allowed"
+        allowed.write_text(merge_key.allowed_signers.read_text() + f"alice@example.org {stranger.public}\n")
+    elif case in ("expired-backdated", "not-yet-valid"):
+        window = (f'valid-before="{(now - day).strftime("%Y%m%d%H%M%SZ")}"' if case == "expired-backdated"
+                  else f'valid-after="{(now + day).strftime("%Y%m%d%H%M%SZ")}"')
+        allowed = tmp_path / "allowed"
+        allowed.write_text(merge_key.allowed_signers.read_text() +
+                           f'merge@example.org namespaces="git",{window} {stranger.public}\n')
+    elif case == "revoked":
+        signer = merge_key
+        revoked = tmp_path / "revoked"
+        revoked.write_text(f"# leaked on the build host\n{merge_key.fingerprint}\n")
+        trust = TrustConfig(allowed_signers=merge_key.allowed_signers, revoked=revoked)
+    if allowed != merge_key.allowed_signers:
+        trust = TrustConfig(allowed_signers=allowed)
+    node = agents("cmp1", deployment.url, trust=trust)
+    if case != "revoked":
+        assert node.reconcile_once().exit_code == 0
+
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    if case == "expired-backdated":  # the committer date claims the key was still valid
+        os.environ["GIT_COMMITTER_DATE"] = (now - 2 * day).isoformat()
+    try:
+        bad = deployment.commit(f"signed by {case}", key=signer)
+    finally:
+        os.environ.pop("GIT_COMMITTER_DATE", None)
+
+    assert refusal(node) == expected
+    if case != "revoked":  # ssh-keygen has its own revocation format (KRL); ours is a fingerprint list
+        ssh_keygen_agrees(deployment.work, bad, allowed, False)
+    else:
+        ssh_keygen_agrees(deployment.work, bad, allowed, True)
+
+
+def test_trust_root_rotation_through_the_repo(deployment: Deployment, agents: Callable[..., Agent],
+                                             merge_key: SigningKey, tmp_path: Path) -> None:
+    new_key = make_key(tmp_path / "k", "merge-2026")
+    node = agents("cmp1", deployment.url)
+    assert node.reconcile_once().exit_code == 0
+
+    # An outsider cannot rotate: the commit adding their key is not signed under the root.
+    deployment.write("trust/allowed_signers", f"merge@example.org {new_key.public}\n")
+    deployment.commit("rotate (forged)", key=new_key)
+    assert refusal(node) == "UNTRUSTED_KEY"
+    git("reset", "-q", "--hard", "HEAD~1", cwd=deployment.work)
+    deployment.push(force=True)
+
+    # The current root signs the rotation: the new key replaces the old one.
+    fresh = agents("cmp2", deployment.url)
+    assert fresh.reconcile_once().exit_code == 0
+    deployment.write("trust/allowed_signers", f"merge@example.org namespaces=\"git\" {new_key.public}\n")
+    deployment.commit("rotate the merge key", key=merge_key)
+    assert fresh.reconcile_once().exit_code == 0
+    assert fresh.gate.root.origin.startswith("repo@")
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    deployment.commit("first change under the new key", key=new_key)
+    assert fresh.reconcile_once().exit_code == 0
+    deployment.edit("inventory.yaml", "hypervisor: kvm", "hypervisor: xen")
+    deployment.commit("old key after rotation", key=merge_key)
+    assert refusal(fresh) == "UNTRUSTED_KEY"
+    # The rotated root survives a restart of the agent (kept in the state dir).
+    fresh.close()
+    again = agents("cmp2", deployment.url)
+    assert again.gate.root.origin == fresh.gate.root.origin
+
+
+def test_openpgp_signed_commits(deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path) -> None:
+    signer_home, node_home = tmp_path / "gpg-signer", tmp_path / "gpg-node"
+    for home in (signer_home, node_home):
+        home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(signer_home)}
+    gpg = ["gpg", "--batch", "--passphrase", "", "--pinentry-mode", "loopback"]
+    subprocess.run([*gpg, "--quick-gen-key", "Merge Bot <merge@example.org>", "ed25519", "sign", "never"],
+                   env=env, check=True, capture_output=True)
+    fpr = subprocess.run(["gpg", "--with-colons", "--list-keys"], env=env, capture_output=True,
+                         text=True).stdout.split("fpr:::::::::")[1].split(":")[0]
+    pub = subprocess.run(["gpg", "--armor", "--export", fpr], env=env, capture_output=True, check=True).stdout
+    subprocess.run(["gpg", "--batch", "--import"], input=pub, env={**os.environ, "GNUPGHOME": str(node_home)},
+                   check=True, capture_output=True)
+
+    def commit_gpg(message: str) -> str:
+        deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 3601") if "first" in message else \
+            deployment.write("NOTES.md", message)
+        git("add", "-A", cwd=deployment.work)
+        subprocess.run(["git", "-c", f"user.signingkey={fpr}", "commit", "-S", "-q", "-m", message],
+                       cwd=deployment.work, env={**env, "GIT_COMMITTER_EMAIL": "merge@example.org",
+                                                 "GIT_COMMITTER_NAME": "Merge Bot", "GIT_AUTHOR_NAME": "a",
+                                                 "GIT_AUTHOR_EMAIL": "a@b"}, check=True)
+        deployment.push()
+        return git("rev-parse", "HEAD", cwd=deployment.work)
+
+    c = commit_gpg("first gpg-signed change")
+    trusted = agents("cmp1", deployment.url, trust=TrustConfig(gpg_home=node_home, policy="head"))
+    result = trusted.reconcile_once()
+    assert result.exit_code == 0 and result.report is not None and result.report.signer is not None
+    assert result.report.signer["format"] == "openpgp" and result.report.signer["fingerprint"] == fpr
+    empty_home = tmp_path / "gpg-empty"
+    empty_home.mkdir(mode=0o700)
+    untrusted = agents("cmp2", deployment.url, trust=TrustConfig(gpg_home=empty_home, policy="head"))
+    assert refusal(untrusted) == "UNTRUSTED_KEY"
+
+    # The key is revoked (its revocation certificate imported into the node's keyring).
+    rev = subprocess.run([*gpg, "--gen-revoke", "--output", "-", fpr], env=env, capture_output=True,
+                         input=b"y\n0\n\ny\n")
+    cert = rev.stdout or (signer_home / "openpgp-revocs.d" / f"{fpr}.rev").read_bytes().replace(b":-----", b"-----")
+    subprocess.run(["gpg", "--batch", "--import"], input=cert, env={**os.environ, "GNUPGHOME": str(node_home)},
+                   capture_output=True)
+    commit_gpg("second change, key now revoked")
+    assert refusal(trusted) == "KEY_REVOKED"
+    del c
+
+
+def test_malformed_signature_on_a_commit(deployment: Deployment, merge_key: SigningKey) -> None:
+    head = git("rev-parse", "HEAD", cwd=deployment.work)
+    raw = git("cat-file", "commit", head, cwd=deployment.work)
+    # Cut the armoured signature short, as a broken proxy or a tampering tool would.
+    lines = raw.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("gpgsig "))
+    end = next(i for i, line in enumerate(lines) if "END SSH SIGNATURE" in line)
+    broken = "\n".join(lines[: start + 2] + [lines[end]] + lines[end + 1:])
+    bad = subprocess.run(["git", "hash-object", "-t", "commit", "-w", "--stdin"], cwd=deployment.work,
+                         input=broken, capture_output=True, text=True, check=True).stdout.strip()
+    repo = pygit2.Repository(str(deployment.work))
+    verdict = verify_commit(repo, bad, load_root(merge_key.allowed_signers, None, None), datetime.now(UTC))
+    assert not verdict.ok and verdict.reason == "BAD_SIGNATURE"
+    ssh_keygen_agrees(deployment.work, bad, merge_key.allowed_signers, False)
+
+
+# -------------------------------------------------------------------- property
+OPS = st.lists(st.sampled_from(["signed", "unsigned", "rewind", "poll"]), min_size=1, max_size=8)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, policy=st.sampled_from(list(Policy)))
+def test_no_bad_commit_is_ever_accepted(ops: list[str], policy: Policy, merge_key: SigningKey) -> None:
+    """Histories mixing signed, unsigned and rewound commits: whatever the gate accepts is a
+    descendant of what it accepted before, and every commit the policy covers is signed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        git("init", "-q", "-b", "main", cwd=work)
+        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={merge_key.key}", "commit", "-S"]
+        git(*sign, "-q", "--allow-empty", "-m", "root", cwd=work)
+        gate = Gate(load_root(merge_key.allowed_signers, None, None), policy)
+        repo = pygit2.Repository(str(work))
+        accepted: str | None = None
+        for i, op in enumerate(ops):
+            if op == "signed":
+                git(*sign, "-q", "--allow-empty", "-m", f"s{i}", cwd=work)
+            elif op == "unsigned":
+                git("commit", "-q", "--allow-empty", "-m", f"u{i}", cwd=work)
+            elif op == "rewind":
+                if git("rev-list", "--count", "HEAD", cwd=work) != "1":
+                    git("reset", "-q", "--hard", "HEAD~1", cwd=work)
+                continue
+            head = git("rev-parse", "HEAD", cwd=work)
+            try:
+                decision = gate.decide(repo, head, accepted)
+            except TrustError:
+                continue
+            if accepted is not None:
+                assert repo.descendant_of(head, accepted) or head == accepted
+                covered = git("rev-list", *(["--first-parent"] if policy is Policy.FIRST_PARENT else []),
+                              f"{accepted}..{head}", cwd=work).split()
+                if policy is Policy.HEAD:
+                    covered = [head] if head != accepted else []
+                for c in covered:
+                    assert git("log", "-1", "--format=%G?", c, cwd=work) != "N", f"unsigned {c} accepted"
+            else:
+                assert git("log", "-1", "--format=%G?", head, cwd=work) != "N"
+            assert decision.head == head
+            accepted = head
