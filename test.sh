@@ -5,6 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./scripts/ensure-venv.sh
+# Real parts the tests use: ssh-keygen and gpg (signatures), sshd (an ssh:// remote).
+missing=()
+command -v ssh-keygen >/dev/null || missing+=(openssh-client)
+command -v gpg >/dev/null || missing+=(gnupg)
+[ -x /usr/sbin/sshd ] || command -v sshd >/dev/null || missing+=(openssh-server)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing ${missing[*]} ..." >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
+  else
+    echo "warning: ${missing[*]} missing; tests that need them will fail (CI) or skip" >&2
+  fi
+fi
 .venv/bin/ruff check reconciler tests bench examples
 .venv/bin/mypy reconciler
 exec .venv/bin/pytest "$@"

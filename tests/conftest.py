@@ -276,3 +276,43 @@ def http_remote(deployment: Deployment) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def ssh_remote(tmp_path: Path, deployment: Deployment) -> Iterator[tuple[str, str]]:
+    """A real sshd on a loopback port, serving the deployment's bare repo to a throwaway key.
+    Yields (URL, GIT_SSH_COMMAND). Fails (not skips) under CI when sshd cannot start."""
+    sshd = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+    if sshd is None:
+        if os.environ.get("CI"):
+            pytest.fail("sshd is not installed (.ci/run installs openssh-server)")
+        pytest.skip("sshd is not installed; ./test.sh installs openssh-server when run as root")
+    d = tmp_path / "sshd"
+    d.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client_key")], check=True)
+    (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
+    port = free_port()
+    user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {d / 'authorized_keys'}\nUsePAM no\nStrictModes no\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nLogLevel ERROR\n"
+    )
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE, text=True)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"sshd exited: {proc.stderr.read() if proc.stderr else ''}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(up, 10, "sshd")
+        command = (f"ssh -i {d / 'client_key'} -p {port} -o StrictHostKeyChecking=no "
+                   "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR")
+        yield f"ssh://{user}@127.0.0.1:{port}{deployment.bare}", command
+    finally:
+        proc.terminate()
+        proc.wait(10)

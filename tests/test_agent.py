@@ -232,3 +232,13 @@ def test_smart_http_remote_fetch_and_note_push(
         "refs/heads/main", "refs/notes/reconciler/cmp2"]
     remote_refs = git("--git-dir", str(deployment.bare), "for-each-ref", "--format=%(refname)").split()
     assert remote_refs == ["refs/heads/main", "refs/notes/reconciler/cmp2"]
+
+
+def test_ssh_remote_fetch_and_note_push(
+    deployment: Deployment, agents: Callable[..., Agent], ssh_remote: tuple[str, str]
+) -> None:
+    url, command = ssh_remote
+    ctl3 = agents("ctl3", url, ssh_command=command)
+    result = ctl3.reconcile_once()
+    assert result.exit_code == 0 and result.pushed
+    assert (deployment.note("ctl3") or {}).get("state") == "applied"

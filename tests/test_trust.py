@@ -316,3 +316,48 @@ def test_no_bad_commit_is_ever_accepted(ops: list[str], policy: Policy, merge_ke
                 assert signed(head)
             assert decision.head == head
             accepted = head
+
+
+def test_the_repo_can_tighten_the_policy_but_never_loosen_it(deployment: Deployment, agents: Callable[..., Agent],
+                                                              merge_key: SigningKey) -> None:
+    lax = agents("cmp1", deployment.url, trust=TrustConfig(allowed_signers=merge_key.allowed_signers, policy="head"))
+    strict = agents("cmp2", deployment.url, trust=TrustConfig(allowed_signers=merge_key.allowed_signers))
+    deployment.edit("reconciler.yaml", "format: 1\n", "format: 1\ntrust:\n  policy: every-commit\n")
+    deployment.commit("require every commit signed")
+    for node in (lax, strict):
+        assert node.reconcile_once().exit_code == 0
+    deployment.write("NOTES.md", "unsigned\n")
+    deployment.commit("unsigned", key=None, push=False)
+    deployment.commit("signed on top")
+    # The node asked for `head` only; the repo's every-commit wins.
+    assert refusal(lax) == "UNSIGNED"
+
+    git("reset", "-q", "--hard", "HEAD~2", cwd=deployment.work)
+    deployment.edit("reconciler.yaml", "policy: every-commit", "policy: head")
+    deployment.commit("try to loosen", push=False)
+    deployment.write("NOTES.md", "unsigned again\n")
+    deployment.commit("unsigned", key=None, push=False)
+    deployment.commit("signed on top", push=False)
+    deployment.push(force=True)
+    assert refusal(strict) == "UNSIGNED"  # the node's own every-commit still applies
+
+
+def test_cli_verify_prints_each_commit_and_signer(deployment: Deployment, merge_key: SigningKey) -> None:
+    import json
+    import sys
+
+    first = git("rev-parse", "HEAD", cwd=deployment.work)
+    deployment.write("NOTES.md", "x\n")
+    unsigned = deployment.commit("unsigned", key=None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "reconciler", "verify", "--repo", str(deployment.work), "--allowed-signers",
+         str(merge_key.allowed_signers), "-o", "json", f"{first}~0..{unsigned}"], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    verdicts = json.loads(proc.stdout)
+    assert [(v["commit"], v["ok"], v["reason"]) for v in verdicts] == [(unsigned, False, "UNSIGNED")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "reconciler", "verify", "--repo", str(deployment.work), "--allowed-signers",
+         str(merge_key.allowed_signers), "-o", "json", first], capture_output=True, text=True)
+    assert proc.returncode == 0
+    [v] = json.loads(proc.stdout)
+    assert (v["principal"], v["fingerprint"], v["format"]) == ("merge@example.org", merge_key.fingerprint, "ssh")
