@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from conftest import EXAMPLE, Deployment, git
+
 from reconciler.render import render_node
 from reconciler.repo import load_repo
 from reconciler.tree import DirTree, open_tree

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pygit2
 import pytest
+from conftest import Deployment, SigningKey, git, make_key
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import Deployment, SigningKey, git, make_key
 from reconciler.agent import Agent
 from reconciler.config import TrustConfig
 from reconciler.trust import Gate, Policy, TrustError, load_root, verify_commit
