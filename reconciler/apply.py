@@ -27,7 +27,9 @@ log = logging.getLogger("reconciler.apply")
 SETTLE = 0.5
 
 
-def _probe(health: Health) -> bool:
+def _probe(health: Health, driver: Driver, name: str) -> bool:
+    if health.kind == "command":
+        return driver.run_check(name, health.target)
     if health.kind == "tcp":
         host, _, port = health.target.rpartition(":")
         try:
@@ -59,7 +61,10 @@ def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], N
             out = driver.last_output(svc.name)
             raise ApplyError(f"service {svc.name} exited at once" + (f": {out}" if out else ""))
         settled = time.monotonic() - start >= min(SETTLE, h.timeout)
-        if settled and _probe(h):
+        native = driver.native_health(svc.name)
+        if native == "unhealthy":
+            raise ApplyError(f"service {svc.name} reports unhealthy (its own healthcheck)")
+        if settled and native in (None, "healthy") and _probe(h, driver, svc.name):
             return
         if time.monotonic() >= deadline:
             what = f"{h.kind} {h.target}".strip()
@@ -109,7 +114,23 @@ def _do(action: Action, driver: Driver, commit: str) -> int | None:
     if action.kind is ActionKind.STOP:
         driver.remove(action.service)
         return None
-    assert action.desired is not None
-    pid = None if action.kind is ActionKind.NONE else driver.start(action.desired, commit)
-    wait_healthy(driver, action.desired)
-    return pid
+    svc = action.desired
+    assert svc is not None
+
+    def check() -> None:
+        wait_healthy(driver, svc)
+
+    match action.kind:
+        case ActionKind.NONE:  # re-check after an interrupted run
+            check()
+            return None
+        case ActionKind.CONNECT:
+            driver.connect(svc, commit)
+            return None
+        case ActionKind.START:
+            return driver.start(svc, commit, check)
+        case ActionKind.RESTART:
+            return driver.restart(svc, commit, check)
+        case ActionKind.RECREATE:
+            return driver.recreate(svc, commit, check)
+    raise ApplyError(f"service {svc.name}: no way to {action.kind}")

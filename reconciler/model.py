@@ -62,7 +62,9 @@ class FileSpec:
 
 @dataclass(frozen=True)
 class Health:
-    """How to tell that a started service works: ``tcp`` host:port, ``http`` URL, or ``running``."""
+    """How to tell that a started service works: ``tcp`` host:port, ``http`` URL, ``command``
+    (a shell command run where the service runs: its container, or its config dir), or
+    ``running`` (alive after a short settle time; with docker, the image's own healthcheck too)."""
 
     kind: str = "running"
     target: str = ""
@@ -74,14 +76,29 @@ class Health:
 
 @dataclass(frozen=True)
 class Runtime:
-    """How the driver runs the service."""
+    """How the driver runs the service. Container fields are empty for the process driver."""
 
     driver: str
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+    image: str = ""
+    ports: tuple[str, ...] = ()  # "127.0.0.1:8080:80", "8080:80/udp"
+    volumes: tuple[str, ...] = ()  # "source:target[:ro]"
+    networks: tuple[str, ...] = ()  # networks the agent creates and owns
+    restart: str = ""  # no | always | unless-stopped | on-failure[:N]
+    user: str = ""
+    healthcheck: tuple[tuple[str, str], ...] = ()  # the container's own: test, interval, timeout, retries
+    config_dir: str = ""  # where the rendered files appear inside the container
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"driver": self.driver, "command": list(self.command), "env": dict(self.env)}
+    def to_dict(self, networks: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"driver": self.driver, "command": list(self.command), "env": dict(self.env)}
+        extra: dict[str, Any] = {
+            "image": self.image, "ports": list(self.ports), "volumes": list(self.volumes),
+            "networks": list(self.networks) if networks else [], "restart": self.restart, "user": self.user,
+            "healthcheck": dict(self.healthcheck), "config_dir": self.config_dir,
+        }
+        out.update({k: v for k, v in extra.items() if v})  # process specs hash as they always did
+        return out
 
 
 @dataclass(frozen=True)
@@ -93,13 +110,27 @@ class DesiredService:
     files: tuple[FileSpec, ...]
     health: Health = field(default_factory=Health)
     depends_on: tuple[str, ...] = ()
+    drift: str = "correct"  # or "report": a hand-made change is noted, not undone
 
     def fingerprint(self) -> dict[str, str]:
-        """Hash per part of the slice, so a plan can say which part changed."""
+        """Hash per part of the slice, so a plan can say which part changed and how much that
+        disrupts: files (restart), runtime (recreate), networks alone (connect live)."""
         parts = {f"file:{f.path}": f"{f.mode:o}:{f.sha256}" for f in self.files}
-        parts["runtime"] = sha256_hex(canonical_json(self.runtime.to_dict()))
+        parts["runtime"] = sha256_hex(canonical_json(self.runtime.to_dict(networks=False)))
         parts["health"] = sha256_hex(canonical_json(self.health.to_dict()))
+        if self.runtime.networks:
+            parts["networks"] = sha256_hex(canonical_json(sorted(self.runtime.networks)))
         return parts
+
+    @property
+    def config_hash(self) -> str:
+        """Hash of the rendered files alone."""
+        return sha256_hex(canonical_json([f.to_dict() for f in self.files]))
+
+    @property
+    def spec_hash(self) -> str:
+        """Hash of how it runs (not what files it reads)."""
+        return sha256_hex(canonical_json([self.runtime.to_dict(), self.health.to_dict()]))
 
     @property
     def hash(self) -> str:
@@ -151,6 +182,7 @@ class ObservedService:
     pid: int | None = None
     detail: str = ""
     fingerprint: tuple[tuple[str, str], ...] = ()
+    drifted: str = ""  # a change made by hand that the driver can see: "networks", "restart policy"...
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -161,6 +193,7 @@ class ObservedService:
             "commit": self.commit,
             "pid": self.pid,
             "detail": self.detail,
+            "drifted": self.drifted,
         }
 
 
@@ -178,8 +211,10 @@ class Observed:
 
 class ActionKind(StrEnum):
     NONE = "none"
+    CONNECT = "connect"  # networks only, live
     START = "start"
-    RESTART = "restart"
+    RESTART = "restart"  # same instance, new files
+    RECREATE = "recreate"  # new instance from a new spec (image, command, ports...)
     STOP = "stop"
 
 

@@ -4,8 +4,10 @@ Per service, the least that makes observed match desired:
 
 - not observed: ``start``;
 - observed under another driver: ``stop`` there, ``start`` here;
-- slice hash differs: ``restart``, naming the parts that changed;
+- slice differs, naming the parts that changed: ``recreate`` if how it runs changed (image,
+  command, ports...), else ``restart`` if its files changed, else ``connect`` (networks only);
 - same slice but not running: ``start`` (it crashed or was stopped by hand);
+- same slice, changed by hand (drift): put back, or only noted under ``drift: report``;
 - same slice, running: ``none``, said explicitly;
 - observed but no longer desired: ``stop`` (drivers only report what they started).
 
@@ -36,21 +38,33 @@ def dependency_order(services: Iterable[DesiredService]) -> list[DesiredService]
     return out
 
 
-def _changed_parts(desired: DesiredService, observed: ObservedService) -> list[str]:
+def _changed_parts(desired: DesiredService, observed: ObservedService) -> list[tuple[str, str]]:
+    """(part, description) for each part of the slice that differs: file:<path>, runtime,
+    networks, health."""
     before: Mapping[str, str] = dict(observed.fingerprint)
     after = desired.fingerprint()
     if not before:
-        return ["slice"]
+        return [("runtime", "slice changed")]
     parts = []
     for key in sorted(set(before) | set(after)):
         if before.get(key) != after.get(key):
             kind, _, name = key.partition(":")
             if kind == "file":
                 what = "added" if key not in before else "removed" if key not in after else "changed"
-                parts.append(f"{name} {what}")
+                parts.append((kind, f"{name} {what}"))
             else:
-                parts.append(f"{kind} changed")
-    return parts or ["slice"]
+                parts.append((kind, f"{kind} changed"))
+    return parts or [("runtime", "slice changed")]
+
+
+def _least_for(parts: Iterable[str]) -> ActionKind:
+    """The least disruptive action that covers every changed part."""
+    kinds = set(parts)
+    if "runtime" in kinds:
+        return ActionKind.RECREATE
+    if kinds & {"file", "health"}:
+        return ActionKind.RESTART
+    return ActionKind.CONNECT
 
 
 def _short(commit: str | None) -> str:
@@ -82,9 +96,15 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
     if o is None or o.driver != drv:
         return Action(ActionKind.START, svc.name, "not running on this node yet", svc, drv)
     if o.hash != svc.hash:
-        return Action(ActionKind.RESTART, svc.name, ", ".join(_changed_parts(svc, o)), svc, drv)
-    if not o.running:
-        why = f"not running ({o.detail or 'stopped'}); same slice as {_short(o.commit)}"
-        return Action(ActionKind.START, svc.name, why, svc, drv)
+        parts = _changed_parts(svc, o)
+        return Action(_least_for(p for p, _ in parts), svc.name, ", ".join(d for _, d in parts), svc, drv)
+    if o.drifted or not o.running:
+        what = f"{o.drifted} changed by hand" if o.drifted else f"not running ({o.detail or 'stopped'})"
+        if svc.drift == "report":
+            return Action(ActionKind.NONE, svc.name, f"drift not corrected (policy report): {what}", svc, drv)
+        if o.drifted:
+            kind = ActionKind.CONNECT if o.drifted == "networks" else ActionKind.RECREATE
+            return Action(kind, svc.name, what, svc, drv)
+        return Action(ActionKind.START, svc.name, f"{what}; same slice as {_short(o.commit)}", svc, drv)
     return Action(ActionKind.NONE, svc.name, f"unchanged since {_short(o.commit)}", svc, drv)
 

@@ -127,18 +127,33 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
     env_vars = tuple(sorted((k, inline(v, "env")) for k, v in svc.env.items()))
     health = Health()
     timeout = float(svc.health.get("timeout", repo.settings.get("defaults", {}).get("health_timeout", 10)))
-    for kind in ("http", "tcp"):
+    for kind in ("http", "tcp", "command"):
         if kind in svc.health:
             health = Health(kind, inline(str(svc.health[kind]), "health"), timeout)
     if health.kind == "running":
         health = Health("running", "", timeout)
+    c = svc.container
+
+    def strings(key: str) -> tuple[str, ...]:
+        return tuple(inline(str(v), "runtime") for v in c.get(key, ()))
+
+    driver = repo.driver_of(node, svc.name)
+    runtime = Runtime(
+        driver, command, env_vars,
+        image=inline(str(c.get("image", "")), "runtime"),
+        ports=strings("ports"), volumes=strings("volumes"), networks=tuple(sorted(strings("networks"))),
+        restart=str(c.get("restart", "")), user=inline(str(c.get("user", "")), "runtime"),
+        healthcheck=tuple(sorted((k, inline(str(v), "runtime")) for k, v in c.get("healthcheck", {}).items())),
+        config_dir=str(c.get("config_dir", f"/etc/{svc.name}" if driver == "docker" else "")),
+    )
     node_services = set(repo.services_of(node))
     return DesiredService(
         name=svc.name,
-        runtime=Runtime(repo.driver_of(node, svc.name), command, env_vars),
+        runtime=runtime,
         files=tuple(files),
         health=health,
         depends_on=tuple(sorted(d for d in svc.depends_on if d in node_services)),
+        drift=svc.drift,
     )
 
 

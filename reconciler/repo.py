@@ -43,6 +43,8 @@ class ServiceDef:
     depends_on: tuple[str, ...]
     command: tuple[str, ...]
     env: Mapping[str, str]
+    container: Mapping[str, Any]  # image, ports, volumes, networks, restart, user, healthcheck, config_dir
+    drift: str
     files: tuple[FileDecl, ...]
     health: Mapping[str, Any]
     defaults: Mapping[str, Any]
@@ -112,6 +114,20 @@ class DeploymentRepo:
         merged.update(nd.vars)
         return merged
 
+    def check_drivers(self) -> list[Problem]:
+        """What each node's driver needs from a service: a command, or an image."""
+        problems = []
+        for node in sorted(self.nodes):
+            for name in self.services_of(node):
+                svc, driver = self.services[name], self.driver_of(node, name)
+                if driver == "docker" and not svc.container.get("image"):
+                    problems.append(Problem(svc.file, svc.lines.get("runtime"),
+                                            f"node {node} runs {name} with docker: runtime needs an image"))
+                elif driver != "docker" and not svc.command:
+                    problems.append(Problem(svc.file, svc.lines.get("runtime"),
+                                            f"node {node} runs {name} with {driver}: runtime needs a command"))
+        return problems
+
     def driver_of(self, node: str, service: str) -> str:
         svc = self.services[service]
         nd = self.node(node)
@@ -178,8 +194,10 @@ def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef 
         file=file,
         driver=data.get("driver"),
         depends_on=tuple(data.get("depends_on", [])),
-        command=tuple(runtime["command"]),
+        command=tuple(runtime.get("command", ())),
         env={k: str(v) for k, v in runtime.get("env", {}).items()},
+        container={k: v for k, v in runtime.items() if k not in ("command", "env")},
+        drift=str(data.get("drift", "correct")),
         files=tuple(files),
         health=dict(data.get("health", {})),
         defaults=dict(data.get("defaults", {})),
@@ -236,7 +254,7 @@ def load_repo(tree: Tree) -> DeploymentRepo:
     if problems:
         raise RepoProblems(problems)
     assert settings is not None and inventory is not None
-    return DeploymentRepo(
+    repo = DeploymentRepo(
         label=tree.label,
         name=settings.data["name"],
         settings=settings.data,
@@ -246,6 +264,10 @@ def load_repo(tree: Tree) -> DeploymentRepo:
         nodes=nodes,
         services=services,
     )
+    problems = repo.check_drivers()
+    if problems:
+        raise RepoProblems(problems)
+    return repo
 
 
 def _check_dependencies(services: Mapping[str, ServiceDef]) -> list[Problem]:

@@ -242,3 +242,28 @@ def test_ssh_remote_fetch_and_note_push(
     result = ctl3.reconcile_once()
     assert result.exit_code == 0 and result.pushed
     assert (deployment.note("ctl3") or {}).get("state") == "applied"
+
+
+def test_a_change_that_fails_its_health_check_puts_the_previous_version_back(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    ctl1.reconcile_once()
+    before = pids(ctl1)
+    port = deployment.port_bases["ctl1"] + 5
+    deployment.edit("services/identity/templates/identity.conf.j2", "ttl = {{ token_ttl }}", "ttl = forever")
+    bad = deployment.commit("identity: a config the program rejects")
+
+    result = ctl1.reconcile_once()
+
+    assert result.exit_code == 1 and result.report is not None and result.report.state == "failed"
+    failed = next(r for r in result.report.services if r.service == "identity")
+    assert failed.state == "failed" and "previous version restored" in failed.detail
+    assert "exited at once" in failed.detail
+    assert {r.service: str(r.action) for r in result.report.services if r.service != "identity"} == {
+        "db": "none", "lb": "none", "node-exporter": "none"}
+    after = pids(ctl1)
+    assert after["identity"] not in (None, before["identity"])
+    assert {s: p for s, p in after.items() if s != "identity"} == {s: p for s, p in before.items() if s != "identity"}
+    assert get_json(f"http://127.0.0.1:{port}/v3")["token_ttl"] == 3600  # the old config serves
+    assert (deployment.note("ctl1", bad) or {}).get("state") == "failed"

@@ -76,10 +76,10 @@ def test_duplicate_key_is_an_error_not_a_silent_override(tmp_path: Path) -> None
 
 def test_schema_violation_points_at_the_key(tmp_path: Path) -> None:
     repo = make(tmp_path, {"services/api/service.yaml": (
-        "runtime:\n  command: [python3, api.py]\n  restart: always\n"
+        "runtime:\n  command: [python3, api.py]\n  restrat: always\n"
     )})
     msg = problem(repo)
-    assert msg.startswith("services/api/service.yaml:1: runtime: unknown key ('restart' was unexpected)"), msg
+    assert msg.startswith("services/api/service.yaml:1: runtime: unknown key ('restrat' was unexpected)"), msg
 
 
 def test_unknown_service_in_a_group(tmp_path: Path) -> None:

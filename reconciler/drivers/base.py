@@ -1,10 +1,18 @@
-"""The interface every driver offers to observe and apply."""
+"""The interface every driver offers to observe and apply.
+
+Changes take a ``check`` (the health check, raising ``ApplyError``): a driver that cannot make
+the new version healthy puts the previous one back before it raises, so a failed change never
+leaves a service down that was up.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from ..model import DesiredService, ObservedService
+
+Check = Callable[[], None]
 
 
 class Driver(Protocol):
@@ -14,12 +22,20 @@ class Driver(Protocol):
         """Services this driver started on this node (and only those), read back from its records."""
         ...
 
-    def start(self, svc: DesiredService, commit: str) -> int | None:
-        """Materialise the service's files and start it; return its pid if it has one."""
+    def start(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        """Start a service that is not running; on a failed check, leave it stopped."""
         ...
 
-    def stop(self, name: str) -> None:
-        """Stop the service; keep what it needs to come back (files, data)."""
+    def restart(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        """New files for the same instance; on a failed check, the old files and a restart."""
+        ...
+
+    def recreate(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        """A new instance from a new spec; on a failed check, the old instance back."""
+        ...
+
+    def connect(self, svc: DesiredService, commit: str) -> None:
+        """Bring the instance's networks to the spec, live."""
         ...
 
     def remove(self, name: str) -> None:
@@ -27,6 +43,14 @@ class Driver(Protocol):
         ...
 
     def running(self, name: str) -> bool: ...
+
+    def native_health(self, name: str) -> str | None:
+        """The runtime's own verdict ("healthy", "unhealthy", "starting"), None if it has none."""
+        ...
+
+    def run_check(self, name: str, command: str) -> bool:
+        """Run a shell command where the service runs; True if it exits 0."""
+        ...
 
     def revive(self, name: str) -> int | None:
         """Start a service again exactly as last started (the supervisor's restart)."""

@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ApplyError
+from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
 from ..state import atomic_write, fsync_dir
+from .base import Check
 
 STOP_TIMEOUT = 10.0
 KEEP_REVISIONS = 5
@@ -103,7 +104,21 @@ class ProcessDriver:
         fsync_dir(rev.parent)
         return rev
 
-    def start(self, svc: DesiredService, commit: str) -> int | None:
+    def start(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        return self._replace(svc, commit, check, restore=False)
+
+    def restart(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        return self._replace(svc, commit, check, restore=True)
+
+    def recreate(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        return self._replace(svc, commit, check, restore=True)
+
+    def connect(self, svc: DesiredService, commit: str) -> None:
+        del svc, commit  # plain processes have no networks of their own
+
+    def _replace(self, svc: DesiredService, commit: str, check: Check, restore: bool) -> int | None:
+        """Stop the old process, start the new one, check it; on failure start the old one again."""
+        previous = self._record(svc.name) if restore else None
         self.stop(svc.name)
         rev = self.materialise(svc)
         rec = {
@@ -115,9 +130,31 @@ class ProcessDriver:
             "command": list(svc.runtime.command),
             "env": dict(svc.runtime.env),
         }
-        pid = self._spawn(rec)
+        try:
+            pid = self._spawn(rec)
+            check()
+        except ReconcilerError as exc:
+            self.stop(svc.name)
+            if previous is None or not Path(previous["cwd"]).is_dir():
+                raise
+            old = self._spawn(previous)
+            raise ApplyError(f"{exc}; previous version restored (pid {old})") from exc
         self._gc(svc.name, keep=svc.hash)
         return pid
+
+    def native_health(self, name: str) -> str | None:
+        del name
+        return None
+
+    def run_check(self, name: str, command: str) -> bool:
+        rec = self._record(name)
+        if rec is None:
+            return False
+        try:
+            done = subprocess.run(["/bin/sh", "-c", command], cwd=rec["cwd"], capture_output=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
 
     def revive(self, name: str) -> int | None:
         rec = self._record(name)
@@ -203,4 +240,5 @@ class ProcessDriver:
             text = (self._dir(name) / "service.log").read_bytes()[-4000:].decode(errors="replace")
         except FileNotFoundError:
             return ""
-        return " | ".join(t.strip() for t in text.splitlines()[-lines:] if t.strip())
+        since_start = text.rsplit("\n--- ", 1)[-1].split("\n", 1)[-1]  # this start's output only
+        return " | ".join(t.strip() for t in since_start.splitlines()[-lines:] if t.strip())
