@@ -138,7 +138,12 @@ class ProcessDriver:
             if previous is None or not Path(previous["cwd"]).is_dir():
                 raise
             old = self._spawn(previous)
-            raise ApplyError(f"{exc}; previous version restored (pid {old})") from exc
+            try:
+                check()  # the same probe; a version whose probe moved is judged by the new one
+                state = "restored"
+            except ReconcilerError:
+                state = "restored but not healthy"
+            raise ApplyError(f"{exc}; previous version {state} (pid {old})") from exc
         self._gc(svc.name, keep=svc.hash)
         return pid
 
