@@ -23,7 +23,7 @@ import pygit2
 
 from .apply import apply_plan
 from .config import AgentConfig
-from .drivers import Driver, make_driver
+from .drivers import Driver, drivers_in_use, make_driver
 from .errors import BadInput, Busy, ReconcilerError
 from .model import Desired, Plan, Report, ResultState, RunState
 from .observe import observe
@@ -82,8 +82,8 @@ def now_iso() -> str:
 
 
 def drivers_for(cfg: AgentConfig, desired: Desired | None) -> dict[str, Driver]:
-    """The process driver always (it may hold services to stop), plus what the slice names."""
-    names = {"process"} | ({s.runtime.driver for s in desired.services} if desired else set())
+    """Drivers that hold services of this node (they may have some to stop), plus what the slice names."""
+    names = drivers_in_use(cfg.state_dir) | ({s.runtime.driver for s in desired.services} if desired else set())
     return {n: make_driver(n, cfg.state_dir, cfg.node) for n in sorted(names)}
 
 
@@ -281,8 +281,15 @@ class Agent:
                 self._finish(report)
                 return RunResult(self.cfg.node, commit, fetched, report=report,
                                  pushed=self.reporter.push(), interrupted=interrupted, error=exc)
-            drivers = drivers_for(self.cfg, desired)
-            the_plan = make_plan(desired, observe(self.cfg.node, drivers))
+            try:
+                drivers = drivers_for(self.cfg, desired)
+                the_plan = make_plan(desired, observe(self.cfg.node, drivers))
+            except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
+                report = Report(self.cfg.node, commit, RunState.FAILED, now_iso(), reason=exc.reason,
+                                error=str(exc), signer=signer)
+                self._finish(report)
+                return RunResult(self.cfg.node, commit, fetched, report=report,
+                                 pushed=self.reporter.push(), interrupted=interrupted, error=exc)
             recheck = frozenset(s for _, s, a in interrupted if a != "stop")
             results = apply_plan(the_plan, drivers, self.state, recheck)
             ok = all(r.state is ResultState.OK for r in results)

@@ -17,6 +17,7 @@ The commit id is deliberately not in the context: a slice must change only when 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -27,6 +28,11 @@ import jinja2.sandbox
 from .errors import RenderError
 from .model import Desired, DesiredService, FileSpec, Health, Runtime
 from .repo import DeploymentRepo, ServiceDef
+
+
+PORT = re.compile(r"([0-9.]+:)?[0-9]{1,5}:[0-9]{1,5}(/(tcp|udp))?")
+VOLUME = re.compile(r"[^:]+:/[^:]*(:(ro|rw))?")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class _RepoLoader(jinja2.BaseLoader):
@@ -134,14 +140,21 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
         health = Health("running", "", timeout)
     c = svc.container
 
-    def strings(key: str) -> tuple[str, ...]:
-        return tuple(inline(str(v), "runtime") for v in c.get(key, ()))
+    def strings(key: str, pattern: re.Pattern[str] | None = None, form: str = "") -> tuple[str, ...]:
+        out = tuple(inline(str(v), "runtime") for v in c.get(key, ()))
+        for value in out:
+            if pattern is not None and not pattern.fullmatch(value):
+                raise RenderError(f"node {node}: {key}: {value!r} is not {form}", file=svc.file,
+                                  line=svc.lines.get("runtime"))
+        return out
 
     driver = repo.driver_of(node, svc.name)
     runtime = Runtime(
         driver, command, env_vars,
         image=inline(str(c.get("image", "")), "runtime"),
-        ports=strings("ports"), volumes=strings("volumes"), networks=tuple(sorted(strings("networks"))),
+        ports=strings("ports", PORT, "[host_ip:]host_port:container_port[/tcp|udp]"),
+        volumes=strings("volumes", VOLUME, "source:/target[:ro|rw]"),
+        networks=tuple(sorted(strings("networks", NAME, "a network name"))),
         restart=str(c.get("restart", "")), user=inline(str(c.get("user", "")), "runtime"),
         healthcheck=tuple(sorted((k, inline(str(v), "runtime")) for k, v in c.get("healthcheck", {}).items())),
         config_dir=str(c.get("config_dir", f"/etc/{svc.name}" if driver == "docker" else "")),

@@ -79,9 +79,10 @@ _reconciler_docker_engine() (
                 say "starting dockerd on $sock (data root $data_root, log $log)"
                 mkdir -p "$data_root" "$exec_root"
                 rm -f "${sock#unix://}"
-                # Own exec root and pidfile, so it never collides with a system dockerd.
+                # Own exec root and pidfile, so it never collides with a system dockerd. Close fd 3 (the
+                # caller's stdout: a pipe would never end) and fd 9 (the lock) in the daemon.
                 nohup setsid dockerd --host "$sock" --data-root "$data_root" --exec-root "$exec_root" \
-                    --pidfile "$pidfile" </dev/null >>"$log" 2>&1 &
+                    --pidfile "$pidfile" </dev/null >>"$log" 2>&1 3>&- 9>&- &
             fi
             local i
             for ((i = 0; i < 120; i++)); do
@@ -104,6 +105,8 @@ _reconciler_docker_engine() (
     # --- 2. the images -------------------------------------------------------------------------
     if [ -z "${RECONCILER_SKIP_IMAGES:-}" ]; then
         have() { docker image inspect "$1" >/dev/null 2>&1; }
+        exec 8>>"${TMPDIR:-/tmp}/reconciler-images.$(id -u).lock"
+        flock 8 # one builder at a time (parallel test sessions)
         local tmp
         tmp=$(mktemp -d /tmp/reconciler-images.XXXXXX)
         trap 'rm -rf "$tmp"' EXIT
@@ -165,6 +168,7 @@ _reconciler_docker_engine() (
                 tar --numeric-owner -C "$root" -cf "$tarball.tmp" .
                 mv "$tarball.tmp" "$tarball"
                 rm -rf "$root"
+                say "rootfs cached as $tarball ($(du -h "$tarball" | cut -f1)): $(since "$t")"
             else
                 say "using cached rootfs $tarball"
             fi

@@ -24,6 +24,8 @@ from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
 
+pytest_plugins = ["docker_fixtures"]
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "repo"
 NODES = ("cmp1", "cmp2", "ctl1", "ctl2", "ctl3")

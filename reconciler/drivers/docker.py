@@ -1,0 +1,386 @@
+"""Services as containers on a Docker engine, through its API.
+
+Every container carries labels (node, service, commit, spec hash, config hash) and only
+containers labelled with this node are ever read or touched. Rendered files are bind-mounted
+read-only from ``<state>/docker/<service>/live``, a directory swapped whole on a config change,
+so a config-only change is a restart of the same container; a spec change (image, command,
+ports...) is a new container. Either way the old one comes back if the new one fails its check.
+
+Per service, ``<state>/docker/<service>/record.json`` holds what the agent last applied
+(labels are fixed at creation and cannot say that a restart brought new files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+from ..errors import ApplyError, ReconcilerError
+from ..model import DesiredService, ObservedService
+from ..state import atomic_write, fsync_dir
+from .base import Check
+
+PREFIX = "reconciler."
+STOP_TIMEOUT = 10
+
+
+class EngineDown(ApplyError):
+    reason = "ENGINE_DOWN"
+
+
+def _ports(specs: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for spec in specs:
+        spec, _, proto = spec.partition("/")
+        parts = spec.split(":")
+        target = f"{parts[-1]}/{proto or 'tcp'}"
+        out[target] = (parts[0], int(parts[1])) if len(parts) == 3 else int(parts[0])
+    return out
+
+
+def _volumes(specs: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    out = {}
+    for spec in specs:
+        source, target, *mode = spec.split(":")
+        out[source] = {"bind": target, "mode": mode[0] if mode else "rw"}
+    return out
+
+
+def _restart(policy: str) -> dict[str, Any] | None:
+    if not policy:
+        return None
+    name, _, count = policy.partition(":")
+    return {"Name": name, "MaximumRetryCount": int(count or 0)} if name == "on-failure" else {"Name": name}
+
+
+def _healthcheck(items: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
+    hc = dict(items)
+    if not hc:
+        return None
+    out: dict[str, Any] = {"test": ["CMD-SHELL", hc["test"]]}
+    for key in ("interval", "timeout", "start_period"):
+        if key in hc:
+            out[key] = int(float(hc[key]) * 1e9)
+    if "retries" in hc:
+        out["retries"] = int(hc["retries"])
+    return out
+
+
+class DockerDriver:
+    name = "docker"
+
+    def __init__(self, root: Path, node: str, client: docker.DockerClient | None = None) -> None:
+        self.root = root
+        self.node = node
+        self._client = client
+
+    # engine --------------------------------------------------------------------------
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            try:
+                self._client = docker.from_env(timeout=60)
+                self._client.ping()
+            except docker.errors.DockerException as exc:
+                self._client = None
+                raise EngineDown(f"node {self.node}: docker engine not reachable: {exc}") from exc
+        return self._client
+
+    def container_name(self, service: str) -> str:
+        return f"rc-{self.node}-{service}"
+
+    def _container(self, service: str) -> Container | None:
+        try:
+            c = self.client.containers.get(self.container_name(service))
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise EngineDown(f"node {self.node}: docker engine error: {exc.explanation}") from exc
+        return c if c.labels.get(PREFIX + "node") == self.node else None  # never touch what is not ours
+
+    # records -------------------------------------------------------------------------
+    def _dir(self, service: str) -> Path:
+        return self.root / service
+
+    def _record(self, service: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self._dir(service) / "record.json").read_text())
+            return data
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def _write_record(self, svc: DesiredService, commit: str, container: Container) -> None:
+        rec = {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(), "commit": commit,
+               "container": container.id, "networks": sorted(svc.runtime.networks),
+               "restart": svc.runtime.restart or "no", "config_hash": svc.config_hash}
+        atomic_write(self._dir(svc.name) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+
+    # files -----------------------------------------------------------------------------
+    def _swap_files(self, svc: DesiredService) -> Path | None:
+        """Make ``live`` hold this slice's files; return the directory it held before (kept
+        aside as ``live.prev`` for a restore), or None if there was none."""
+        d = self._dir(svc.name)
+        d.mkdir(parents=True, exist_ok=True)
+        new = d / f".live-{svc.config_hash[:16]}-{os.getpid()}"
+        shutil.rmtree(new, ignore_errors=True)
+        new.mkdir()
+        for f in svc.files:
+            atomic_write(new / f.path, f.content, f.mode)
+        live, prev = d / "live", d / "live.prev"
+        kept = None
+        if live.exists():
+            shutil.rmtree(prev, ignore_errors=True)
+            os.replace(live, prev)
+            kept = prev
+        os.replace(new, live)
+        fsync_dir(d)
+        return kept
+
+    def _unswap_files(self, service: str, kept: Path | None) -> None:
+        live = self._dir(service) / "live"
+        if kept is None:
+            return
+        shutil.rmtree(live, ignore_errors=True)
+        os.replace(kept, live)
+
+    # observe ---------------------------------------------------------------------------
+    def observe(self) -> list[ObservedService]:
+        out: list[ObservedService] = []
+        found = set()
+        try:
+            containers = self.client.containers.list(all=True, filters={"label": f"{PREFIX}node={self.node}"})
+        except docker.errors.APIError as exc:
+            raise EngineDown(f"node {self.node}: docker engine error: {exc.explanation}") from exc
+        for c in containers:
+            name = c.labels.get(PREFIX + "service", "")
+            if not name or c.name != self.container_name(name):
+                continue  # a renamed leftover of an interrupted recreate: cleaned up on the next change
+            found.add(name)
+            out.append(self._observed(name, c))
+        if self.root.is_dir():
+            for d in sorted(self.root.iterdir()):
+                rec = self._record(d.name)
+                if rec is not None and d.name not in found:
+                    out.append(ObservedService(
+                        name=d.name, driver=self.name, running=False, hash=rec["hash"], commit=rec["commit"],
+                        detail="container removed by hand", fingerprint=tuple(sorted(rec["fingerprint"].items())),
+                    ))
+        return sorted(out, key=lambda o: o.name)
+
+    def _observed(self, name: str, c: Container) -> ObservedService:
+        rec = self._record(name)
+        labels = c.labels
+        ours = rec is not None and rec.get("container") == c.id
+        fingerprint = rec["fingerprint"] if ours and rec else json.loads(labels.get(PREFIX + "fingerprint", "{}"))
+        state = c.attrs.get("State", {})
+        drifted = ""
+        if ours and rec is not None:
+            networks = sorted(c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {})
+            wanted = sorted(rec["networks"]) or ["bridge"]
+            policy = (c.attrs.get("HostConfig", {}).get("RestartPolicy") or {}).get("Name") or "no"
+            if networks != wanted:
+                drifted = "networks"
+            elif policy != rec["restart"]:
+                drifted = "restart policy"
+        running = c.status == "running"
+        return ObservedService(
+            name=name, driver=self.name, running=running,
+            hash=rec["hash"] if ours and rec else labels.get(PREFIX + "hash"),
+            commit=rec["commit"] if ours and rec else labels.get(PREFIX + "commit"),
+            pid=int(state.get("Pid") or 0) or None,
+            detail="" if running else f"container {c.status} (exit code {state.get('ExitCode')})",
+            fingerprint=tuple(sorted(fingerprint.items())), drifted=drifted,
+        )
+
+    def running(self, name: str) -> bool:
+        c = self._container(name)
+        if c is None:
+            return False
+        c.reload()
+        return bool(c.status == "running")
+
+    def native_health(self, name: str) -> str | None:
+        c = self._container(name)
+        if c is None:
+            return None
+        health = c.attrs.get("State", {}).get("Health")
+        return str(health["Status"]) if health else None
+
+    def run_check(self, name: str, command: str) -> bool:
+        c = self._container(name)
+        if c is None:
+            return False
+        try:
+            result = c.exec_run(["/bin/sh", "-c", command])
+        except docker.errors.APIError:
+            return False
+        return bool(result.exit_code == 0)
+
+    def last_output(self, name: str, lines: int = 5) -> str:
+        c = self._container(name)
+        if c is None:
+            return ""
+        try:
+            text = c.logs(tail=lines).decode(errors="replace")
+        except docker.errors.APIError:
+            return ""
+        return " | ".join(t.strip() for t in text.splitlines() if t.strip())
+
+    # apply -----------------------------------------------------------------------------
+    def _networks(self, names: tuple[str, ...]) -> None:
+        for net in names:
+            if not self.client.networks.list(names=[net]):
+                self.client.networks.create(net, driver="bridge", labels={PREFIX + "owner": self.node})
+
+    def _create(self, svc: DesiredService, commit: str) -> Container:
+        rt = svc.runtime
+        try:
+            self.client.images.get(rt.image)
+        except docker.errors.ImageNotFound:
+            raise ApplyError(f"node {self.node}, service {svc.name}: image {rt.image} not found on the engine "
+                             "(pull it, or point image: at a registry this node can reach)") from None
+        self._networks(rt.networks)
+        volumes = _volumes(rt.volumes)
+        volumes[str(self._dir(svc.name) / "live")] = {"bind": rt.config_dir, "mode": "ro"}
+        labels = {
+            PREFIX + "node": self.node, PREFIX + "service": svc.name, PREFIX + "commit": commit,
+            PREFIX + "hash": svc.hash, PREFIX + "spec-hash": svc.spec_hash,
+            PREFIX + "config-hash": svc.config_hash, PREFIX + "fingerprint": json.dumps(svc.fingerprint()),
+        }
+        env = dict(rt.env)
+        env.update(RECONCILER_NODE=self.node, RECONCILER_SERVICE=svc.name, RECONCILER_COMMIT=commit)
+        try:
+            c = self.client.containers.create(
+                rt.image, command=list(rt.command) or None, name=self.container_name(svc.name), labels=labels,
+                environment=env, ports=_ports(rt.ports), volumes=volumes, user=rt.user or None,
+                restart_policy=_restart(rt.restart), healthcheck=_healthcheck(rt.healthcheck),
+                network=rt.networks[0] if rt.networks else None, working_dir=rt.config_dir, detach=True,
+            )
+            for net in rt.networks[1:]:
+                self.client.networks.get(net).connect(c)
+            c.start()
+        except docker.errors.APIError as exc:
+            with contextlib.suppress(docker.errors.APIError, UnboundLocalError):
+                c.remove(force=True)
+            raise ApplyError(f"node {self.node}, service {svc.name}: {exc.explanation or exc}") from exc
+        c.reload()
+        self._write_record(svc, commit, c)
+        return c
+
+    def _pid(self, c: Container) -> int | None:
+        c.reload()
+        return int(c.attrs.get("State", {}).get("Pid") or 0) or None
+
+    def start(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        old = self._container(svc.name)
+        if old is not None:  # stopped, crashed or changed by hand: start clean from the spec
+            old.remove(force=True)
+        self._swap_files(svc)
+        c = self._create(svc, commit)
+        try:
+            check()
+        except ReconcilerError:
+            with contextlib.suppress(docker.errors.APIError):
+                c.stop(timeout=STOP_TIMEOUT)
+            raise
+        return self._pid(c)
+
+    def restart(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        c = self._container(svc.name)
+        if c is None:
+            return self.start(svc, commit, check)
+        previous = self._record(svc.name)
+        kept = self._swap_files(svc)
+        c.restart(timeout=STOP_TIMEOUT)
+        try:
+            check()
+        except ReconcilerError as exc:
+            self._unswap_files(svc.name, kept)
+            c.restart(timeout=STOP_TIMEOUT)
+            if previous is not None:
+                atomic_write(self._dir(svc.name) / "record.json", json.dumps(previous).encode())
+            raise ApplyError(f"{exc}; previous config restored (container {c.short_id})") from exc
+        self._write_record(svc, commit, c)
+        return self._pid(c)
+
+    def recreate(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        old = self._container(svc.name)
+        if old is None:
+            return self.start(svc, commit, check)
+        previous = self._record(svc.name)
+        aside = f"{self.container_name(svc.name)}-old-{int(time.time())}"
+        old.stop(timeout=STOP_TIMEOUT)
+        old.rename(aside)
+        kept = self._swap_files(svc)
+        try:
+            new = self._create(svc, commit)
+            check()
+        except ReconcilerError as exc:
+            with contextlib.suppress(docker.errors.APIError):
+                self.client.containers.get(self.container_name(svc.name)).remove(force=True)
+            self._unswap_files(svc.name, kept)
+            old.rename(self.container_name(svc.name))
+            old.start()
+            if previous is not None:
+                atomic_write(self._dir(svc.name) / "record.json", json.dumps(previous).encode())
+            raise ApplyError(f"{exc}; previous container restored ({old.short_id})") from exc
+        old.remove(force=True)
+        return self._pid(new)
+
+    def connect(self, svc: DesiredService, commit: str) -> None:
+        c = self._container(svc.name)
+        if c is None:
+            raise ApplyError(f"node {self.node}, service {svc.name}: no container to connect")
+        self._networks(svc.runtime.networks)
+        c.reload()
+        have = set(c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {})
+        want = set(svc.runtime.networks) or {"bridge"}
+        try:
+            for net in sorted(want - have):
+                self.client.networks.get(net).connect(c)
+            for net in sorted(have - want):
+                self.client.networks.get(net).disconnect(c)
+        except docker.errors.APIError as exc:
+            raise ApplyError(f"node {self.node}, service {svc.name}: {exc.explanation or exc}") from exc
+        self._write_record(svc, commit, c)
+
+    def stop(self, name: str) -> None:
+        c = self._container(name)
+        if c is not None:
+            c.stop(timeout=STOP_TIMEOUT)
+
+    def remove(self, name: str) -> None:
+        c = self._container(name)
+        if c is not None:
+            c.remove(force=True)
+        d = self._dir(name)
+        for p in ("record.json",):
+            with contextlib.suppress(FileNotFoundError):
+                (d / p).unlink()
+        for sub in ("live", "live.prev"):
+            shutil.rmtree(d / sub, ignore_errors=True)
+        self._prune_networks()
+
+    def _prune_networks(self) -> None:
+        """Networks this node created and nothing uses any more."""
+        for net in self.client.networks.list(filters={"label": f"{PREFIX}owner={self.node}"}):
+            net.reload()
+            if not net.attrs.get("Containers"):
+                with contextlib.suppress(docker.errors.APIError):
+                    net.remove()
+
+    def revive(self, name: str) -> int | None:
+        c = self._container(name)
+        if c is None:
+            raise ApplyError(f"node {self.node}, service {name}: container is gone; the next run recreates it")
+        c.start()
+        return self._pid(c)

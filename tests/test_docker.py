@@ -1,0 +1,279 @@
+"""The docker driver on a real Docker engine: containers labelled, observed, changed with the
+least disruption, and put back when a change fails.
+
+Each test has its own node name (t-...), so its containers and networks are its own.
+"""
+
+from __future__ import annotations
+
+import secrets
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import pytest
+
+from conftest import Deployment, SigningKey, free_port, git
+from reconciler.agent import Agent
+
+pytestmark = pytest.mark.usefixtures("docker_cleanup")
+
+WEB = """\
+description: static site served by busybox httpd
+driver: docker
+runtime:
+  image: "{{ web_image }}"
+  command: [httpd, -f, -p, "80", -h, /etc/web]
+  ports: ["127.0.0.1:{{ web_port }}:80"]
+  networks: []
+files:
+  - {path: index.html, template: index.html.j2}
+health:
+  http: "http://127.0.0.1:{{ web_port }}/index.html"
+  timeout: 10
+"""
+
+WORKER = """\
+description: a long-running worker with no port
+driver: docker
+runtime:
+  image: "{{ worker_image }}"
+  command: [sh, -c, "while true; do cat /etc/worker/worker.conf >/dev/null; sleep 1; done"]
+files:
+  - {path: worker.conf, template: worker.conf.j2}
+"""
+
+
+class DockerDeployment(Deployment):
+    node: str
+    port: int
+
+
+@pytest.fixture
+def dock(tmp_path: Path, merge_key: SigningKey, busybox_image: str, busybox_image_2: str) -> DockerDeployment:
+    node = f"t-{secrets.token_hex(3)}"
+    port = free_port()
+    work = tmp_path / "work"
+    files = {
+        "reconciler.yaml": "format: 1\nname: dockertest\n",
+        "inventory.yaml": (
+            "groups:\n  site:\n    services: [web, worker]\n"
+            f"nodes:\n  {node}:\n    groups: [site]\n    vars:\n"
+            f"    web_image: {busybox_image}\n    worker_image: {busybox_image}\n"
+            f"    web_port: {port}\n    greeting: hello\n"
+        ),
+        "services/web/service.yaml": WEB,
+        "services/web/templates/index.html.j2": "{{ greeting }} from {{ node }}\n",
+        "services/worker/service.yaml": WORKER,
+        "services/worker/templates/worker.conf.j2": "threads = 4\n",
+    }
+    for rel, text in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+    # The inventory writes vars at node level; fix the indentation of the generated block.
+    inv = (work / "inventory.yaml").read_text().replace("\n    web_image", "\n      web_image").replace(
+        "\n    worker_image", "\n      worker_image").replace("\n    web_port", "\n      web_port").replace("\n    greeting", "\n      greeting")
+    (work / "inventory.yaml").write_text(inv)
+    bare = tmp_path / "cloud.git"
+    git("init", "-q", "--bare", "-b", "main", str(bare))
+    git("init", "-q", "-b", "main", cwd=work)
+    dep = DockerDeployment(work, bare, merge_key)
+    dep.node, dep.port = node, port
+    dep.commit("docker site")
+    return dep
+
+
+def set_var(dep: DockerDeployment, name: str, value: str) -> None:
+    text = dep.read("inventory.yaml")
+    out = [f"      {name}: {value}" if line.startswith(f"      {name}:") else line for line in text.splitlines()]
+    dep.write("inventory.yaml", "\n".join(out) + "\n")
+
+
+def containers(client: docker.DockerClient, node: str) -> dict[str, docker.models.containers.Container]:
+    found = client.containers.list(all=True, filters={"label": f"reconciler.node={node}"})
+    return {c.labels["reconciler.service"]: c for c in found}
+
+
+def started_at(c: docker.models.containers.Container) -> str:
+    c.reload()
+    return str(c.attrs["State"]["StartedAt"])
+
+
+def fetch(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/index.html", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def actions(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {r.service: str(r.action) for r in result.report.services}
+
+
+def test_create_label_and_leave_unchanged_alone(dock: DockerDeployment, agents: Callable[..., Agent],
+                                               docker_engine: docker.DockerClient) -> None:
+    node = agents(dock.node, dock.url)
+    first = node.reconcile_once()
+    assert first.exit_code == 0, first.report
+    assert actions(first) == {"web": "start", "worker": "start"}
+    web = containers(docker_engine, dock.node)["web"]
+    labels = web.labels
+    assert labels["reconciler.node"] == dock.node and labels["reconciler.service"] == "web"
+    assert labels["reconciler.commit"] == first.commit
+    assert {"reconciler.spec-hash", "reconciler.config-hash", "reconciler.hash"} <= set(labels)
+    assert fetch(dock.port) == f"hello from {dock.node}\n"
+    mounts = {m["Destination"]: m for m in web.attrs["Mounts"]}
+    assert mounts["/etc/web"]["RW"] is False
+
+    before = {n: (c.id, started_at(c)) for n, c in containers(docker_engine, dock.node).items()}
+    dock.write("README.md", "docs only\n")
+    dock.commit("docs")
+    second = node.reconcile_once()
+    assert actions(second) == {"web": "none", "worker": "none"}
+    assert {n: (c.id, started_at(c)) for n, c in containers(docker_engine, dock.node).items()} == before
+
+
+def test_config_change_restarts_only_that_container(dock: DockerDeployment, agents: Callable[..., Agent],
+                                                    docker_engine: docker.DockerClient) -> None:
+    node = agents(dock.node, dock.url)
+    node.reconcile_once()
+    before = {n: (c.id, started_at(c)) for n, c in containers(docker_engine, dock.node).items()}
+    set_var(dock, "greeting", "bonjour")
+    dock.commit("say bonjour")
+
+    result = node.reconcile_once()
+
+    assert result.exit_code == 0 and actions(result) == {"web": "restart", "worker": "none"}
+    after = {n: (c.id, started_at(c)) for n, c in containers(docker_engine, dock.node).items()}
+    assert after["web"][0] == before["web"][0] and after["web"][1] != before["web"][1]
+    assert after["worker"] == before["worker"]
+    assert fetch(dock.port) == f"bonjour from {dock.node}\n"
+
+
+def test_image_change_recreates_and_removal_removes(dock: DockerDeployment, agents: Callable[..., Agent],
+                                                    docker_engine: docker.DockerClient, busybox_image_2: str) -> None:
+    node = agents(dock.node, dock.url)
+    node.reconcile_once()
+    old = containers(docker_engine, dock.node)
+    set_var(dock, "worker_image", busybox_image_2)
+    dock.commit("worker on the new image")
+    result = node.reconcile_once()
+    assert actions(result) == {"web": "none", "worker": "recreate"}
+    now = containers(docker_engine, dock.node)
+    assert now["worker"].id != old["worker"].id and now["web"].id == old["web"].id
+    assert now["worker"].image.tags == [busybox_image_2]
+    with pytest.raises(docker.errors.NotFound):
+        docker_engine.containers.get(old["worker"].id)
+
+    dock.edit("inventory.yaml", "services: [web, worker]", "services: [web]")
+    dock.commit("worker retired")
+    result = node.reconcile_once()
+    assert actions(result) == {"web": "none", "worker": "stop"}
+    assert set(containers(docker_engine, dock.node)) == {"web"}
+
+
+def test_networks_connect_and_disconnect_without_a_restart(dock: DockerDeployment, agents: Callable[..., Agent],
+                                                          docker_engine: docker.DockerClient) -> None:
+    node = agents(dock.node, dock.url)
+    node.reconcile_once()
+    web = containers(docker_engine, dock.node)["web"]
+    before = (web.id, started_at(web))
+    nets = [f"{dock.node}-front", f"{dock.node}-back"]
+    dock.edit("services/web/service.yaml", "networks: []", f"networks: [{', '.join(nets)}]")
+    dock.commit("web joins two networks")
+
+    result = node.reconcile_once()
+
+    assert actions(result) == {"web": "connect", "worker": "none"}
+    web.reload()
+    assert set(web.attrs["NetworkSettings"]["Networks"]) == set(nets)
+    assert (web.id, started_at(web)) == before
+    assert fetch(dock.port).startswith("hello")
+    owned = docker_engine.networks.list(filters={"label": f"reconciler.owner={dock.node}"})
+    assert sorted(n.name for n in owned) == sorted(nets)
+
+    dock.edit("services/web/service.yaml", f"networks: [{', '.join(nets)}]", f"networks: [{nets[0]}]")
+    dock.commit("web leaves the back network")
+    assert actions(node.reconcile_once())["web"] == "connect"
+    web.reload()
+    assert set(web.attrs["NetworkSettings"]["Networks"]) == {nets[0]}
+    assert (web.id, started_at(web)) == before
+
+
+def test_drift_by_stop_and_by_remove_is_put_back_or_reported(dock: DockerDeployment, agents: Callable[..., Agent],
+                                                            docker_engine: docker.DockerClient) -> None:
+    node = agents(dock.node, dock.url)
+    node.reconcile_once()
+    containers(docker_engine, dock.node)["web"].stop(timeout=1)
+    result = node.reconcile_once()
+    assert actions(result)["web"] == "start" and "not running" in result.report.services[0].reason  # type: ignore[union-attr]
+    assert fetch(dock.port).startswith("hello")
+
+    containers(docker_engine, dock.node)["worker"].remove(force=True)
+    result = node.reconcile_once()
+    assert actions(result)["worker"] == "start"
+    assert "removed by hand" in next(r.reason for r in result.report.services if r.service == "worker")  # type: ignore[union-attr]
+    assert containers(docker_engine, dock.node)["worker"].status in ("running", "created")
+
+    dock.edit("services/worker/service.yaml", "driver: docker\n", "driver: docker\ndrift: report\n")
+    dock.commit("worker drift is only reported")
+    node.reconcile_once()
+    containers(docker_engine, dock.node)["worker"].stop(timeout=1)
+    result = node.reconcile_once()
+    worker = next(r for r in result.report.services if r.service == "worker")  # type: ignore[union-attr]
+    assert str(worker.action) == "none" and worker.reason.startswith("drift not corrected (policy report)")
+    assert (dock.note(dock.node) or {})["services"]["worker"]["reason"].startswith("drift not corrected")  # type: ignore[index]
+    assert containers(docker_engine, dock.node)["worker"].status == "exited"
+
+
+def test_failing_changes_put_the_previous_container_back(dock: DockerDeployment, agents: Callable[..., Agent],
+                                                         docker_engine: docker.DockerClient) -> None:
+    node = agents(dock.node, dock.url)
+    node.reconcile_once()
+    web = containers(docker_engine, dock.node)["web"]
+
+    # A spec change whose container exits at once: the old container comes back.
+    dock.edit("services/web/service.yaml", "command: [httpd, -f, -p, \"80\", -h, /etc/web]",
+              "command: [sh, -c, \"echo cannot bind; exit 3\"]")
+    dock.commit("a broken command")
+    result = node.reconcile_once()
+    assert result.exit_code == 1
+    failed = next(r for r in result.report.services if r.service == "web")  # type: ignore[union-attr]
+    assert str(failed.action) == "recreate" and "previous container restored" in failed.detail
+    assert "exited at once" in failed.detail and "cannot bind" in failed.detail
+    now = containers(docker_engine, dock.node)["web"]
+    assert now.id == web.id and now.status == "running"
+    assert fetch(dock.port).startswith("hello")
+    assert len(docker_engine.containers.list(all=True, filters={"label": f"reconciler.node={dock.node}"})) == 2
+
+
+def test_missing_image_and_taken_port_are_clear_errors(dock: DockerDeployment, agents: Callable[..., Agent],
+                                                       docker_engine: docker.DockerClient) -> None:
+    set_var(dock, "worker_image", "registry.invalid/nothing:1")
+    dock.commit("an image nobody has")
+    node = agents(dock.node, dock.url)
+    result = node.reconcile_once()
+    worker = next(r for r in result.report.services if r.service == "worker")  # type: ignore[union-attr]
+    assert worker.detail == (f"node {dock.node}, service worker: image registry.invalid/nothing:1 not found on the "
+                             "engine (pull it, or point image: at a registry this node can reach)")
+    assert (dock.note(dock.node) or {}).get("state") == "failed"
+
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        set_var(dock, "worker_image", "reconciler-test/busybox:1")
+        set_var(dock, "web_port", str(taken))
+        dock.commit("a port already taken")
+        result = node.reconcile_once()
+    web = next(r for r in result.report.services if r.service == "web")  # type: ignore[union-attr]
+    assert web.state == "failed" and f"service web" in web.detail and "address already in use" in web.detail.lower()
+
+
+def test_engine_down_is_a_failed_run_not_a_traceback(dock: DockerDeployment, agents: Callable[..., Agent],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    node = agents(dock.node, dock.url)
+    result = node.reconcile_once()
+    assert result.exit_code == 1 and result.report is not None and result.report.reason == "ENGINE_DOWN"
+    assert f"node {dock.node}: docker engine not reachable" in result.report.error
