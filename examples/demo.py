@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from reconciler.drivers.process import ProcessDriver
+from reconciler.drivers import drivers_in_use, make_driver
 
 HERE = Path(__file__).resolve().parent
 NODES = ["ctl1", "ctl2", "ctl3", "cmp1", "cmp2"]
@@ -84,35 +84,47 @@ def notes_table(bare: Path, commit: str, title: str) -> None:
 
 
 def pids(root: Path) -> dict[str, dict[str, int | None]]:
-    return {n: {o.name: o.pid for o in ProcessDriver(root / "nodes" / n / "services", n).observe()} for n in NODES}
+    out: dict[str, dict[str, int | None]] = {}
+    for n in NODES:
+        out[n] = {}
+        for name in drivers_in_use(root / "nodes" / n):
+            out[n].update({o.name: o.pid for o in make_driver(name, root / "nodes" / n, n).observe()})
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep", action="store_true", help="leave the services running")
     parser.add_argument("--dir", type=Path, help="work here instead of a new temporary folder")
+    parser.add_argument("--driver", choices=["process", "docker"], default="process",
+                        help="run every service as a process (default) or as a container")
     args = parser.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="reconciler-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        demo(root)
+        demo(root, args.driver)
     finally:
         if not args.keep:
             for node in NODES:
-                driver = ProcessDriver(root / "nodes" / node / "services", node)
-                for o in driver.observe():
-                    driver.remove(o.name)
+                for name in drivers_in_use(root / "nodes" / node):
+                    driver = make_driver(name, root / "nodes" / node, node)
+                    for o in driver.observe():
+                        driver.remove(o.name)
             console.print(f"\nstopped every service; the state of each node is under {root}/nodes")
         else:
             console.print(f"\nservices keep running; state under {root}/nodes; stop them by killing their process groups (pid in each record.json)")
 
 
-def demo(root: Path) -> None:
+def demo(root: Path, driver: str) -> None:
     work, bare = root / "deploy", root / "cloud.git"
     console.rule("1. the deployment repo, reviewed and merged, on a bare remote")
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(bare, ignore_errors=True)
     shutil.copytree(HERE / "repo", work)
+    if driver == "docker":
+        settings = work / "reconciler.yaml"
+        settings.write_text(settings.read_text().replace("driver: process", "driver: docker"))
+        console.print("every service runs as a container (reconciler.yaml: defaults: driver: docker)")
     console.print("the review system signs what it merges; each node trusts its key (made now, thrown away after)")
     trust = root / "trust"
     shutil.rmtree(trust, ignore_errors=True)

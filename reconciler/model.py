@@ -85,6 +85,7 @@ class Runtime:
     ports: tuple[str, ...] = ()  # "127.0.0.1:8080:80", "8080:80/udp"
     volumes: tuple[str, ...] = ()  # "source:target[:ro]"
     networks: tuple[str, ...] = ()  # networks the agent creates and owns
+    network_mode: str = ""  # "host": share the node's network stack (no ports, no networks)
     restart: str = ""  # no | always | unless-stopped | on-failure[:N]
     user: str = ""
     healthcheck: tuple[tuple[str, str], ...] = ()  # the container's own: test, interval, timeout, retries
@@ -94,7 +95,8 @@ class Runtime:
         out: dict[str, Any] = {"driver": self.driver, "command": list(self.command), "env": dict(self.env)}
         extra: dict[str, Any] = {
             "image": self.image, "ports": list(self.ports), "volumes": list(self.volumes),
-            "networks": list(self.networks) if networks else [], "restart": self.restart, "user": self.user,
+            "networks": list(self.networks) if networks else [], "network_mode": self.network_mode,
+            "restart": self.restart, "user": self.user,
             "healthcheck": dict(self.healthcheck), "config_dir": self.config_dir,
         }
         out.update({k: v for k, v in extra.items() if v})  # process specs hash as they always did

@@ -155,6 +155,7 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
         ports=strings("ports", PORT, "[host_ip:]host_port:container_port[/tcp|udp]"),
         volumes=strings("volumes", VOLUME, "source:/target[:ro|rw]"),
         networks=tuple(sorted(strings("networks", NAME, "a network name"))),
+        network_mode=str(c.get("network_mode", "")),
         restart=str(c.get("restart", "")), user=inline(str(c.get("user", "")), "runtime"),
         healthcheck=tuple(sorted((k, inline(str(v), "runtime")) for k, v in c.get("healthcheck", {}).items())),
         config_dir=str(c.get("config_dir", f"/etc/{svc.name}" if driver == "docker" else "")),

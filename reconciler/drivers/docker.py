@@ -23,6 +23,7 @@ from typing import Any
 import docker
 import docker.errors
 from docker.models.containers import Container
+from docker.types import Mount
 
 from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
@@ -121,6 +122,7 @@ class DockerDriver:
     def _write_record(self, svc: DesiredService, commit: str, container: Container) -> None:
         rec = {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(), "commit": commit,
                "container": container.id, "networks": sorted(svc.runtime.networks),
+               "network_mode": svc.runtime.network_mode,
                "restart": svc.runtime.restart or "no", "config_hash": svc.config_hash}
         atomic_write(self._dir(svc.name) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
 
@@ -185,7 +187,7 @@ class DockerDriver:
         drifted = ""
         if ours and rec is not None:
             networks = sorted(c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {})
-            wanted = sorted(rec["networks"]) or ["bridge"]
+            wanted = sorted(rec["networks"]) or [rec.get("network_mode") or "bridge"]
             policy = (c.attrs.get("HostConfig", {}).get("RestartPolicy") or {}).get("Name") or "no"
             if networks != wanted:
                 drifted = "networks"
@@ -257,13 +259,16 @@ class DockerDriver:
             PREFIX + "config-hash": svc.config_hash, PREFIX + "fingerprint": json.dumps(svc.fingerprint()),
         }
         env = dict(rt.env)
-        env.update(RECONCILER_NODE=self.node, RECONCILER_SERVICE=svc.name, RECONCILER_COMMIT=commit)
+        env.update(RECONCILER_NODE=self.node, RECONCILER_SERVICE=svc.name, RECONCILER_COMMIT=commit,
+                   RECONCILER_DATA_DIR=f"/var/lib/{svc.name}")  # a named volume: data outlives containers
         try:
             c = self.client.containers.create(
                 rt.image, command=list(rt.command) or None, name=self.container_name(svc.name), labels=labels,
                 environment=env, ports=_ports(rt.ports), volumes=volumes, user=rt.user or None,
                 restart_policy=_restart(rt.restart), healthcheck=_healthcheck(rt.healthcheck),
-                network=rt.networks[0] if rt.networks else None, working_dir=rt.config_dir, detach=True,
+                network=rt.networks[0] if rt.networks else None, network_mode=rt.network_mode or None,
+                working_dir=rt.config_dir, detach=True, init=True,  # an init as PID 1: signals and reaping
+                mounts=[Mount(f"/var/lib/{svc.name}", f"rc-{self.node}-{svc.name}-data", type="volume")],
             )
             for net in rt.networks[1:]:
                 self.client.networks.get(net).connect(c)
@@ -343,7 +348,7 @@ class DockerDriver:
         self._networks(svc.runtime.networks)
         c.reload()
         have = set(c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {})
-        want = set(svc.runtime.networks) or {"bridge"}
+        want = set(svc.runtime.networks) or {svc.runtime.network_mode or "bridge"}
         try:
             for net in sorted(want - have):
                 self.client.networks.get(net).connect(c)
