@@ -60,7 +60,8 @@ def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], N
         if not driver.running(svc.name):
             out = driver.last_output(svc.name)
             raise ApplyError(f"service {svc.name} exited at once" + (f": {out}" if out else ""))
-        settled = time.monotonic() - start >= min(SETTLE, h.timeout)
+        # Without a probe, surviving a short settle time is the only sign of life we have.
+        settled = h.kind != "running" or time.monotonic() - start >= min(SETTLE, h.timeout)
         native = driver.native_health(svc.name)
         if native == "unhealthy":
             raise ApplyError(f"service {svc.name} reports unhealthy (its own healthcheck)")

@@ -12,6 +12,7 @@ Everything a test creates should carry ``reconciler.test-run=<docker_run_id>`` (
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
@@ -176,3 +177,11 @@ def docker_cleanup(docker_engine: docker.DockerClient, docker_run_id: str) -> It
     """
     yield {RUN_LABEL: docker_run_id}
     remove_labelled(docker_engine, docker_run_id)
+    # What the docker driver itself makes for a node: networks it owns, and data volumes.
+    for network in docker_engine.networks.list(filters={"label": "reconciler.owner"}):
+        if network.attrs.get("Labels", {}).get("reconciler.owner", "").startswith(TEST_NODE_PREFIX):
+            with contextlib.suppress(docker.errors.APIError):
+                network.remove()
+    for volume in docker_engine.volumes.list(filters={"name": f"rc-{TEST_NODE_PREFIX}"}):
+        with contextlib.suppress(docker.errors.APIError):
+            volume.remove(force=True)
