@@ -234,7 +234,7 @@ class Agent:
         seen = observe(self.cfg.node, drivers_for(self.cfg, None)).by_name()
         if set(seen) != set(hashes):
             return False
-        return all(o.running and o.hash == hashes[n] for n, o in seen.items())
+        return all(o.running and not o.drifted and o.hash == hashes[n] for n, o in seen.items())
 
     # the loop ------------------------------------------------------------------------
     def plan(self, *, fetch: bool = True, rev: str | None = None) -> tuple[Plan, bool]:

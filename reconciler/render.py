@@ -29,7 +29,6 @@ from .errors import RenderError
 from .model import Desired, DesiredService, FileSpec, Health, Runtime
 from .repo import DeploymentRepo, ServiceDef
 
-
 PORT = re.compile(r"([0-9.]+:)?[0-9]{1,5}:[0-9]{1,5}(/(tcp|udp))?")
 VOLUME = re.compile(r"[^:]+:/[^:]*(:(ro|rw))?")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import docker
 import pytest
-
 from conftest import Deployment, SigningKey, free_port, git
+
 from reconciler.agent import Agent
 
 pytestmark = pytest.mark.usefixtures("docker_cleanup")
@@ -267,7 +267,7 @@ def test_missing_image_and_taken_port_are_clear_errors(dock: DockerDeployment, a
         dock.commit("a port already taken")
         result = node.reconcile_once()
     web = next(r for r in result.report.services if r.service == "web")  # type: ignore[union-attr]
-    assert web.state == "failed" and f"service web" in web.detail and "address already in use" in web.detail.lower()
+    assert web.state == "failed" and "service web" in web.detail and "address already in use" in web.detail.lower()
 
 
 def test_engine_down_is_a_failed_run_not_a_traceback(dock: DockerDeployment, agents: Callable[..., Agent],
@@ -277,3 +277,40 @@ def test_engine_down_is_a_failed_run_not_a_traceback(dock: DockerDeployment, age
     result = node.reconcile_once()
     assert result.exit_code == 1 and result.report is not None and result.report.reason == "ENGINE_DOWN"
     assert f"node {dock.node}: docker engine not reachable" in result.report.error
+
+
+def test_own_healthcheck_command_probe_and_hand_made_restart_policy(
+    dock: DockerDeployment, agents: Callable[..., Agent], docker_engine: docker.DockerClient
+) -> None:
+    # The worker is judged by a command run inside its container, and by its own healthcheck.
+    dock.edit("services/worker/service.yaml", "files:", (
+        "  healthcheck: {test: \"test -f /etc/worker/worker.conf\", interval: 1, retries: 1}\n"
+        "  restart: unless-stopped\nfiles:"))
+    dock.write("services/worker/service.yaml", dock.read("services/worker/service.yaml") +
+               "health:\n  command: \"grep -q threads /etc/worker/worker.conf\"\n  timeout: 5\n")
+    dock.commit("worker health checks")
+    node = agents(dock.node, dock.url)
+    assert node.reconcile_once().exit_code == 0
+    worker = containers(docker_engine, dock.node)["worker"]
+    assert worker.attrs["State"]["Health"]["Status"] == "healthy"
+
+    # A config whose command probe fails: the previous config is put back, same container.
+    dock.edit("services/worker/templates/worker.conf.j2", "threads = 4", "workers = 4")
+    dock.commit("a config the probe rejects")
+    result = node.reconcile_once()
+    failed = next(r for r in result.report.services if r.service == "worker")  # type: ignore[union-attr]
+    assert str(failed.action) == "restart" and "previous config restored" in failed.detail
+    again = containers(docker_engine, dock.node)["worker"]
+    assert again.id == worker.id
+    assert again.exec_run(["cat", "/etc/worker/worker.conf"]).output == b"threads = 4\n"
+
+    # Someone changes the restart policy by hand: the next run recreates it from the spec.
+    dock.edit("services/worker/templates/worker.conf.j2", "workers = 4", "threads = 4")
+    dock.commit("back to a good config")
+    node.reconcile_once()
+    containers(docker_engine, dock.node)["worker"].update(restart_policy={"Name": "no"})
+    result = node.reconcile_once()
+    worker_result = next(r for r in result.report.services if r.service == "worker")  # type: ignore[union-attr]
+    assert (str(worker_result.action), worker_result.reason) == ("recreate", "restart policy changed by hand")
+    policy = containers(docker_engine, dock.node)["worker"].attrs["HostConfig"]["RestartPolicy"]["Name"]
+    assert policy == "unless-stopped"
