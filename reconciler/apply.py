@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from .drivers import Driver
 from .errors import ApplyError, ReconcilerError
-from .model import Action, ActionKind, DesiredService, Health, Plan, ResultState, ServiceResult
+from .model import LADDER, Action, ActionKind, DesiredService, Health, Plan, ResultState, ServiceResult, rank
 from .state import State
 
 log = logging.getLogger("reconciler.apply")
@@ -83,7 +83,8 @@ def apply_plan(
     for action in plan.actions:
         svc = action.desired
         h = svc.hash if svc else None
-        if action.kind is ActionKind.NONE and not (svc and action.service in recheck and failed is None):
+        quiet = action.kind is ActionKind.NONE and not action.sync
+        if quiet and not (svc and action.service in recheck and failed is None):
             results.append(ServiceResult(action.service, action.kind, ResultState.OK, action.reason, hash=h))
             continue
         if failed is not None:
@@ -93,28 +94,41 @@ def apply_plan(
             ))
             continue
         entry = state.intent(plan.commit, action.service, str(action.kind))
+        steps: list[str] = []
         try:
-            pid = _do(action, drivers[action.driver], plan.commit)
+            pid, done = _do(action, drivers[action.driver], plan.commit, steps)
         except ReconcilerError as exc:
             state.settle(entry, ok=False)
             state.record(action.service, plan.commit, h, str(action.kind), "failed", action.reason, str(exc))
             log.error("%s %s failed: %s", action.kind, action.service, exc)
             results.append(ServiceResult(
-                action.service, action.kind, ResultState.FAILED, action.reason, detail=str(exc), hash=h
+                action.service, action.kind, ResultState.FAILED, action.reason, detail=str(exc), hash=h,
+                steps=tuple(steps),
             ))
             failed = action.service
             continue
         state.settle(entry, ok=True)
-        state.record(action.service, plan.commit, h, str(action.kind), "ok", action.reason)
-        log.info("%s %s: %s", action.kind, action.service, action.reason)
-        results.append(ServiceResult(action.service, action.kind, ResultState.OK, action.reason, pid=pid, hash=h))
+        state.record(action.service, plan.commit, h, str(done), "ok", action.reason, "; ".join(steps))
+        log.info("%s %s: %s", done, action.service, action.reason)
+        results.append(ServiceResult(action.service, done, ResultState.OK, action.reason, pid=pid, hash=h,
+                                     steps=tuple(steps)))
     return results
 
 
-def _do(action: Action, driver: Driver, commit: str) -> int | None:
+# What a driver can do by itself; drain and reboot need the host (hooks, a reboot command).
+EXECUTABLE = (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE)
+
+
+def escalation(kind: ActionKind, ceiling: ActionKind) -> list[ActionKind]:
+    """``kind``, then each step up the ladder the driver can take, up to ``ceiling``."""
+    return [k for k in LADDER if rank(kind) <= rank(k) <= max(rank(ceiling), rank(kind)) and k in EXECUTABLE]
+
+
+def _do(action: Action, driver: Driver, commit: str, steps: list[str]) -> tuple[int | None, ActionKind]:
+    """Run the action (escalating on failure); return the pid and the step that worked."""
     if action.kind is ActionKind.STOP:
         driver.remove(action.service)
-        return None
+        return None, action.kind
     svc = action.desired
     assert svc is not None
 
@@ -122,16 +136,32 @@ def _do(action: Action, driver: Driver, commit: str) -> int | None:
         wait_healthy(driver, svc)
 
     match action.kind:
-        case ActionKind.NONE:  # re-check after an interrupted run
-            check()
-            return None
+        case ActionKind.NONE:
+            if action.sync:
+                driver.update(svc, commit)
+            check()  # after an interrupted run, or to see that new files did no harm
+            return None, action.kind
         case ActionKind.CONNECT:
             driver.connect(svc, commit)
-            return None
+            return None, action.kind
         case ActionKind.START:
-            return driver.start(svc, commit, check)
-        case ActionKind.RESTART:
-            return driver.restart(svc, commit, check)
-        case ActionKind.RECREATE:
-            return driver.recreate(svc, commit, check)
-    raise ApplyError(f"service {svc.name}: no way to {action.kind}")
+            return driver.start(svc, commit, check), action.kind
+    ladder = escalation(action.kind, svc.ceiling)
+    if not ladder:
+        raise ApplyError(f"service {svc.name}: {action.kind} needs the host (drain hooks, reboot); "
+                         "not available for this driver")
+    methods = {ActionKind.RELOAD: driver.reload, ActionKind.RESTART: driver.restart,
+               ActionKind.RECREATE: driver.recreate}
+    last: ReconcilerError | None = None
+    for step in ladder:
+        try:
+            pid = methods[step](svc, commit, check)
+        except ReconcilerError as exc:
+            steps.append(f"{step}: failed: {exc}")
+            log.warning("%s %s failed, escalating: %s", step, svc.name, exc)
+            last = exc
+            continue
+        steps.append(f"{step}: ok")
+        return pid, step
+    assert last is not None
+    raise ApplyError(f"{last} (tried {', '.join(str(s) for s in ladder)})") from last

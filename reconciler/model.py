@@ -103,6 +103,48 @@ class Runtime:
         return out
 
 
+class ActionKind(StrEnum):
+    NONE = "none"
+    CONNECT = "connect"  # networks only, live
+    RELOAD = "reload"  # new files, the running program told to re-read them
+    START = "start"
+    RESTART = "restart"  # same instance, new files
+    RECREATE = "recreate"  # new instance from a new spec (image, command, ports...)
+    DRAIN_RESTART = "drain+restart"
+    REBOOT = "reboot"
+    STOP = "stop"
+
+
+# Least to most disruptive: what a changed service may need, and the steps of an escalation.
+LADDER: tuple[ActionKind, ...] = (
+    ActionKind.NONE, ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE,
+    ActionKind.DRAIN_RESTART, ActionKind.REBOOT,
+)
+
+
+def rank(kind: ActionKind) -> int:
+    """Position on the ladder; a live network change counts as none."""
+    return 0 if kind is ActionKind.CONNECT else LADDER.index(kind) if kind in LADDER else 2
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``on_change``: a change to ``file`` (glob) and, if given, to one of ``keys`` (globs over
+    dotted paths; ``section.key`` in INI files) needs ``action``."""
+
+    file: str
+    action: ActionKind
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reload:
+    """How a reload is done: a signal to the program, or a shell command where it runs."""
+
+    signal: str = "SIGHUP"
+    command: str = ""
+
+
 @dataclass(frozen=True)
 class DesiredService:
     """A service as this node should run it at one commit."""
@@ -113,6 +155,10 @@ class DesiredService:
     health: Health = field(default_factory=Health)
     depends_on: tuple[str, ...] = ()
     drift: str = "correct"  # or "report": a hand-made change is noted, not undone
+    # How changes are applied (not part of the slice's hash: changing a rule changes nothing).
+    rules: tuple[Rule, ...] = ()
+    reload: Reload = field(default_factory=Reload)
+    ceiling: ActionKind = ActionKind.RECREATE  # escalation stops here
 
     def fingerprint(self) -> dict[str, str]:
         """Hash per part of the slice, so a plan can say which part changed and how much that
@@ -185,6 +231,7 @@ class ObservedService:
     detail: str = ""
     fingerprint: tuple[tuple[str, str], ...] = ()
     drifted: str = ""  # a change made by hand that the driver can see: "networks", "restart policy"...
+    files: tuple[FileSpec, ...] = ()  # the config files it runs with now, for key-level comparison
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -211,15 +258,6 @@ class Observed:
         return {"node": self.node, "services": [s.to_dict() for s in self.services]}
 
 
-class ActionKind(StrEnum):
-    NONE = "none"
-    CONNECT = "connect"  # networks only, live
-    START = "start"
-    RESTART = "restart"  # same instance, new files
-    RECREATE = "recreate"  # new instance from a new spec (image, command, ports...)
-    STOP = "stop"
-
-
 @dataclass(frozen=True)
 class Action:
     """One step of a plan, with the reason a reviewer reads."""
@@ -229,6 +267,7 @@ class Action:
     reason: str
     desired: DesiredService | None = None
     driver: str = ""
+    sync: bool = False  # a "none" whose files still change on disk (comments, none-rules)
 
     def to_dict(self) -> dict[str, Any]:
         return {"service": self.service, "action": str(self.kind), "reason": self.reason}
@@ -242,11 +281,13 @@ class Plan:
 
     @property
     def changes(self) -> tuple[Action, ...]:
-        return tuple(a for a in self.actions if a.kind is not ActionKind.NONE)
+        return tuple(a for a in self.actions if a.kind is not ActionKind.NONE or a.sync)
 
     @property
     def hash(self) -> str:
-        return sha256_hex(canonical_json([a.to_dict() for a in self.actions]))[:16]
+        """Of the changes only, so a reviewer's `diff` and the node's run name the same plan
+        even when "unchanged since <commit>" differs."""
+        return sha256_hex(canonical_json([a.to_dict() for a in self.changes]))[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -272,9 +313,11 @@ class ServiceResult:
     detail: str = ""
     pid: int | None = None
     hash: str | None = None
+    steps: tuple[str, ...] = ()  # escalation: each step tried and how it ended
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "steps": list(self.steps),
             "action": str(self.action),
             "result": str(self.state),
             "reason": self.reason,

@@ -4,8 +4,10 @@ Per service, the least that makes observed match desired:
 
 - not observed: ``start``;
 - observed under another driver: ``stop`` there, ``start`` here;
-- slice differs, naming the parts that changed: ``recreate`` if how it runs changed (image,
-  command, ports...), else ``restart`` if its files changed, else ``connect`` (networks only);
+- slice differs: the least disruptive action every changed domain allows (see ``compare``):
+  ``recreate`` if how it runs changed (image, command, ports...); for changed files, what the
+  ``on_change`` rules say per file and key (``none``, ``reload``, ``restart``...), ``restart``
+  where no rule says; ``connect`` if only networks changed;
 - same slice but not running: ``start`` (it crashed or was stopped by hand);
 - same slice, changed by hand (drift): put back, or only noted under ``drift: report``;
 - same slice, running: ``none``, said explicitly;
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from .compare import decide
 from .model import Action, ActionKind, Desired, DesiredService, Observed, ObservedService, Plan
 
 
@@ -57,16 +60,6 @@ def _changed_parts(desired: DesiredService, observed: ObservedService) -> list[t
     return parts or [("runtime", "slice changed")]
 
 
-def _least_for(parts: Iterable[str]) -> ActionKind:
-    """The least disruptive action that covers every changed part."""
-    kinds = set(parts)
-    if "runtime" in kinds:
-        return ActionKind.RECREATE
-    if kinds & {"file", "health"}:
-        return ActionKind.RESTART
-    return ActionKind.CONNECT
-
-
 def _short(commit: str | None) -> str:
     return commit[:12] if commit else "unknown commit"
 
@@ -96,8 +89,11 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
     if o is None or o.driver != drv:
         return Action(ActionKind.START, svc.name, "not running on this node yet", svc, drv)
     if o.hash != svc.hash:
-        parts = _changed_parts(svc, o)
-        return Action(_least_for(p for p, _ in parts), svc.name, ", ".join(d for _, d in parts), svc, drv)
+        parts = {p for p, _ in _changed_parts(svc, o)}
+        kind, reason = decide(parts, o.files, svc.files, svc.rules)
+        if kind is ActionKind.NONE:
+            return Action(kind, svc.name, f"{reason}: files updated, nothing restarted", svc, drv, sync=True)
+        return Action(kind, svc.name, reason, svc, drv)
     if o.drifted or not o.running:
         what = f"{o.drifted} changed by hand" if o.drifted else f"not running ({o.detail or 'stopped'})"
         if svc.drift == "report":

@@ -26,7 +26,7 @@ import jinja2
 import jinja2.sandbox
 
 from .errors import RenderError
-from .model import Desired, DesiredService, FileSpec, Health, Runtime
+from .model import ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
 from .repo import DeploymentRepo, ServiceDef
 
 PORT = re.compile(r"([0-9.]+:)?[0-9]{1,5}:[0-9]{1,5}(/(tcp|udp))?")
@@ -167,6 +167,10 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
         health=health,
         depends_on=tuple(sorted(d for d in svc.depends_on if d in node_services)),
         drift=svc.drift,
+        rules=tuple(Rule(str(r["file"]), ActionKind(r["action"]), tuple(str(k) for k in r.get("keys", ())))
+                    for r in svc.on_change),
+        reload=Reload(signal=svc.reload.get("signal", "SIGHUP"), command=svc.reload.get("command", "")),
+        ceiling=ActionKind(svc.escalate_to),
     )
 
 

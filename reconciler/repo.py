@@ -45,6 +45,9 @@ class ServiceDef:
     env: Mapping[str, str]
     container: Mapping[str, Any]  # image, ports, volumes, networks, restart, user, healthcheck, config_dir
     drift: str
+    on_change: tuple[Mapping[str, Any], ...]
+    reload: Mapping[str, str]
+    escalate_to: str
     files: tuple[FileDecl, ...]
     health: Mapping[str, Any]
     defaults: Mapping[str, Any]
@@ -198,6 +201,9 @@ def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef 
         env={k: str(v) for k, v in runtime.get("env", {}).items()},
         container={k: v for k, v in runtime.items() if k not in ("command", "env")},
         drift=str(data.get("drift", "correct")),
+        on_change=tuple(data.get("on_change", [])),
+        reload={k: str(v) for k, v in data.get("reload", {}).items()},
+        escalate_to=str(data.get("escalate_to", "recreate")),
         files=tuple(files),
         health=dict(data.get("health", {})),
         defaults=dict(data.get("defaults", {})),

@@ -101,7 +101,7 @@ def test_five_nodes_then_a_template_change_restarts_only_identity_on_controllers
         note = deployment.note(node, c2)
         assert note is not None and note["state"] == "applied"
     reason = results["ctl2"].report.services  # type: ignore[union-attr]
-    assert next(r.reason for r in reason if r.service == "identity") == "identity.conf changed"
+    assert next(r.reason for r in reason if r.service == "identity") == "only [token] ttl changed in identity.conf (no rule: restart)"
     assert get_json(f"http://127.0.0.1:{deployment.port_bases['ctl2'] + 5}/v3")["token_ttl"] == 600
 
 

@@ -299,7 +299,10 @@ def test_own_healthcheck_command_probe_and_hand_made_restart_policy(
     dock.commit("a config the probe rejects")
     result = node.reconcile_once()
     failed = next(r for r in result.report.services if r.service == "worker")  # type: ignore[union-attr]
-    assert str(failed.action) == "restart" and "previous config restored" in failed.detail
+    assert str(failed.action) == "restart" and failed.state == "failed"
+    # It escalated one step (restart, then recreate); each put the previous version back.
+    assert failed.steps[0].startswith("restart: failed") and "previous config restored" in failed.steps[0]
+    assert failed.steps[1].startswith("recreate: failed") and "previous container restored" in failed.steps[1]
     again = containers(docker_engine, dock.node)["worker"]
     assert again.id == worker.id
     assert again.exec_run(["cat", "/etc/worker/worker.conf"]).output == b"threads = 4\n"

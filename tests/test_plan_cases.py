@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reconciler.model import Desired, DesiredService, FileSpec, Observed, ObservedService, Runtime
+from reconciler.model import ActionKind, Desired, DesiredService, FileSpec, Observed, ObservedService, Rule, Runtime
 from reconciler.plan import plan
 
 CASES = sorted((Path(__file__).parent / "plan_cases").glob("*.yaml"))
@@ -24,6 +24,7 @@ def _service(name: str, spec: dict[str, Any]) -> DesiredService:
         runtime=Runtime(spec.get("driver", "process"), tuple(spec.get("command", ["run", name]))),
         files=tuple(FileSpec(p, 0o644, str(c).encode()) for p, c in sorted(spec.get("files", {}).items())),
         depends_on=tuple(spec.get("depends_on", [])),
+        rules=tuple(Rule(r["file"], ActionKind(r["action"]), tuple(r.get("keys", []))) for r in spec.get("rules", [])),
     )
 
 
@@ -32,6 +33,7 @@ def _observed(name: str, spec: dict[str, Any]) -> ObservedService:
     return ObservedService(
         name=name, driver=svc.runtime.driver, running=spec.get("running", True), hash=svc.hash,
         commit=spec.get("commit", "c0ffee"), pid=1234, fingerprint=tuple(sorted(svc.fingerprint().items())),
+        files=svc.files,
     )
 
 

@@ -34,6 +34,15 @@ class Driver(Protocol):
         """A new instance from a new spec; on a failed check, the old instance back."""
         ...
 
+    def reload(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        """New files in place, and the running program told to re-read them (signal or command);
+        on a failed check, the old files and another reload."""
+        ...
+
+    def update(self, svc: DesiredService, commit: str) -> None:
+        """New files and record only; the running program is not touched."""
+        ...
+
     def connect(self, svc: DesiredService, commit: str) -> None:
         """Bring the instance's networks to the spec, live."""
         ...

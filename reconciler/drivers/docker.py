@@ -2,9 +2,11 @@
 
 Every container carries labels (node, service, commit, spec hash, config hash) and only
 containers labelled with this node are ever read or touched. Rendered files are bind-mounted
-read-only from ``<state>/docker/<service>/live``, a directory swapped whole on a config change,
-so a config-only change is a restart of the same container; a spec change (image, command,
-ports...) is a new container. Either way the old one comes back if the new one fails its check.
+read-only from ``<state>/docker/<service>/live``, a directory changed in place file by file, so
+the container sees new files at once: a reload is a signal (through docker's init) or a
+command run inside; a config-only change is a restart of the same container; a spec change
+(image, command, ports...) is a new container. The old files, or the old container, come back
+if the new version fails its check.
 
 Per service, ``<state>/docker/<service>/record.json`` holds what the agent last applied
 (labels are fixed at creation and cannot say that a restart brought new files).
@@ -27,8 +29,9 @@ from docker.types import Mount
 
 from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
-from ..state import atomic_write, fsync_dir
+from ..state import atomic_write
 from .base import Check
+from .files import read_dir, sync_dir
 
 PREFIX = "reconciler."
 STOP_TIMEOUT = 10
@@ -126,33 +129,8 @@ class DockerDriver:
                "restart": svc.runtime.restart or "no", "config_hash": svc.config_hash}
         atomic_write(self._dir(svc.name) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
 
-    # files -----------------------------------------------------------------------------
-    def _swap_files(self, svc: DesiredService) -> Path | None:
-        """Make ``live`` hold this slice's files; return the directory it held before (kept
-        aside as ``live.prev`` for a restore), or None if there was none."""
-        d = self._dir(svc.name)
-        d.mkdir(parents=True, exist_ok=True)
-        new = d / f".live-{svc.config_hash[:16]}-{os.getpid()}"
-        shutil.rmtree(new, ignore_errors=True)
-        new.mkdir()
-        for f in svc.files:
-            atomic_write(new / f.path, f.content, f.mode)
-        live, prev = d / "live", d / "live.prev"
-        kept = None
-        if live.exists():
-            shutil.rmtree(prev, ignore_errors=True)
-            os.replace(live, prev)
-            kept = prev
-        os.replace(new, live)
-        fsync_dir(d)
-        return kept
-
-    def _unswap_files(self, service: str, kept: Path | None) -> None:
-        live = self._dir(service) / "live"
-        if kept is None:
-            return
-        shutil.rmtree(live, ignore_errors=True)
-        os.replace(kept, live)
+    def _live(self, service: str) -> Path:
+        return self._dir(service) / "live"
 
     # observe ---------------------------------------------------------------------------
     def observe(self) -> list[ObservedService]:
@@ -201,6 +179,7 @@ class DockerDriver:
             pid=int(state.get("Pid") or 0) or None,
             detail="" if running else f"container {c.status} (exit code {state.get('ExitCode')})",
             fingerprint=tuple(sorted(fingerprint.items())), drifted=drifted,
+            files=read_dir(self._live(name)),
         )
 
     def running(self, name: str) -> bool:
@@ -252,7 +231,7 @@ class DockerDriver:
                              "(pull it, or point image: at a registry this node can reach)") from None
         self._networks(rt.networks)
         volumes = _volumes(rt.volumes)
-        volumes[str(self._dir(svc.name) / "live")] = {"bind": rt.config_dir, "mode": "ro"}
+        volumes[str(self._live(svc.name))] = {"bind": rt.config_dir, "mode": "ro"}
         labels = {
             PREFIX + "node": self.node, PREFIX + "service": svc.name, PREFIX + "commit": commit,
             PREFIX + "hash": svc.hash, PREFIX + "spec-hash": svc.spec_hash,
@@ -289,7 +268,7 @@ class DockerDriver:
         old = self._container(svc.name)
         if old is not None:  # stopped, crashed or changed by hand: start clean from the spec
             old.remove(force=True)
-        self._swap_files(svc)
+        sync_dir(self._live(svc.name), svc.files)
         c = self._create(svc, commit)
         try:
             check()
@@ -304,12 +283,14 @@ class DockerDriver:
         if c is None:
             return self.start(svc, commit, check)
         previous = self._record(svc.name)
-        kept = self._swap_files(svc)
+        before = read_dir(self._live(svc.name))
+        sync_dir(self._live(svc.name), svc.files)
+        self._sync_networks(c, svc)
         c.restart(timeout=STOP_TIMEOUT)
         try:
             check()
         except ReconcilerError as exc:
-            self._unswap_files(svc.name, kept)
+            sync_dir(self._live(svc.name), before)
             c.restart(timeout=STOP_TIMEOUT)
             if previous is not None:
                 atomic_write(self._dir(svc.name) / "record.json", json.dumps(previous).encode())
@@ -325,14 +306,15 @@ class DockerDriver:
         aside = f"{self.container_name(svc.name)}-old-{int(time.time())}"
         old.stop(timeout=STOP_TIMEOUT)
         old.rename(aside)
-        kept = self._swap_files(svc)
+        before = read_dir(self._live(svc.name))
+        sync_dir(self._live(svc.name), svc.files)
         try:
             new = self._create(svc, commit)
             check()
         except ReconcilerError as exc:
             with contextlib.suppress(docker.errors.APIError):
                 self.client.containers.get(self.container_name(svc.name)).remove(force=True)
-            self._unswap_files(svc.name, kept)
+            sync_dir(self._live(svc.name), before)
             old.rename(self.container_name(svc.name))
             old.start()
             if previous is not None:
@@ -341,10 +323,56 @@ class DockerDriver:
         old.remove(force=True)
         return self._pid(new)
 
+    def reload(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        c = self._container(svc.name)
+        if c is None or c.status != "running":
+            raise ApplyError(f"node {self.node}, service {svc.name}: not running, nothing to reload")
+        previous = self._record(svc.name)
+        before = read_dir(self._live(svc.name))
+        sync_dir(self._live(svc.name), svc.files)  # the bind-mounted dir: the container sees it now
+        self._sync_networks(c, svc)
+        try:
+            self._signal_reload(c, svc)
+            check()
+        except ReconcilerError as exc:
+            sync_dir(self._live(svc.name), before)
+            with contextlib.suppress(ReconcilerError):
+                self._signal_reload(c, svc)
+            if previous is not None:
+                atomic_write(self._dir(svc.name) / "record.json", json.dumps(previous).encode())
+            raise ApplyError(f"{exc}; previous config restored and reloaded") from exc
+        self._write_record(svc, commit, c)
+        return self._pid(c)
+
+    def _signal_reload(self, c: Container, svc: DesiredService) -> None:
+        try:
+            if svc.reload.command:
+                result = c.exec_run(["/bin/sh", "-c", svc.reload.command])
+                if result.exit_code != 0:
+                    out = result.output.decode(errors="replace")[-200:]
+                    raise ApplyError(f"node {self.node}, service {svc.name}: reload command failed: {out}")
+            else:
+                c.kill(signal=svc.reload.signal)  # PID 1 is docker's init: it passes the signal on
+        except docker.errors.APIError as exc:
+            raise ApplyError(f"node {self.node}, service {svc.name}: reload: {exc.explanation or exc}") from exc
+
+    def update(self, svc: DesiredService, commit: str) -> None:
+        c = self._container(svc.name)
+        sync_dir(self._live(svc.name), svc.files)
+        if c is not None:
+            self._write_record(svc, commit, c)
+
     def connect(self, svc: DesiredService, commit: str) -> None:
         c = self._container(svc.name)
         if c is None:
             raise ApplyError(f"node {self.node}, service {svc.name}: no container to connect")
+        self._sync_networks(c, svc)
+        sync_dir(self._live(svc.name), svc.files)
+        self._write_record(svc, commit, c)
+
+    def _sync_networks(self, c: Container, svc: DesiredService) -> None:
+        if svc.runtime.network_mode == "host":
+            return
         self._networks(svc.runtime.networks)
         c.reload()
         have = set(c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {})
@@ -356,7 +384,6 @@ class DockerDriver:
                 self.client.networks.get(net).disconnect(c)
         except docker.errors.APIError as exc:
             raise ApplyError(f"node {self.node}, service {svc.name}: {exc.explanation or exc}") from exc
-        self._write_record(svc, commit, c)
 
     def stop(self, name: str) -> None:
         c = self._container(name)
@@ -371,8 +398,7 @@ class DockerDriver:
         for p in ("record.json",):
             with contextlib.suppress(FileNotFoundError):
                 (d / p).unlink()
-        for sub in ("live", "live.prev"):
-            shutil.rmtree(d / sub, ignore_errors=True)
+        shutil.rmtree(d / "live", ignore_errors=True)
         self._prune_networks()
 
     def _prune_networks(self) -> None:

@@ -2,7 +2,8 @@
 
 Per service, under ``<state>/services/<name>/``::
 
-    rev/<hash>/     the rendered files of one slice, written once, never changed: the cwd
+    live/           the files the program reads (its cwd), changed in place file by file
+    rev/<hash>/     the rendered files of each recent slice, written once: restores, rollback
     record.json     what runs: pid, process start time, hash, commit, command, env
     data/           persistent, writable ($RECONCILER_DATA_DIR); kept when the service goes
     service.log     stdout and stderr, appended
@@ -29,6 +30,7 @@ from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
 from ..state import atomic_write, fsync_dir
 from .base import Check
+from .files import read_dir, signal_number, sync_dir
 
 STOP_TIMEOUT = 10.0
 KEEP_REVISIONS = 5
@@ -83,6 +85,7 @@ class ProcessDriver:
                 commit=rec.get("commit"), pid=rec["pid"] if alive else None,
                 detail="" if alive else "not running",
                 fingerprint=tuple(sorted(rec.get("fingerprint", {}).items())),
+                files=read_dir(Path(rec["cwd"])),
             ))
         return out
 
@@ -104,6 +107,22 @@ class ProcessDriver:
         fsync_dir(rev.parent)
         return rev
 
+    def _live(self, name: str) -> Path:
+        return self._dir(name) / "live"
+
+    def _new_record(self, svc: DesiredService, commit: str, rev: Path) -> dict[str, Any]:
+        return {
+            "service": svc.name,
+            "hash": svc.hash,
+            "fingerprint": svc.fingerprint(),
+            "commit": commit,
+            "cwd": str(self._live(svc.name)),
+            "rev": str(rev),
+            "command": list(svc.runtime.command),
+            "env": dict(svc.runtime.env),
+            "reload": {"signal": svc.reload.signal, "command": svc.reload.command},
+        }
+
     def start(self, svc: DesiredService, commit: str, check: Check) -> int | None:
         return self._replace(svc, commit, check, restore=False)
 
@@ -114,29 +133,22 @@ class ProcessDriver:
         return self._replace(svc, commit, check, restore=True)
 
     def connect(self, svc: DesiredService, commit: str) -> None:
-        del svc, commit  # plain processes have no networks of their own
+        self.update(svc, commit)  # plain processes have no networks of their own
 
     def _replace(self, svc: DesiredService, commit: str, check: Check, restore: bool) -> int | None:
         """Stop the old process, start the new one, check it; on failure start the old one again."""
         previous = self._record(svc.name) if restore else None
         self.stop(svc.name)
         rev = self.materialise(svc)
-        rec = {
-            "service": svc.name,
-            "hash": svc.hash,
-            "fingerprint": svc.fingerprint(),
-            "commit": commit,
-            "cwd": str(rev),
-            "command": list(svc.runtime.command),
-            "env": dict(svc.runtime.env),
-        }
+        sync_dir(self._live(svc.name), svc.files)
         try:
-            pid = self._spawn(rec)
+            pid = self._spawn(self._new_record(svc, commit, rev))
             check()
         except ReconcilerError as exc:
             self.stop(svc.name)
-            if previous is None or not Path(previous["cwd"]).is_dir():
+            if previous is None or not Path(previous.get("rev", "")).is_dir():
                 raise
+            sync_dir(self._live(svc.name), read_dir(Path(previous["rev"])))
             old = self._spawn(previous)
             try:
                 check()  # the same probe; a version whose probe moved is judged by the new one
@@ -146,6 +158,48 @@ class ProcessDriver:
             raise ApplyError(f"{exc}; previous version {state} (pid {old})") from exc
         self._gc(svc.name, keep=svc.hash)
         return pid
+
+    def update(self, svc: DesiredService, commit: str) -> None:
+        """New files and record; the process is not touched."""
+        rec = self._record(svc.name) or {}
+        rev = self.materialise(svc)
+        sync_dir(self._live(svc.name), svc.files)
+        keep = {k: rec[k] for k in ("pid", "start_time", "started") if k in rec}
+        atomic_write(self._dir(svc.name) / "record.json",
+                     json.dumps({**self._new_record(svc, commit, rev), **keep}, indent=2, sort_keys=True).encode())
+
+    def reload(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        rec = self._record(svc.name)
+        if rec is None or not self._alive(rec):
+            raise ApplyError(f"service {svc.name}: not running, nothing to reload")
+        before = read_dir(self._live(svc.name))
+        self.update(svc, commit)
+        try:
+            self._signal_reload(svc.name)
+            check()
+        except ReconcilerError as exc:
+            sync_dir(self._live(svc.name), before)
+            atomic_write(self._dir(svc.name) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+            with contextlib.suppress(ReconcilerError):
+                self._signal_reload(svc.name)
+            raise ApplyError(f"{exc}; previous config restored and reloaded") from exc
+        return int(rec["pid"])
+
+    def _signal_reload(self, name: str) -> None:
+        rec = self._record(name)
+        assert rec is not None
+        how = rec.get("reload") or {}
+        if how.get("command"):
+            env = {**os.environ, "RECONCILER_PID": str(rec["pid"])}
+            done = subprocess.run(["/bin/sh", "-c", how["command"]], cwd=rec["cwd"], env=env,
+                                  capture_output=True, timeout=30)
+            if done.returncode != 0:
+                raise ApplyError(f"service {name}: reload command failed: {done.stderr.decode(errors='replace')[-200:]}")
+            return
+        try:
+            os.kill(int(rec["pid"]), signal_number(how.get("signal") or "SIGHUP"))
+        except ProcessLookupError as exc:
+            raise ApplyError(f"service {name}: exited before its reload") from exc
 
     def native_health(self, name: str) -> str | None:
         del name
@@ -230,6 +284,7 @@ class ProcessDriver:
         with contextlib.suppress(FileNotFoundError):
             (d / "record.json").unlink()
         shutil.rmtree(d / "rev", ignore_errors=True)
+        shutil.rmtree(d / "live", ignore_errors=True)
 
     def _gc(self, name: str, keep: str) -> None:
         """Keep the newest revisions (for rollback), drop older ones."""

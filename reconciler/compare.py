@@ -1,0 +1,158 @@
+"""Which action a changed service needs: the least disruptive one that every changed domain
+allows. Pure: file contents in, an action and its reason out.
+
+A domain is a file, or a key inside an INI, YAML, JSON or TOML file (``section.key`` for INI,
+a dotted path otherwise). Each changed domain takes the action of the first ``on_change`` rule
+that matches it (file glob, and key globs if the rule names keys); a domain no rule explains
+takes the service's safe default (restart). The service's action is the highest of them. A
+file that is missing on one side or does not parse is one file-level domain: only a rule for
+the whole file can make it less than the default.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+import yaml
+
+from .model import ActionKind, FileSpec, Rule, rank
+
+DEFAULT = ActionKind.RESTART
+FORMATS = {".ini": "ini", ".conf": "ini", ".cfg": "ini", ".yaml": "yaml", ".yml": "yaml",
+           ".json": "json", ".toml": "toml"}
+
+
+@dataclass(frozen=True)
+class Domain:
+    file: str
+    key: str | None  # None: the whole file
+    what: str  # changed | added | removed
+    ini: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.key is None:
+            return self.file
+        if self.ini:
+            section, _, option = self.key.partition(".")
+            return f"[{section}] {option}"
+        return self.key
+
+
+def _format(path: str) -> str | None:
+    dot = path.rfind(".")
+    return FORMATS.get(path[dot:].lower()) if dot >= 0 else None
+
+
+def _walk(value: Any, prefix: str, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _walk(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk(v, f"{prefix}.{i}" if prefix else str(i), out)
+    else:
+        out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+
+def flatten(path: str, content: bytes) -> dict[str, str] | None:
+    """Leaf values by key, or None when the file is not a structured config or does not parse."""
+    kind = _format(path)
+    if kind is None:
+        return None
+    try:
+        text = content.decode("utf-8")
+        if kind == "ini":
+            parser = configparser.RawConfigParser(default_section="\0", strict=False, interpolation=None)
+            parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
+            parser.read_string(text)
+            return {f"{s}.{k}": v for s in parser.sections() for k, v in parser.items(s)}
+        data = (yaml.safe_load(text) if kind == "yaml" else json.loads(text) if kind == "json"
+                else tomllib.loads(text))
+    except (UnicodeDecodeError, configparser.Error, yaml.YAMLError, ValueError, tomllib.TOMLDecodeError):
+        return None
+    out: dict[str, str] = {}
+    _walk(data, "", out)
+    return out
+
+
+def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
+    before = {f.path: f for f in old}
+    after = {f.path: f for f in new}
+    out: list[Domain] = []
+    for path in sorted(set(before) | set(after)):
+        a, b = before.get(path), after.get(path)
+        if a is not None and b is not None and a.content == b.content:
+            if a.mode != b.mode:
+                out.append(Domain(path, None, "mode changed"))
+            continue
+        if a is None or b is None:
+            out.append(Domain(path, None, "added" if a is None else "removed"))
+            continue
+        fa, fb = flatten(path, a.content), flatten(path, b.content)
+        if fa is None or fb is None:
+            out.append(Domain(path, None, "changed"))
+            continue
+        ini = _format(path) == "ini"
+        for key in sorted(set(fa) | set(fb)):
+            if fa.get(key) != fb.get(key):
+                what = "added" if key not in fa else "removed" if key not in fb else "changed"
+                out.append(Domain(path, key, what, ini))
+        if not any(d.file == path for d in out):  # same keys and values: comments or layout only
+            out.append(Domain(path, None, "changed (comments or layout only)"))
+    return out
+
+
+def action_for(domain: Domain, rules: Iterable[Rule]) -> tuple[ActionKind, bool]:
+    """(action, whether a rule said so)."""
+    for rule in rules:
+        if not fnmatchcase(domain.file, rule.file):
+            continue
+        if not rule.keys:
+            return rule.action, True
+        if domain.key is not None and any(fnmatchcase(domain.key, k) for k in rule.keys):
+            return rule.action, True
+    return DEFAULT, False
+
+
+def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[FileSpec],
+           rules: Iterable[Rule]) -> tuple[ActionKind, str]:
+    """The action for a service whose ``changed_parts`` (runtime, networks, health, file) differ."""
+    parts = set(changed_parts)
+    rules = tuple(rules)
+    judged: list[tuple[Domain, ActionKind, bool]] = []
+    if "file" in parts:
+        judged = [(d, *action_for(d, rules)) for d in domains(old, new)]
+    if "runtime" in parts:
+        files = ", ".join(f"{d.label} {d.what}" + (f" in {d.file}" if d.key else "") for d, _, _ in judged)
+        return ActionKind.RECREATE, "runtime changed (image, command, ports...)" + (f"; {files}" if files else "")
+    kinds = [k for _, k, _ in judged]
+    if "health" in parts:
+        kinds.append(ActionKind.RESTART)
+    if not kinds:
+        return ActionKind.CONNECT, "networks changed"
+    final = max(kinds, key=rank)
+    return final, _reason(judged, final, "health" in parts)
+
+
+def _reason(judged: list[tuple[Domain, ActionKind, bool]], final: ActionKind, health: bool) -> str:
+    texts = []
+    for d, kind, by_rule in judged:
+        text = f"{d.label} {d.what}" + (f" in {d.file}" if d.key is not None else "")
+        if not by_rule:
+            text += f" (no rule: {DEFAULT})"
+        elif kind is not final and len(judged) > 1:
+            text += f" ({kind})"
+        texts.append(text)
+    if health:
+        texts.append("health check changed")
+    if len(texts) == 1:
+        return "only " + texts[0]
+    return ", ".join(texts)
+
