@@ -77,7 +77,8 @@ def notes_table(bare: Path, commit: str, title: str) -> None:
         signer = note.get("signer") or {}
         state = note["state"] if note["state"] != "refused" else f"[red]refused: {note['reason']}[/]"
         table.add_row(node, state, ", ".join(by_action.get("start", [])),
-                      "[yellow]" + ", ".join(by_action.get("restart", [])) + "[/]",
+                      "[yellow]" + ", ".join(by_action.get("restart", []) + [
+                          f"{s} (reload)" for s in by_action.get("reload", [])]) + "[/]",
                       ", ".join(by_action.get("none", [])),
                       f"{signer.get('principal', '')} {signer.get('fingerprint', '')[:20]}")
     console.print(table)
@@ -158,11 +159,12 @@ def demo(root: Path, driver: str) -> None:
         console.print(f"  {resp.status} via {resp.headers.get('X-Backend')}: {resp.read().decode().strip()}")
     before = pids(root)
 
-    console.rule("3. a reviewed change to one template: identity's token lifetime")
+    console.rule("3. a reviewed change to one template: identity's API workers")
     tpl = work / "services/identity/templates/identity.conf.j2"
-    tpl.write_text(tpl.read_text().replace("ttl = {{ token_ttl }}", "ttl = {{ token_ttl // 6 }}"))
+    tpl.write_text(tpl.read_text().replace("port = {{ port_base + ports.identity }}",
+                                           "port = {{ port_base + ports.identity }}\nworkers = 4"))
     console.print(sh("git", "diff", cwd=work))
-    sh("git", "commit", "-q", "-am", "identity: tokens live 10 minutes", cwd=work)
+    sh("git", "commit", "-q", "-am", "identity: four API workers", cwd=work)
     sh("git", "push", "-q", str(bare), "main", cwd=work)
     console.print(reconciler("plan", *node_args(root, "ctl1", remote)))
     run_fleet(root, remote)
@@ -178,8 +180,19 @@ def demo(root: Path, driver: str) -> None:
     console.print(table)
     restarted = sorted(f"{n}/{s}" for n in NODES for s in after[n] if before[n].get(s) != after[n][s])
     console.print(f"restarted: {', '.join(restarted)}; every other service kept its process.")
+    console.rule("3b. a change its rules say is a reload: the token lifetime")
+    before = pids(root)
+    inventory = work / "inventory.yaml"
+    inventory.write_text(inventory.read_text().replace("token_ttl: 3600", "token_ttl: 600"))
+    sh("git", "commit", "-q", "-am", "identity: tokens live 10 minutes", cwd=work)
+    sh("git", "push", "-q", str(bare), "main", cwd=work)
+    console.print(reconciler("diff", "--repo", str(work), "HEAD~1", "HEAD", "--node", "ctl1"))
+    run_fleet(root, remote)
+    c2 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
+    notes_table(bare, c2, f"notes on {c2[:12]}")
+    assert pids(root) == before, "a reload keeps every process"
     with urllib.request.urlopen("http://127.0.0.1:18105/v3", timeout=5) as resp:
-        console.print(f"ctl1 identity now says: {resp.read().decode().strip()}")
+        console.print(f"same processes everywhere; ctl1 identity now says: {resp.read().decode().strip()}")
     console.print(reconciler("history", "identity", "--state-dir", str(root / "nodes" / "ctl1"), "--limit", "5"))
 
     console.rule("4. an unsigned commit reaches the branch: every node refuses it")

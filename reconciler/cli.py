@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -30,6 +31,7 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "error": "red", "refused": "red",
+         "reload": "green", "recreate": "magenta", "connect": "blue", "drain+restart": "red", "reboot": "red",
          "skipped": "yellow", "start": "cyan", "restart": "yellow", "stop": "magenta"}
 
 
@@ -203,6 +205,60 @@ def _write_slice(root: Path, desired: Desired) -> None:
         atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
 
 
+@cli.command()
+@click.argument("rev_a")
+@click.argument("rev_b")
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="The deployment repo (a git repo holding both commits).")
+@click.option("--node", "nodes", multiple=True, help="Only this node (repeatable); default: every node.")
+@click.option("--all", "all_nodes", is_flag=True, help="Every node (the default).")
+@click.option("-o", "--output", type=click.Choice(["human", "json", "markdown"]), default="human", show_default=True,
+              help="markdown: a pull-request comment.")
+def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nodes: bool, output: str) -> None:
+    """What REV_B will do on each node, compared with REV_A: changed files and actions.
+
+    Each node's plan hash is the one the node writes in its note when it applies REV_B, so a
+    reviewer can check that what ran is what was reviewed.
+
+    \b
+    Example:
+      reconciler diff --repo . origin/main HEAD
+      reconciler diff --repo . main feature --node ctl1 -o markdown > comment.md
+    """
+    from .repo import load_repo
+    from .review import diff_repos, markdown, summary
+    from .tree import open_tree
+
+    tree_a, tree_b = open_tree(repo_dir, rev_a), open_tree(repo_dir, rev_b)
+    diffs = diff_repos(load_repo(tree_a), tree_a.label, load_repo(tree_b), tree_b.label,
+                       None if all_nodes or not nodes else list(nodes))
+    if output == "json":
+        _json({"from": tree_a.label, "to": tree_b.label, "summary": summary(diffs),
+               "nodes": [d.to_dict() for d in diffs]})
+        return
+    if output == "markdown":
+        click.echo(markdown(diffs, tree_a.label, tree_b.label), nl=False)
+        return
+    from rich.syntax import Syntax
+
+    for d in diffs:
+        if not d.plan.changes and not d.files:
+            continue
+        out.rule(f"{d.node}  (plan {d.plan.hash})")
+        for f in d.files:
+            out.print(Syntax(f.text, "diff", theme="ansi_dark", background_color="default"))
+        table = Table("service", "action", "reason")
+        for a in d.plan.changes:
+            table.add_row(a.service, _style(str(a.kind)), escape(a.reason))
+        out.print(table)
+    summ = summary(diffs)
+    unchanged = sum(1 for d in diffs if not d.plan.changes)
+    parts = [f"{v['nodes']} node{'s' if v['nodes'] != 1 else ''} {k} ({v['services']} service"
+             f"{'s' if v['services'] != 1 else ''})" for k, v in summ.items()]
+    out.print("summary: " + ("; ".join(parts) if parts else "no node changes")
+              + f"; {unchanged} of {len(diffs)} nodes unchanged")
+
+
 # ---------------------------------------------------------------------------- plan / apply
 @cli.command()
 @agent_options
@@ -224,7 +280,7 @@ def plan(agent_opts: dict[str, Any], rev: str | None, no_fetch: bool, output: st
         return
     table = Table("service", "action", "reason", title=f"{cfg.node} @ {the_plan.commit[:12]} (plan {the_plan.hash})")
     for a in the_plan.actions:
-        table.add_row(a.service, _style(str(a.kind)), a.reason)
+        table.add_row(a.service, _style(str(a.kind)), escape(a.reason))
     out.print(table)
     n = len(the_plan.changes)
     out.print(f"{n} change{'s' if n != 1 else ''}" if n else "nothing to do")
@@ -245,7 +301,7 @@ def _print_result(result: RunResult, output: str) -> None:
             table = Table("service", "action", "result", "reason", "detail",
                           title=f"{result.node} @ {short}: {rep.state}")
             for r in rep.services:
-                table.add_row(r.service, _style(str(r.action)), _style(str(r.state)), r.reason, r.detail)
+                table.add_row(r.service, _style(str(r.action)), _style(str(r.state)), escape(r.reason), escape(r.detail))
             out.print(table)
         else:
             out.print(f"{result.node} @ {short}: {_style(str(rep.state))}")
@@ -350,7 +406,7 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
     else:
         table = Table("commit", "verdict", "reason", "format", "signer", "key")
         for v in verdicts:
-            table.add_row(v.commit[:12], _style("ok") if v.ok else _style("refused"), v.message or v.reason,
+            table.add_row(v.commit[:12], _style("ok") if v.ok else _style("refused"), escape(v.message or v.reason),
                           v.format, v.principal, v.fingerprint)
         out.print(table)
     if not all(v.ok for v in verdicts):
@@ -412,7 +468,7 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, output:
     table = Table("time", "service", "commit", "action", "result", "reason")
     for r in rows:
         when = datetime.fromtimestamp(r.time, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(when, r.service, r.commit[:12], r.action, _style(r.result), r.detail or r.reason)
+        table.add_row(when, r.service, r.commit[:12], r.action, _style(r.result), escape(r.detail or r.reason))
     out.print(table)
 
 

@@ -81,8 +81,9 @@ def test_five_nodes_then_a_template_change_restarts_only_identity_on_controllers
     token = get_json(f"http://127.0.0.1:{lb}/v3/auth/tokens", data=b"{}")
     assert token["expires_in"] == 3600
 
-    deployment.edit("services/identity/templates/identity.conf.j2", "ttl = {{ token_ttl }}", "ttl = 600")
-    c2 = deployment.commit("identity: shorter token lifetime")
+    deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",
+                    "port = {{ port_base + ports.identity }}\nworkers = 4")
+    c2 = deployment.commit("identity: four API workers")
     results = {n: a.reconcile_once() for n, a in fleet.items()}
 
     after = {n: pids(a) for n, a in fleet.items()}
@@ -101,8 +102,9 @@ def test_five_nodes_then_a_template_change_restarts_only_identity_on_controllers
         note = deployment.note(node, c2)
         assert note is not None and note["state"] == "applied"
     reason = results["ctl2"].report.services  # type: ignore[union-attr]
-    assert next(r.reason for r in reason if r.service == "identity") == "only [token] ttl changed in identity.conf (no rule: restart)"
-    assert get_json(f"http://127.0.0.1:{deployment.port_bases['ctl2'] + 5}/v3")["token_ttl"] == 600
+    assert next(r.reason for r in reason if r.service == "identity") == (
+        "only [api] workers added in identity.conf (no rule: restart)")
+    assert get_json(f"http://127.0.0.1:{deployment.port_bases['ctl2'] + 5}/v3")["node"] == "ctl2"
 
 
 def test_a_service_removed_from_the_group_is_stopped(deployment: Deployment, agents: Callable[..., Agent]) -> None:
@@ -251,7 +253,8 @@ def test_a_change_that_fails_its_health_check_puts_the_previous_version_back(
     ctl1.reconcile_once()
     before = pids(ctl1)
     port = deployment.port_bases["ctl1"] + 5
-    deployment.edit("services/identity/templates/identity.conf.j2", "ttl = {{ token_ttl }}", "ttl = forever")
+    deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",
+                    "port = five-thousand")
     bad = deployment.commit("identity: a config the program rejects")
 
     result = ctl1.reconcile_once()
@@ -267,3 +270,21 @@ def test_a_change_that_fails_its_health_check_puts_the_previous_version_back(
     assert {s: p for s, p in after.items() if s != "identity"} == {s: p for s, p in before.items() if s != "identity"}
     assert get_json(f"http://127.0.0.1:{port}/v3")["token_ttl"] == 3600  # the old config serves
     assert (deployment.note("ctl1", bad) or {}).get("state") == "failed"
+
+
+def test_a_reload_only_change_keeps_the_process_and_serves_the_new_value(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    ctl1.reconcile_once()
+    before = pids(ctl1)
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 900")
+    deployment.commit("shorter tokens")
+
+    result = ctl1.reconcile_once()
+
+    assert actions(result) == {"db": "none", "identity": "reload", "lb": "none", "node-exporter": "none"}
+    identity = next(r for r in result.report.services if r.service == "identity")  # type: ignore[union-attr]
+    assert identity.reason == "only [token] ttl changed in identity.conf" and identity.steps == ("reload: ok",)
+    assert pids(ctl1) == before
+    assert get_json(f"http://127.0.0.1:{deployment.port_bases['ctl1'] + 5}/v3")["token_ttl"] == 900

@@ -317,3 +317,24 @@ def test_own_healthcheck_command_probe_and_hand_made_restart_policy(
     assert (str(worker_result.action), worker_result.reason) == ("recreate", "restart policy changed by hand")
     policy = containers(docker_engine, dock.node)["worker"].attrs["HostConfig"]["RestartPolicy"]["Name"]
     assert policy == "unless-stopped"
+
+
+def test_a_reload_only_change_keeps_the_container_and_serves_the_new_value(
+    dock: DockerDeployment, agents: Callable[..., Agent], docker_engine: docker.DockerClient
+) -> None:
+    dock.write("services/web/service.yaml", dock.read("services/web/service.yaml") +
+               "reload: {signal: SIGHUP}\non_change:\n  - {file: index.html, action: reload}\n")
+    dock.commit("web content reloads")
+    node = agents(dock.node, dock.url)
+    node.reconcile_once()
+    web = containers(docker_engine, dock.node)["web"]
+    before = (web.id, started_at(web))
+    set_var(dock, "greeting", "hej")
+    dock.commit("say hej")
+
+    result = node.reconcile_once()
+
+    assert actions(result) == {"web": "reload", "worker": "none"}
+    web = containers(docker_engine, dock.node)["web"]
+    assert (web.id, started_at(web)) == before and web.status == "running"
+    assert fetch(dock.port) == f"hej from {dock.node}\n"
