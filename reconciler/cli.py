@@ -301,7 +301,8 @@ def _print_result(result: RunResult, output: str) -> None:
             table = Table("service", "action", "result", "reason", "detail",
                           title=f"{result.node} @ {short}: {rep.state}")
             for r in rep.services:
-                table.add_row(r.service, _style(str(r.action)), _style(str(r.state)), escape(r.reason), escape(r.detail))
+                table.add_row(r.service, _style(str(r.action)), _style(str(r.state)), escape(r.reason),
+                              escape(r.detail))
             out.print(table)
         else:
             out.print(f"{result.node} @ {short}: {_style(str(rep.state))}")

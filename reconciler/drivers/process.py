@@ -194,7 +194,8 @@ class ProcessDriver:
             done = subprocess.run(["/bin/sh", "-c", how["command"]], cwd=rec["cwd"], env=env,
                                   capture_output=True, timeout=30)
             if done.returncode != 0:
-                raise ApplyError(f"service {name}: reload command failed: {done.stderr.decode(errors='replace')[-200:]}")
+                err = done.stderr.decode(errors="replace")[-200:]
+                raise ApplyError(f"service {name}: reload command failed: {err}")
             return
         try:
             os.kill(int(rec["pid"]), signal_number(how.get("signal") or "SIGHUP"))
