@@ -5,6 +5,7 @@ No I/O here. Every object has ``to_dict`` so a note, a test or ``-o json`` can p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
@@ -163,6 +164,10 @@ class DesiredService:
     def fingerprint(self) -> dict[str, str]:
         """Hash per part of the slice, so a plan can say which part changed and how much that
         disrupts: files (restart), runtime (recreate), networks alone (connect live)."""
+        return dict(self._fingerprint)
+
+    @functools.cached_property
+    def _fingerprint(self) -> dict[str, str]:
         parts = {f"file:{f.path}": f"{f.mode:o}:{f.sha256}" for f in self.files}
         parts["runtime"] = sha256_hex(canonical_json(self.runtime.to_dict(networks=False)))
         parts["health"] = sha256_hex(canonical_json(self.health.to_dict()))
@@ -180,7 +185,7 @@ class DesiredService:
         """Hash of how it runs (not what files it reads)."""
         return sha256_hex(canonical_json([self.runtime.to_dict(), self.health.to_dict()]))
 
-    @property
+    @functools.cached_property
     def hash(self) -> str:
         """Content hash of the service's slice: what decides whether it must change."""
         return sha256_hex(canonical_json(self.fingerprint()))

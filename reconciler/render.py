@@ -57,6 +57,21 @@ def _environment(templates: Mapping[str, str]) -> jinja2.Environment:
     )
 
 
+_INLINE: dict[tuple[int, str], tuple[jinja2.Environment, jinja2.Template]] = {}
+
+
+def _inline_template(env: jinja2.Environment, text: str) -> jinja2.Template:
+    """Inline strings (commands, ports, health targets) compiled once per environment."""
+    hit = _INLINE.get((id(env), text))
+    if hit is not None and hit[0] is env:
+        return hit[1]
+    if len(_INLINE) > 65536:
+        _INLINE.clear()
+    tpl = env.from_string(text)
+    _INLINE[(id(env), text)] = (env, tpl)
+    return tpl
+
+
 def _template_line(tb: TracebackType | None, filename: str) -> int | None:
     """Jinja rewrites tracebacks so template frames carry the template's file and line."""
     line = None
@@ -78,8 +93,10 @@ def _render(
     node: str,
 ) -> str:
     """Render a template by ``name``, or an inline ``text`` from ``file`` at ``line``."""
+    if name is None and text is not None and "{" not in text:
+        return text  # most runtime strings are plain: no need to compile them
     try:
-        tpl = env.get_template(name) if name else env.from_string(text or "")
+        tpl = env.get_template(name) if name else _inline_template(env, text or "")
         return tpl.render(ctx)
     except jinja2.TemplateSyntaxError as exc:
         where, at = (exc.filename or file, exc.lineno) if name else (file, line)
@@ -104,14 +121,30 @@ def context(repo: DeploymentRepo, node: str, svc: ServiceDef) -> dict[str, Any]:
         node=node,
         service=svc.name,
         release=repo.release,
-        groups={g: list(repo.members(g)) for g in sorted(repo.groups)},
-        hostvars={n: repo.node_vars(n) for n in sorted(repo.nodes)},
+        groups=repo.group_members,
+        hostvars=repo.hostvars,
     )
     return ctx
 
 
-def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredService:
+_ENVIRONMENTS: dict[int, tuple[ServiceDef, jinja2.Environment]] = {}
+
+
+def _environment_for(svc: ServiceDef) -> jinja2.Environment:
+    """One sandbox per service definition, so each template compiles once however many nodes
+    render it (keyed by identity; the entry keeps the definition alive so ids are not reused)."""
+    hit = _ENVIRONMENTS.get(id(svc))
+    if hit is not None and hit[0] is svc:
+        return hit[1]
+    if len(_ENVIRONMENTS) > 4096:
+        _ENVIRONMENTS.clear()
     env = _environment(svc.templates)
+    _ENVIRONMENTS[id(svc)] = (svc, env)
+    return env
+
+
+def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredService:
+    env = _environment_for(svc)
     ctx = context(repo, node, svc)
 
     def inline(text: str, key: str) -> str:

@@ -14,6 +14,7 @@ No rendering here (see ``render``), and no I/O beyond reading the ``Tree``.
 
 from __future__ import annotations
 
+import functools
 import graphlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -103,6 +104,16 @@ class DeploymentRepo:
         for g in self.node(node).groups:
             names.update(self.groups[g].services)
         return tuple(sorted(names))
+
+    @functools.cached_property
+    def group_members(self) -> dict[str, list[str]]:
+        """Group -> sorted member nodes; computed once per repo (templates of every node use it)."""
+        return {g: list(self.members(g)) for g in sorted(self.groups)}
+
+    @functools.cached_property
+    def hostvars(self) -> dict[str, dict[str, Any]]:
+        """Node -> its variables; computed once per repo, not once per rendered service."""
+        return {n: self.node_vars(n) for n in sorted(self.nodes)}
 
     def members(self, group: str) -> tuple[str, ...]:
         return tuple(sorted(n for n, d in self.nodes.items() if group in d.groups))

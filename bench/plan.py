@@ -1,0 +1,129 @@
+"""`reconciler diff` at fleet scale: two commits of a generated repo with N nodes x M services.
+
+Renders both commits for every node and plans each node (what a reviewer's `diff` does), in
+one process on one core, and reports the total and the per-node time. The peer is the floor of
+any template-based tool: plain (unsandboxed) Jinja2 rendering the same templates with the same
+variables, twice, with no loading, hashing, comparing or planning.
+
+Usage: .venv/bin/python bench/plan.py [--nodes 1000] [--services 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import jinja2
+
+from reconciler.repo import load_repo
+from reconciler.review import diff_repos, summary
+from reconciler.tree import open_tree
+
+ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
+       "GIT_COMMITTER_EMAIL": "b@x", "GIT_CONFIG_GLOBAL": "/dev/null"}
+TEMPLATE = """\
+[DEFAULT]
+debug = {{ debug }}
+host = {{ node }}
+region = {{ region }}
+
+[api]
+port = {{ port_base + %(i)d }}
+workers = {{ workers }}
+
+[peers]
+members = {{ groups[role] | join(",") }}
+"""
+SERVICE = """\
+runtime: {command: [svc%(i)02d, --config, svc.conf]}
+files: [{path: svc.conf, template: svc.conf.j2}]
+on_change:
+  - {file: svc.conf, keys: [DEFAULT.debug], action: reload}
+"""
+
+
+def git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", *args], cwd=cwd, env=ENV, check=True, capture_output=True)
+
+
+def generate(work: Path, nodes: int, services: int) -> None:
+    names = [f"svc{i:02d}" for i in range(services)]
+    roles = ["control", "compute", "storage", "network"]
+    inv = ["vars: {debug: false, region: RegionOne, workers: 4}", "groups:"]
+    for r in roles:
+        inv.append(f"  {r}: {{services: [{', '.join(names)}], vars: {{role: {r}}}}}")
+    inv.append("nodes:")
+    for n in range(nodes):
+        inv.append(f"  node{n:04d}: {{groups: [{roles[n % len(roles)]}], vars: {{port_base: {10000 + n * 100}}}}}")
+    files = {"reconciler.yaml": "format: 1\nname: fleet\n", "inventory.yaml": "\n".join(inv) + "\n"}
+    for i, name in enumerate(names):
+        files[f"services/{name}/service.yaml"] = SERVICE % {"i": i}
+        files[f"services/{name}/templates/svc.conf.j2"] = TEMPLATE % {"i": i}
+    for rel, text in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+
+
+def plain_jinja(work: Path, nodes: int, services: int) -> float:
+    """The floor: render the same templates with plain Jinja2, both commits' worth."""
+    import yaml
+
+    inv = yaml.safe_load((work / "inventory.yaml").read_text())
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(work)), undefined=jinja2.StrictUndefined)
+    templates = [env.get_template(f"services/svc{i:02d}/templates/svc.conf.j2") for i in range(services)]
+    groups: dict[str, list[str]] = {}
+    for n, d in inv["nodes"].items():
+        for g in d["groups"]:
+            groups.setdefault(g, []).append(n)
+    t = time.perf_counter()
+    for _ in range(2):
+        for n, d in inv["nodes"].items():
+            ctx = {**inv["vars"], **inv["groups"][d["groups"][0]]["vars"], **d["vars"], "node": n, "groups": groups}
+            for tpl in templates:
+                tpl.render(ctx)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--services", type=int, default=30)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="reconciler-bench-plan-") as tmp:
+        work = Path(tmp)
+        generate(work, args.nodes, args.services)
+        git("init", "-q", "-b", "main", cwd=work)
+        git("add", "-A", cwd=work)
+        git("commit", "-q", "-m", "a", cwd=work)
+        inv = work / "inventory.yaml"
+        inv.write_text(inv.read_text().replace("debug: false", "debug: true").replace("workers: 4", "workers: 8", 1))
+        # Only the control role gets more workers: its nodes restart, the others reload.
+        inv.write_text(inv.read_text().replace("vars: {debug: true, region: RegionOne, workers: 8}",
+                                               "vars: {debug: true, region: RegionOne, workers: 4}").replace(
+            "vars: {role: control}", "vars: {role: control, workers: 8}"))
+        git("commit", "-q", "-am", "b", cwd=work)
+
+        t = time.perf_counter()
+        a, b = open_tree(work, "HEAD~1"), open_tree(work, "HEAD")
+        repo_a, repo_b = load_repo(a), load_repo(b)
+        loaded = time.perf_counter() - t
+        t = time.perf_counter()
+        diffs = diff_repos(repo_a, a.label, repo_b, b.label)
+        ours = time.perf_counter() - t
+        floor = plain_jinja(work, args.nodes, args.services)
+        instances = args.nodes * args.services
+        print(f"diff of two commits, {args.nodes} nodes x {args.services} services "
+              f"({instances} service instances, rendered twice), one process, one core")
+        print(f"  load both commits (YAML, schemas)     {loaded:8.2f} s")
+        print(f"  render both, diff files, plan nodes   {ours:8.2f} s   {ours / args.nodes * 1000:6.2f} ms/node")
+        print(f"  plain Jinja2, same renders (floor)    {floor:8.2f} s   {floor / args.nodes * 1000:6.2f} ms/node")
+        print(f"  ratio                                 {ours / floor:8.2f}x the floor")
+        print(f"  summary: {summary(diffs)}")
+
+
+if __name__ == "__main__":
+    main()
