@@ -23,9 +23,9 @@ import pygit2
 
 from .apply import apply_plan
 from .config import AgentConfig
-from .drivers import Driver, drivers_in_use, make_driver
+from .drivers import Driver, HostAccess, drivers_in_use, make_driver
 from .errors import BadInput, Busy, ReconcilerError
-from .model import Desired, Plan, Report, ResultState, RunState
+from .model import ActionKind, Desired, Plan, Report, ResultState, RunState
 from .observe import observe
 from .plan import plan as make_plan
 from .report import Reporter
@@ -60,7 +60,7 @@ class RunResult:
     def exit_code(self) -> int:
         if self.error is not None:
             return self.error.exit_code
-        if self.report is not None and self.report.state is not RunState.APPLIED:
+        if self.report is not None and self.report.state not in (RunState.APPLIED, RunState.REBOOTING):
             return 1
         return 0
 
@@ -84,7 +84,12 @@ def now_iso() -> str:
 def drivers_for(cfg: AgentConfig, desired: Desired | None) -> dict[str, Driver]:
     """Drivers that hold services of this node (they may have some to stop), plus what the slice names."""
     names = drivers_in_use(cfg.state_dir) | ({s.runtime.driver for s in desired.services} if desired else set())
-    return {n: make_driver(n, cfg.state_dir, cfg.node) for n in sorted(names)}
+    return {n: make_driver(n, cfg.state_dir, cfg.node, host_access(cfg)) for n in sorted(names)}
+
+
+def host_access(cfg: AgentConfig) -> HostAccess:
+    h = cfg.host
+    return HostAccess(h.root, h.systemctl, h.exec, h.reboot_command, h.boot_id_file)
 
 
 @dataclass
@@ -199,6 +204,34 @@ class Agent:
                 continue  # a bad file is reported by validation; it cannot loosen anything
         return Policy.strictest(*policies)
 
+    def resume_after_reboot(self, events: list[str]) -> str | None:
+        """A reboot this node started for a commit: once the boot id changed, run the undrain
+        hook and go on (returns None); before that, the commit it waits for."""
+        if "host" not in drivers_in_use(self.cfg.state_dir):
+            return None
+        from .drivers.host import HostDriver
+
+        driver = make_driver("host", self.cfg.state_dir, self.cfg.node, host_access(self.cfg))
+        assert isinstance(driver, HostDriver)
+        pending = driver.pending_reboot()
+        if pending is None:
+            return None
+        boot = driver.host.boot_id()
+        if boot == pending["boot_id"]:
+            log.warning("%s: reboot pending for %s", self.cfg.node, pending["commit"][:12])
+            return str(pending["commit"])
+        detail = f"rebooted for {pending['commit'][:12]} (boot id {pending['boot_id'][:8]} -> {boot[:8]})"
+        if pending.get("undrain"):
+            import subprocess
+
+            done = subprocess.run(["/bin/sh", "-c", pending["undrain"]], capture_output=True, text=True, timeout=1800)
+            detail += "; undrain hook " + ("ok" if done.returncode == 0 else f"failed: {done.stderr.strip()[-200:]}")
+        driver.finish_reboot(pending)
+        self.state.record(pending["service"], pending["commit"], pending["hash"], "reboot", "ok", "resumed", detail)
+        events.append(detail)
+        log.warning("%s: %s", self.cfg.node, detail)
+        return None
+
     def decide(self, commit: str) -> Decision:
         base = self.high_water()
         return self.gate.decide(self.source.repo, commit, base, self._repo_policy(base, commit))
@@ -254,7 +287,11 @@ class Agent:
                 log.warning("%s: a previous run was interrupted during %s %s at %s; re-planning",
                             self.cfg.node, a, s, c[:12])
             self.state.clear_interrupted()
-            if not interrupted and self.state.get(HIGH_WATER) == commit and self._unchanged(commit):
+            events = [f"interrupted run: {a} {s} at {c[:12]}" for c, s, a in interrupted]
+            waiting = self.resume_after_reboot(events)
+            if waiting is not None:
+                return RunResult(self.cfg.node, waiting, fetched, pushed=self.reporter.push())
+            if not interrupted and not events and self.state.get(HIGH_WATER) == commit and self._unchanged(commit):
                 pushed = self.reporter.push()
                 return RunResult(self.cfg.node, commit, fetched, pushed=pushed)
             refused = json.loads(self.state.get(REFUSED) or "{}")
@@ -293,13 +330,16 @@ class Agent:
             recheck = frozenset(s for _, s, a in interrupted if a != "stop")
             results = apply_plan(the_plan, drivers, self.state, recheck)
             ok = all(r.state is ResultState.OK for r in results)
+            reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
+            failed = [r for r in results if r.state is ResultState.FAILED]
             report = Report(
-                self.cfg.node, commit, RunState.APPLIED if ok else RunState.FAILED, now_iso(),
+                self.cfg.node, commit,
+                RunState.FAILED if failed else RunState.REBOOTING if reboots else RunState.APPLIED, now_iso(),
                 services=tuple(results), plan_hash=the_plan.hash, signer=signer,
-                reason="" if ok else "APPLY_FAILED",
-                error="" if ok else next(r.detail for r in results if r.state is ResultState.FAILED),
+                reason="APPLY_FAILED" if failed else "",
+                error=failed[0].detail if failed else "", events=tuple(events),
             )
-            if ok:
+            if ok and not reboots:
                 self.state.put(APPLIED_COMMIT, commit)
                 self.state.put(APPLIED_HASHES, json.dumps({s.name: s.hash for s in desired.services}))
             self._finish(report)

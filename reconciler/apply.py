@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from .drivers import Driver
+from .drivers.base import Check
 from .errors import ApplyError, ReconcilerError
 from .model import LADDER, Action, ActionKind, DesiredService, Health, Plan, ResultState, ServiceResult, rank
 from .state import State
@@ -90,7 +91,7 @@ def apply_plan(
         if failed is not None:
             results.append(ServiceResult(
                 action.service, action.kind, ResultState.SKIPPED, action.reason,
-                detail=f"not applied: {failed} failed first", hash=h,
+                detail=failed, hash=h,
             ))
             continue
         entry = state.intent(plan.commit, action.service, str(action.kind))
@@ -105,23 +106,39 @@ def apply_plan(
                 action.service, action.kind, ResultState.FAILED, action.reason, detail=str(exc), hash=h,
                 steps=tuple(steps),
             ))
-            failed = action.service
+            failed = f"not applied: {action.service} failed first"
             continue
         state.settle(entry, ok=True)
         state.record(action.service, plan.commit, h, str(done), "ok", action.reason, "; ".join(steps))
         log.info("%s %s: %s", done, action.service, action.reason)
         results.append(ServiceResult(action.service, done, ResultState.OK, action.reason, pid=pid, hash=h,
                                      steps=tuple(steps)))
+        if done is ActionKind.REBOOT:
+            failed = "not applied yet: the node reboots first"
     return results
 
 
-# What a driver can do by itself; drain and reboot need the host (hooks, a reboot command).
-EXECUTABLE = (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE)
+EXECUTABLE = (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE, ActionKind.DRAIN_RESTART,
+              ActionKind.REBOOT)
 
 
 def escalation(kind: ActionKind, ceiling: ActionKind) -> list[ActionKind]:
     """``kind``, then each step up the ladder the driver can take, up to ``ceiling``."""
     return [k for k in LADDER if rank(kind) <= rank(k) <= max(rank(ceiling), rank(kind)) and k in EXECUTABLE]
+
+
+def hook(svc: DesiredService, which: str, commit: str) -> None:
+    """Run a drain or undrain hook on this node; a failing drain stops the action."""
+    import os
+    import subprocess
+
+    command = svc.drain if which == "drain" else svc.undrain
+    if not command:
+        return
+    env = {**os.environ, "RECONCILER_SERVICE": svc.name, "RECONCILER_COMMIT": commit}
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=1800)
+    if done.returncode != 0:
+        raise ApplyError(f"service {svc.name}: {which} hook failed: {(done.stderr or done.stdout).strip()[-200:]}")
 
 
 def _do(action: Action, driver: Driver, commit: str, steps: list[str]) -> tuple[int | None, ActionKind]:
@@ -147,11 +164,25 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str]) -> tuple[
         case ActionKind.START:
             return driver.start(svc, commit, check), action.kind
     ladder = escalation(action.kind, svc.ceiling)
-    if not ladder:
-        raise ApplyError(f"service {svc.name}: {action.kind} needs the host (drain hooks, reboot); "
-                         "not available for this driver")
-    methods = {ActionKind.RELOAD: driver.reload, ActionKind.RESTART: driver.restart,
-               ActionKind.RECREATE: driver.recreate}
+
+    def drain_restart(svc: DesiredService, commit: str, check: Check) -> int | None:
+        hook(svc, "drain", commit)
+        pid = driver.restart(svc, commit, check)
+        hook(svc, "undrain", commit)
+        return pid
+
+    def reboot(svc: DesiredService, commit: str, check: Check) -> int | None:
+        do_reboot = getattr(driver, "reboot", None)
+        if do_reboot is None:
+            raise ApplyError(f"service {svc.name}: only a host service (driver: host) can reboot the node")
+        hook(svc, "drain", commit)
+        do_reboot(svc, commit)
+        return None
+
+    methods: dict[ActionKind, Callable[[DesiredService, str, Check], int | None]] = {
+        ActionKind.RELOAD: driver.reload, ActionKind.RESTART: driver.restart, ActionKind.RECREATE: driver.recreate,
+        ActionKind.DRAIN_RESTART: drain_restart, ActionKind.REBOOT: reboot,
+    }
     last: ReconcilerError | None = None
     for step in ladder:
         try:

@@ -24,6 +24,7 @@ import yaml
 from .model import ActionKind, FileSpec, Rule, rank
 
 DEFAULT = ActionKind.RESTART
+TOP = "\0top"  # the section of an INI-like file that has none
 FORMATS = {".ini": "ini", ".conf": "ini", ".cfg": "ini", ".yaml": "yaml", ".yml": "yaml",
            ".json": "json", ".toml": "toml"}
 
@@ -71,8 +72,12 @@ def flatten(path: str, content: bytes) -> dict[str, str] | None:
         if kind == "ini":
             parser = configparser.RawConfigParser(default_section="\0", strict=False, interpolation=None)
             parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
-            parser.read_string(text)
-            return {f"{s}.{k}": v for s in parser.sections() for k, v in parser.items(s)}
+            try:
+                parser.read_string(text)
+            except configparser.MissingSectionHeaderError:
+                # key = value files with no sections (sysctl.d, env files): the keys alone
+                parser.read_string(f"[{TOP}]\n" + text)
+            return {(k if s == TOP else f"{s}.{k}"): v for s in parser.sections() for k, v in parser.items(s)}
         data = (yaml.safe_load(text) if kind == "yaml" else json.loads(text) if kind == "json"
                 else tomllib.loads(text))
     except (UnicodeDecodeError, configparser.Error, yaml.YAMLError, ValueError, tomllib.TOMLDecodeError):
@@ -99,7 +104,8 @@ def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
         if fa is None or fb is None:
             out.append(Domain(path, None, "changed"))
             continue
-        ini = _format(path) == "ini"
+        ini = _format(path) == "ini" and any(line.lstrip().startswith("[") for line in
+                                                 b.content.decode(errors="replace").splitlines())
         for key in sorted(set(fa) | set(fb)):
             if fa.get(key) != fb.get(key):
                 what = "added" if key not in fa else "removed" if key not in fb else "changed"
@@ -109,7 +115,7 @@ def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
     return out
 
 
-def action_for(domain: Domain, rules: Iterable[Rule]) -> tuple[ActionKind, bool]:
+def action_for(domain: Domain, rules: Iterable[Rule], default: ActionKind = DEFAULT) -> tuple[ActionKind, bool]:
     """(action, whether a rule said so)."""
     for rule in rules:
         if not fnmatchcase(domain.file, rule.file):
@@ -118,17 +124,18 @@ def action_for(domain: Domain, rules: Iterable[Rule]) -> tuple[ActionKind, bool]
             return rule.action, True
         if domain.key is not None and any(fnmatchcase(domain.key, k) for k in rule.keys):
             return rule.action, True
-    return DEFAULT, False
+    return default, False
 
 
 def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[FileSpec],
-           rules: Iterable[Rule]) -> tuple[ActionKind, str]:
-    """The action for a service whose ``changed_parts`` (runtime, networks, health, file) differ."""
+           rules: Iterable[Rule], default: ActionKind = DEFAULT) -> tuple[ActionKind, str]:
+    """The action for a service whose ``changed_parts`` (runtime, networks, health, file) differ.
+    ``default``: what a file change no rule explains needs (restart; reboot for host files)."""
     parts = set(changed_parts)
     rules = tuple(rules)
     judged: list[tuple[Domain, ActionKind, bool]] = []
     if "file" in parts:
-        judged = [(d, *action_for(d, rules)) for d in domains(old, new)]
+        judged = [(d, *action_for(d, rules, default)) for d in domains(old, new)]
     if "runtime" in parts:
         files = ", ".join(f"{d.label} {d.what}" + (f" in {d.file}" if d.key else "") for d, _, _ in judged)
         return ActionKind.RECREATE, "runtime changed (image, command, ports...)" + (f"; {files}" if files else "")
@@ -138,15 +145,16 @@ def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[
     if not kinds:
         return ActionKind.CONNECT, "networks changed"
     final = max(kinds, key=rank)
-    return final, _reason(judged, final, "health" in parts)
+    return final, _reason(judged, final, "health" in parts, default)
 
 
-def _reason(judged: list[tuple[Domain, ActionKind, bool]], final: ActionKind, health: bool) -> str:
+def _reason(judged: list[tuple[Domain, ActionKind, bool]], final: ActionKind, health: bool,
+            default: ActionKind = DEFAULT) -> str:
     texts = []
     for d, kind, by_rule in judged:
         text = f"{d.label} {d.what}" + (f" in {d.file}" if d.key is not None else "")
         if not by_rule:
-            text += f" (no rule: {DEFAULT})"
+            text += f" (no rule: {default})"
         elif kind is not final and len(judged) > 1:
             text += f" ({kind})"
         texts.append(text)

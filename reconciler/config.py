@@ -34,6 +34,21 @@ class TrustConfig:
 
 
 @dataclass(frozen=True)
+class HostConfig:
+    """How the agent reaches the node's own OS (systemd units, host files, reboot)."""
+
+    root: Path = Path("/")
+    """Where host files are written (``/``; a chroot or a test root otherwise)."""
+    systemctl: tuple[str, ...] = ("systemctl",)
+    """The systemctl command (argv)."""
+    exec: tuple[str, ...] = ()
+    """Prefix to run commands where the units run (empty: on this machine)."""
+    reboot_command: str = "systemctl reboot"
+    boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
+    """Tells a reboot happened: its content changes at every boot."""
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     node: str
     """This node's name, as in inventory.yaml."""
@@ -53,10 +68,13 @@ class AgentConfig:
     """GIT_SSH_COMMAND for ssh:// remotes (key, port, known hosts)."""
     trust: TrustConfig = TrustConfig()
     """Who may sign the commits this node applies."""
+    host: HostConfig = HostConfig()
+    """The node's own OS, for the systemd and host drivers."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
         out["trust"] = self.trust.to_dict()
+        out["host"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.host).items()}
         return out
 
 
@@ -80,6 +98,9 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
                 raise ConfigError(f"unknown setting {key!r} (known: {', '.join(sorted(known))})",
                                   file=str(path), line=doc.line((key,)))
             values[key] = value
+    host_values = values.pop("host", None) or {}
+    if not isinstance(host_values, dict) or set(host_values) - {f.name for f in fields(HostConfig)}:
+        raise ConfigError(f"host: a mapping of {', '.join(f.name for f in fields(HostConfig))}", file=file)
     trust_values = values.pop("trust", None) or {}
     if not isinstance(trust_values, dict):
         raise ConfigError("trust must be a mapping", file=file)
@@ -112,6 +133,13 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
                 revoked=_path(trust_values.get("revoked")),
                 policy=str(trust_values.get("policy", "every-commit")),
             ),
+            host=HostConfig(
+                root=Path(str(host_values.get("root", "/"))),
+                systemctl=_argv(host_values.get("systemctl", ["systemctl"])),
+                exec=_argv(host_values.get("exec", [])),
+                reboot_command=str(host_values.get("reboot_command", "systemctl reboot")),
+                boot_id_file=Path(str(host_values.get("boot_id_file", "/proc/sys/kernel/random/boot_id"))),
+            ),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc
@@ -120,6 +148,12 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     if cfg.interval <= 0 or cfg.jitter < 0 or cfg.supervise_interval <= 0:
         raise ConfigError("interval and supervise_interval must be > 0, jitter >= 0", file=file)
     return cfg
+
+
+def _argv(value: Any) -> tuple[str, ...]:
+    import shlex
+
+    return tuple(shlex.split(value)) if isinstance(value, str) else tuple(str(v) for v in value)
 
 
 def _path(value: Any) -> Path | None:

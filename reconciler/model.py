@@ -136,6 +136,8 @@ class Rule:
     file: str
     action: ActionKind
     keys: tuple[str, ...] = ()
+    unit: str = ""  # host files: the systemd unit to reload or restart
+    command: str = ""  # host files: a command that applies them (sysctl --system)
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,8 @@ class DesiredService:
     rules: tuple[Rule, ...] = ()
     reload: Reload = field(default_factory=Reload)
     ceiling: ActionKind = ActionKind.RECREATE  # escalation stops here
+    drain: str = ""  # hook commands around drain+restart and reboot (move work away, bring it back)
+    undrain: str = ""
 
     def fingerprint(self) -> dict[str, str]:
         """Hash per part of the slice, so a plan can say which part changed and how much that
@@ -337,6 +341,7 @@ class RunState(StrEnum):
     FAILED = "failed"
     ERROR = "error"
     REFUSED = "refused"
+    REBOOTING = "rebooting"
 
 
 @dataclass(frozen=True)
@@ -353,6 +358,7 @@ class Report:
     plan_hash: str = ""
     signer: Mapping[str, str] | None = None
     verdicts: tuple[Mapping[str, Any], ...] = ()
+    events: tuple[str, ...] = ()  # what happened around the run: a reboot finished, a run interrupted
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -373,6 +379,8 @@ class Report:
             out["signer"] = dict(self.signer)
         if self.verdicts:
             out["verdicts"] = [dict(v) for v in self.verdicts]
+        if self.events:
+            out["events"] = list(self.events)
         return out
 
     def to_json(self) -> str:

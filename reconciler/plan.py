@@ -90,7 +90,8 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
         return Action(ActionKind.START, svc.name, "not running on this node yet", svc, drv)
     if o.hash != svc.hash:
         parts = {p for p, _ in _changed_parts(svc, o)}
-        kind, reason = decide(parts, o.files, svc.files, svc.rules)
+        default = ActionKind.REBOOT if svc.runtime.driver == "host" else ActionKind.RESTART
+        kind, reason = decide(parts, o.files, svc.files, svc.rules, default)
         if kind is ActionKind.NONE:
             return Action(kind, svc.name, f"{reason}: files updated, nothing restarted", svc, drv, sync=True)
         return Action(kind, svc.name, reason, svc, drv)

@@ -200,10 +200,13 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
         health=health,
         depends_on=tuple(sorted(d for d in svc.depends_on if d in node_services)),
         drift=svc.drift,
-        rules=tuple(Rule(str(r["file"]), ActionKind(r["action"]), tuple(str(k) for k in r.get("keys", ())))
+        rules=tuple(Rule(str(r["file"]), ActionKind(r["action"]), tuple(str(k) for k in r.get("keys", ())),
+                         str(r.get("unit", "")), str(r.get("command", "")))
                     for r in svc.on_change),
         reload=Reload(signal=svc.reload.get("signal", "SIGHUP"), command=svc.reload.get("command", "")),
         ceiling=ActionKind(svc.escalate_to),
+        drain=inline(svc.drain, "runtime") if svc.drain else "",
+        undrain=inline(svc.undrain, "runtime") if svc.undrain else "",
     )
 
 

@@ -49,6 +49,8 @@ class ServiceDef:
     on_change: tuple[Mapping[str, Any], ...]
     reload: Mapping[str, str]
     escalate_to: str
+    drain: str
+    undrain: str
     files: tuple[FileDecl, ...]
     health: Mapping[str, Any]
     defaults: Mapping[str, Any]
@@ -134,10 +136,15 @@ class DeploymentRepo:
         for node in sorted(self.nodes):
             for name in self.services_of(node):
                 svc, driver = self.services[name], self.driver_of(node, name)
+                absolute = [f.path for f in svc.files if f.path.startswith("/")]
+                if (driver == "host") != (len(absolute) == len(svc.files)) and svc.files:
+                    problems.append(Problem(svc.file, svc.files[0].line,
+                                            f"node {node} runs {name} with {driver}: file paths must be "
+                                            + ("absolute" if driver == "host" else "relative to its config dir")))
                 if driver == "docker" and not svc.container.get("image"):
                     problems.append(Problem(svc.file, svc.lines.get("runtime"),
                                             f"node {node} runs {name} with docker: runtime needs an image"))
-                elif driver != "docker" and not svc.command:
+                elif driver not in ("docker", "host") and not svc.command:
                     problems.append(Problem(svc.file, svc.lines.get("runtime"),
                                             f"node {node} runs {name} with {driver}: runtime needs a command"))
         return problems
@@ -202,7 +209,7 @@ def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef 
                 problems.append(Problem(file, line, f"source {src!r} not found at {rel}"))
         default_mode = 0o755 if src is not None and src.endswith((".py", ".sh")) else 0o644
         files.append(FileDecl(f["path"], _mode(f.get("mode"), default_mode), tpl, src, line))
-    runtime = data["runtime"]
+    runtime = data.get("runtime", {})
     return ServiceDef(
         name=name,
         file=file,
@@ -214,7 +221,9 @@ def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef 
         drift=str(data.get("drift", "correct")),
         on_change=tuple(data.get("on_change", [])),
         reload={k: str(v) for k, v in data.get("reload", {}).items()},
-        escalate_to=str(data.get("escalate_to", "recreate")),
+        escalate_to=str(data.get("escalate_to", "reboot" if data.get("driver") == "host" else "recreate")),
+        drain=str(data.get("drain", "")),
+        undrain=str(data.get("undrain", "")),
         files=tuple(files),
         health=dict(data.get("health", {})),
         defaults=dict(data.get("defaults", {})),

@@ -6,26 +6,39 @@ from pathlib import Path
 
 from ..errors import BadInput
 from .base import Driver
+from .hostaccess import HostAccess
 from .process import ProcessDriver
 
+KNOWN = ("process", "docker", "systemd", "host")
 
-def make_driver(name: str, state_root: Path, node: str) -> Driver:
+
+def make_driver(name: str, state_root: Path, node: str, host: HostAccess | None = None) -> Driver:
+    host = host or HostAccess()
     if name == "process":
         return ProcessDriver(state_root / "services", node)
     if name == "docker":
         from .docker import DockerDriver  # the docker SDK is imported only where it is used
 
         return DockerDriver(state_root / "docker", node)
-    raise BadInput(f"driver {name!r} is not available in this version (known: process, docker)")
+    if name == "systemd":
+        from .systemd import SystemdDriver
+
+        return SystemdDriver(state_root / "systemd", node, host)
+    if name == "host":
+        from .host import HostDriver
+
+        return HostDriver(state_root / "host", node, host)
+    raise BadInput(f"driver {name!r} is not known (known: {', '.join(KNOWN)})")
 
 
 def drivers_in_use(state_root: Path) -> set[str]:
     """Drivers that hold records of services on this node (so their services can be seen and stopped)."""
     used = {"process"}
-    docker_dir = state_root / "docker"
-    if docker_dir.is_dir() and any(docker_dir.iterdir()):
-        used.add("docker")
+    for name, sub in (("docker", "docker"), ("systemd", "systemd"), ("host", "host")):
+        d = state_root / sub
+        if d.is_dir() and any(d.iterdir()):
+            used.add(name)
     return used
 
 
-__all__ = ["Driver", "ProcessDriver", "drivers_in_use", "make_driver"]
+__all__ = ["KNOWN", "Driver", "HostAccess", "ProcessDriver", "drivers_in_use", "make_driver"]
