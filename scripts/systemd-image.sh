@@ -6,8 +6,10 @@
 #
 # 1. The engine: the one answering on $DOCKER_HOST (or the default socket), else scripts/docker-engine.sh
 #    is sourced with RECONCILER_SKIP_IMAGES=1 (starts or reuses the private engine).
-# 2. The rootfs: debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,python3 bookworm,
-#    cached as a tarball in /var/cache/reconciler-images/ (debootstrap, apt and root only the first time).
+# 2. The rootfs: debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,python3,procps bookworm
+#    (procps for /bin/kill, as in the usual `ExecReload=/bin/kill -HUP $MAINPID`, and ps/pgrep), cached
+#    as a tarball in /var/cache/reconciler-images/ named after the package list (debootstrap, apt and
+#    root only the first time).
 # 3. The image: the cached rootfs plus container tweaks (see configure_rootfs), docker import'ed with
 #    CMD /lib/systemd/systemd, ENV container=docker (docker import takes no
 #    STOPSIGNAL: `docker stop` waits 10 s, then kills; the fixture uses `docker rm -f`); then booted once as a check
@@ -25,6 +27,7 @@ _reconciler_systemd_image() (
     local cache=/var/cache/reconciler-images
     local mirror=${RECONCILER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
     local suite=bookworm
+    local include=systemd,systemd-sysv,dbus,python3,procps
     local here t_all t
     here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
     t_all=$(date +%s%N)
@@ -86,15 +89,16 @@ _reconciler_systemd_image() (
     trap 'rm -rf "$tmp"; [ -z "${check:-}" ] || docker rm -f "$check" >/dev/null 2>&1 || true' EXIT
 
     # --- 2. the rootfs (cached) ------------------------------------------------------------------
-    local tarball=$cache/systemd-$suite-minbase.tar
+    local tarball
+    tarball=$cache/systemd-$suite-minbase-$(printf '%s' "$include" | sha256sum | cut -c1-8).tar
     if [ ! -s "$tarball" ]; then
         t=$(date +%s%N)
         need_root "debootstrap (building $image)"
         command -v debootstrap >/dev/null || apt_install debootstrap
         mkdir -p "$cache"
         local root=$tmp/systemd-root
-        say "debootstrap $suite minbase + systemd, systemd-sysv, dbus, python3 into $root ..."
-        if ! debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,python3 \
+        say "debootstrap $suite minbase + $include into $root ..."
+        if ! debootstrap --variant=minbase --include="$include" \
             "$suite" "$root" "$mirror" >"$tmp/debootstrap.log" 2>&1; then
             tail -n 30 "$tmp/debootstrap.log" >&2
             say "error: debootstrap failed (last 30 lines of its log above)"

@@ -24,7 +24,7 @@ from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
 
-pytest_plugins = ["docker_fixtures"]
+pytest_plugins = ["docker_fixtures", "systemd_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "repo"
@@ -194,20 +194,23 @@ def agents(tmp_path: Path, merge_key: SigningKey) -> Iterator[Callable[..., Agen
     them started is stopped at teardown."""
     made: list[Agent] = []
 
-    def make(node: str, remote: str, trust: TrustConfig | None = None, clock: Any = None, **kw: object) -> Agent:
+    def make(node: str, remote: str, trust: TrustConfig | None = None, clock: Any = None, **kw: Any) -> Agent:
         trust = trust or TrustConfig(allowed_signers=merge_key.allowed_signers)
-        cfg = AgentConfig(node=node, remote=remote, state_dir=tmp_path / "nodes" / node, trust=trust,
-                          **kw)  # type: ignore[arg-type]
+        kw.setdefault("state_dir", tmp_path / "nodes" / node)
+        cfg = AgentConfig(node=node, remote=remote, trust=trust, **kw)
         agent = Agent(cfg, progress=False, **({"clock": clock} if clock else {}))
         made.append(agent)
         return agent
 
     yield make
+    from reconciler.agent import drivers_for
+
     for agent in made:
-        driver = ProcessDriver(agent.cfg.state_dir / "services", agent.cfg.node)
-        for o in driver.observe():
-            with contextlib.suppress(Exception):
-                driver.remove(o.name)
+        with contextlib.suppress(Exception):
+            for driver in drivers_for(agent.cfg, None).values():
+                for o in driver.observe():
+                    with contextlib.suppress(Exception):
+                        driver.remove(o.name)
         agent.close()
 
 
