@@ -22,7 +22,6 @@ import yaml
 
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
-from reconciler.drivers.process import ProcessDriver
 
 pytest_plugins = ["docker_fixtures", "systemd_fixtures"]
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conftest import Deployment, SigningKey, git
+
 from reconciler.agent import Agent
 from reconciler.config import HostConfig, TrustConfig
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import Deployment, SigningKey, git
+
 from reconciler.agent import Agent
 from reconciler.config import HostConfig, TrustConfig
 
