@@ -11,9 +11,9 @@
 #    as a tarball in /var/cache/reconciler-images/ named after the package list (debootstrap, apt and
 #    root only the first time).
 # 3. The image: the cached rootfs plus container tweaks (see configure_rootfs), docker import'ed with
-#    CMD /lib/systemd/systemd, ENV container=docker (docker import takes no
-#    STOPSIGNAL: `docker stop` waits 10 s, then kills; the fixture uses `docker rm -f`); then booted once as a check
-#    (`systemctl is-system-running` must say running).
+#    CMD /lib/systemd/systemd and ENV container=docker, then booted once as a check (`systemctl
+#    is-system-running` must say running). docker import takes no STOPSIGNAL, so `docker stop` waits
+#    10 s and then kills: remove these containers with `docker rm -f`.
 # Run it with:
 #   docker run -d --cap-add SYS_ADMIN --security-opt seccomp=unconfined --tmpfs /run --tmpfs /run/lock \
 #     -v /sys/fs/cgroup:/sys/fs/cgroup:ro reconciler-test/systemd:1
