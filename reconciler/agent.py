@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pygit2
 
@@ -33,6 +33,11 @@ from .source import Source
 from .state import State, atomic_write
 from .trust import Decision, Gate, Policy, TrustError, TrustRoot, load_root, parse_revoked, tree_file
 
+if TYPE_CHECKING:
+    from .repo import DeploymentRepo
+    from .rollout import FleetView
+    from .rollout import Verdict as RolloutVerdict
+
 log = logging.getLogger("reconciler.agent")
 
 APPLIED_COMMIT = "applied_commit"
@@ -40,6 +45,7 @@ APPLIED_HASHES = "applied_hashes"
 HIGH_WATER = "high_water"  # the last commit this node acted on: anti-rollback's reference
 SIGNER = "high_water_signer"
 REFUSED = "refused_head"
+FAILED_COMMIT = "failed_commit"  # not retried until the branch moves or `reconciler retry`
 TRUST_ORIGIN = "trust_origin"
 
 
@@ -55,13 +61,14 @@ class RunResult:
     pushed: bool = True
     interrupted: tuple[tuple[str, str, str], ...] = ()
     error: ReconcilerError | None = None
+    waiting: str = ""  # a rollout holds this node back: why
 
     @property
     def exit_code(self) -> int:
         if self.error is not None:
             return self.error.exit_code
         if self.report is not None and self.report.state not in (RunState.APPLIED, RunState.REBOOTING):
-            return 1
+            return 1  # failed here, or halted by a failure elsewhere
         return 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,6 +81,7 @@ class RunResult:
             "note_pushed": self.pushed,
             "interrupted": [list(i) for i in self.interrupted],
             "error": {"reason": self.error.reason, "message": str(self.error)} if self.error else None,
+            "waiting": self.waiting,
         }
 
 
@@ -237,14 +245,62 @@ class Agent:
         return self.gate.decide(self.source.repo, commit, base, self._repo_policy(base, commit))
 
     # stages --------------------------------------------------------------------------
-    def desired(self, commit: str) -> Desired:
+    def load(self, commit: str) -> DeploymentRepo:
         # Imported here: templates and schemas are not needed on a poll that finds nothing new.
-        from .render import render_node
         from .repo import load_repo
         from .tree import GitTree
 
-        repo = load_repo(GitTree(self.source.repo, commit))
-        return render_node(repo, self.cfg.node, commit)
+        return load_repo(GitTree(self.source.repo, commit))
+
+    def desired(self, commit: str, repo: DeploymentRepo | None = None) -> Desired:
+        from .render import render_node
+
+        return render_node(repo or self.load(commit), self.cfg.node, commit)
+
+    # fleet -----------------------------------------------------------------------------
+    def fleet_view(self) -> FleetView:
+        """Every node's notes, fetched now (only refs/notes/reconciler/*, only when a rollout
+        waits on them); this node's own from its local ref, the freshest."""
+        from .rollout import FleetView, Note
+
+        prefix = "refs/reconciler/fleet/"
+        self.source.run("fetch", "--no-tags", "--prune", self.source.url,
+                        f"+refs/notes/reconciler/*:{prefix}*", what="notes fetch from")
+        repo = self.source.repo
+        notes: dict[str, tuple[Note, ...]] = {}
+        refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
+        refs[self.cfg.node] = self.reporter.ref
+        for node, ref in sorted(refs.items()):
+            found = []
+            try:
+                entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
+            except (KeyError, pygit2.GitError):
+                entries = []
+            for entry in entries:
+                try:
+                    data = json.loads(entry.message)
+                except (json.JSONDecodeError, TypeError):
+                    continue
+                found.append(Note.parse(node, str(entry.annotated_id), data))
+            notes[node] = tuple(found)
+
+        def descends(a: str, b: str) -> bool:
+            from .trust import is_descendant
+
+            return is_descendant(repo, a, b)
+
+        return FleetView(notes, descends)
+
+    def rollout_gate(self, repo: DeploymentRepo, commit: str) -> RolloutVerdict:
+        from .rollout import Verdict, decide, plan_rollout
+
+        rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
+        if not rollout.enabled:
+            return Verdict(True)
+        own = self.reporter.read(commit)
+        if own is not None and own.get("state") not in ("halted",):
+            return Verdict(True, reason="already started")  # started it: finish it whatever others do
+        return decide(rollout, self.cfg.node, commit, self.fleet_view(), time.time())
 
     def head(self, fetch: bool, rev: str | None) -> tuple[str, bool]:
         if rev is not None:
@@ -310,8 +366,16 @@ class Agent:
                                  pushed=self.reporter.push(), interrupted=interrupted, error=exc)
             self._adopt(decision)
             signer = json.loads(self.state.get(SIGNER) or "null")
+            if self.state.get(FAILED_COMMIT) == commit and not interrupted:
+                log.warning("%s: %s failed here before; not retried until a new commit or `reconciler retry`",
+                            self.cfg.node, commit[:12])
+                return RunResult(self.cfg.node, commit, fetched, pushed=self.reporter.push())
             try:
-                desired = self.desired(commit)
+                repo = self.load(commit)
+                verdict = self.rollout_gate(repo, commit)
+                if not verdict.go:
+                    return self._hold(commit, fetched, verdict, signer)
+                desired = self.desired(commit, repo)
             except BadInput as exc:
                 report = Report(self.cfg.node, commit, RunState.ERROR, now_iso(), reason=exc.reason, error=str(exc),
                                 signer=signer)
@@ -339,6 +403,8 @@ class Agent:
                 reason="APPLY_FAILED" if failed else "",
                 error=failed[0].detail if failed else "", events=tuple(events),
             )
+            if failed:
+                self.state.put(FAILED_COMMIT, commit)
             if ok and not reboots:
                 self.state.put(APPLIED_COMMIT, commit)
                 self.state.put(APPLIED_HASHES, json.dumps({s.name: s.hash for s in desired.services}))
@@ -346,11 +412,28 @@ class Agent:
             return RunResult(self.cfg.node, commit, fetched, plan=the_plan, report=report,
                              pushed=self.reporter.push(), interrupted=interrupted)
 
+    def _hold(self, commit: str, fetched: bool, verdict: RolloutVerdict, signer: Any) -> RunResult:
+        """Not this node's turn: waiting (no note), or halted by a failure elsewhere (noted once)."""
+        if not verdict.halted:
+            log.info("%s: %s: %s", self.cfg.node, commit[:12], verdict.reason)
+            return RunResult(self.cfg.node, commit, fetched, pushed=self.reporter.push(), waiting=verdict.reason)
+        report = Report(self.cfg.node, commit, RunState.HALTED, now_iso(), reason="HALTED", error=verdict.reason,
+                        signer=signer)
+        self._finish(report)
+        log.error("%s: %s", self.cfg.node, verdict.reason)
+        return RunResult(self.cfg.node, commit, fetched, report=report, pushed=self.reporter.push())
+
+    def retry(self) -> str | None:
+        """Forget that the head failed here, so the next run tries it again."""
+        failed = self.state.get(FAILED_COMMIT)
+        self.state.db.execute("DELETE FROM kv WHERE key=?", (FAILED_COMMIT,))
+        return failed
+
     def _finish(self, report: Report) -> None:
         """Record the run and write its note, unless the same verdict is already noted."""
         self.state.record_run(report.commit, str(report.state), report.reason)
         previous = self.reporter.read(report.commit)
-        if report.state in (RunState.ERROR, RunState.REFUSED) and previous \
+        if report.state in (RunState.ERROR, RunState.REFUSED, RunState.HALTED) and previous \
                 and previous.get("state") == str(report.state) and previous.get("error") == report.error:
             return  # a broken or refused commit is noted once, not on every poll
         self.reporter.write(report)

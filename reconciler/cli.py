@@ -31,6 +31,7 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "error": "red", "refused": "red",
+         "halted": "yellow", "pending": "dim", "rebooting": "blue",
          "reload": "green", "recreate": "magenta", "connect": "blue", "drain+restart": "red", "reboot": "red",
          "skipped": "yellow", "start": "cyan", "restart": "yellow", "stop": "magenta"}
 
@@ -293,7 +294,9 @@ def _print_result(result: RunResult, output: str) -> None:
     short = result.commit[:12]
     for c, s, a in result.interrupted:
         err.print(f"[yellow]note[/]: a previous run was interrupted during {a} {s} at {c[:12]}")
-    if result.report is None:
+    if result.report is None and result.waiting:
+        out.print(f"{result.node} @ {short}: not yet: {escape(result.waiting)}")
+    elif result.report is None:
         out.print(f"{result.node} @ {short}: unchanged, nothing to do")
     else:
         rep = result.report
@@ -417,14 +420,22 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
 # ---------------------------------------------------------------------------- status / history
 @cli.command()
 @agent_options
+@click.option("--fleet", is_flag=True, help="The whole rollout from every node's notes (fetches them).")
+@click.option("--rev", help="With --fleet: the commit to show [the branch head].")
+@click.option("--html", "html_file", type=click.Path(path_type=Path), help="With --fleet: also write a page.")
 @output_option
-def status(agent_opts: dict[str, Any], output: str) -> None:
-    """What runs on this node now, from which commit, and the last run's verdict.
+def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: Path | None, output: str) -> None:
+    """What runs on this node now, from which commit, and the last run's verdict; with --fleet,
+    every node's state for a commit, per wave.
 
     \b
     Example:
       reconciler status --config /etc/reconciler/agent.yaml -o json
+      reconciler status --fleet --config /etc/reconciler/agent.yaml --html rollout.html
     """
+    if fleet:
+        _fleet_status(agent_opts, rev, html_file, output)
+        return
     cfg = _config(agent_opts, remote="unused")
     from .agent import APPLIED_COMMIT, drivers_for
     from .state import State
@@ -471,6 +482,43 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, output:
         when = datetime.fromtimestamp(r.time, UTC).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(when, r.service, r.commit[:12], r.action, _style(r.result), escape(r.detail or r.reason))
     out.print(table)
+
+
+def _fleet_status(agent_opts: dict[str, Any], rev: str | None, html_file: Path | None, output: str) -> None:
+    from .fleet import counts, fleet_status, to_html
+    from .rollout import plan_rollout
+
+    the_agent = Agent(_config(agent_opts))
+    with the_agent.state.lock(wait=30):
+        head, _ = the_agent.head(fetch=True, rev=None)
+        commit = head if rev is None else the_agent.head(fetch=False, rev=rev)[0]
+        fleet_view = the_agent.fleet_view()
+    repo = the_agent.load(commit)  # for the order of the waves only: nothing is applied
+    rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
+    statuses = fleet_status(rollout, sorted(repo.nodes), commit, fleet_view)
+    if html_file is not None:
+        atomic_write(html_file, to_html(statuses, commit, f"{repo.name}: rollout of {commit[:12]}").encode())
+    if output == "json":
+        _json({"commit": commit, "counts": counts(statuses), "nodes": [s.to_dict() for s in statuses]})
+        return
+    table = Table("wave", "node", "state", "detail", title=f"{repo.name} @ {commit[:12]}")
+    for s in statuses:
+        table.add_row(s.wave, s.node, _style(s.state), escape(s.detail))
+    out.print(table)
+    out.print(", ".join(f"{v} {k}" for k, v in counts(statuses).items()))
+
+
+@cli.command()
+@agent_options
+def retry(agent_opts: dict[str, Any]) -> None:
+    """Try the branch head again on this node after it failed here (it is not retried on its own).
+
+    \b
+    Example:
+      reconciler retry --config /etc/reconciler/agent.yaml && reconciler apply --config ...
+    """
+    failed = Agent(_config(agent_opts)).retry()
+    out.print(f"will try {failed[:12]} again on the next run" if failed else "nothing to retry")
 
 
 def main() -> None:

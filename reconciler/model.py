@@ -342,6 +342,7 @@ class RunState(StrEnum):
     ERROR = "error"
     REFUSED = "refused"
     REBOOTING = "rebooting"
+    HALTED = "halted"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,173 @@
+"""Fleet rollout through git notes: waves, batches, soak, and a full stop on failure.
+
+Pure: the rollout plan (from reconciler.yaml), the other nodes' notes and the commit graph
+(as a function) in, a verdict for one node out. There is no controller: every node reads the
+notes of the nodes before it and decides for itself, in one deterministic order.
+
+Order: the waves as listed; within a wave, its nodes sorted by name and cut into batches;
+nodes in no wave form a last wave. A node starts commit C when every node in an earlier
+batch has a note saying C, or a descendant of C, applied; after a wave with ``soak`` seconds,
+the next wave waits that long after the wave's last note. Any note saying C failed halts
+every node that has not started C (``halt_on_failure``, default true).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fnmatch import fnmatchcase
+from typing import Any
+
+APPLIED_STATES = ("applied",)
+FAILED_STATES = ("failed",)
+
+
+@dataclass(frozen=True)
+class Wave:
+    name: str
+    nodes: tuple[str, ...]
+    batch: int
+    soak: float = 0.0
+
+
+@dataclass(frozen=True)
+class Rollout:
+    waves: tuple[Wave, ...] = ()
+    halt_on_failure: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.waves)
+
+    def batches(self) -> list[tuple[Wave, tuple[str, ...]]]:
+        out = []
+        for wave in self.waves:
+            for i in range(0, len(wave.nodes), wave.batch):
+                out.append((wave, wave.nodes[i:i + wave.batch]))
+        return out
+
+    def position(self, node: str) -> int:
+        for i, (_, members) in enumerate(self.batches()):
+            if node in members:
+                return i
+        raise KeyError(node)
+
+
+def plan_rollout(settings: Mapping[str, Any], nodes: Iterable[str], members: Callable[[str], Iterable[str]]) -> Rollout:
+    """The rollout of reconciler.yaml's ``rollout:``: each wave by ``nodes`` (names or globs) or
+    ``group``; ``batch`` a count or a percentage; a node is in the first wave that names it."""
+    spec = settings.get("rollout") or {}
+    all_nodes = sorted(nodes)
+    placed: set[str] = set()
+    waves = []
+    for i, w in enumerate(spec.get("waves", [])):
+        if "group" in w:
+            chosen = set(members(str(w["group"])))
+        else:
+            chosen = {n for n in all_nodes for pattern in w.get("nodes", []) if fnmatchcase(n, str(pattern))}
+        names = tuple(sorted(chosen - placed))
+        placed.update(names)
+        if names:
+            waves.append(Wave(str(w.get("name", f"wave{i + 1}")), names, _batch(w.get("batch"), len(names)),
+                              float(w.get("soak", 0))))
+    rest = tuple(n for n in all_nodes if n not in placed)
+    if waves and rest:
+        waves.append(Wave("rest", rest, len(rest)))
+    return Rollout(tuple(waves), bool(spec.get("halt_on_failure", True)))
+
+
+def _batch(value: Any, size: int) -> int:
+    if value is None:
+        return size
+    text = str(value)
+    if text.endswith("%"):
+        return max(1, math.ceil(size * float(text[:-1]) / 100))
+    return max(1, int(text))
+
+
+@dataclass(frozen=True)
+class Note:
+    """The part of a node's note the rollout reads."""
+
+    node: str
+    commit: str
+    state: str
+    time: str = ""
+    failed_service: str = ""
+    error: str = ""
+
+    @staticmethod
+    def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
+        failed = [s for s, r in (data.get("services") or {}).items() if r.get("result") == "failed"]
+        return Note(node, commit, str(data.get("state", "")), str(data.get("time", "")),
+                    failed[0] if failed else "", str(data.get("error", "")))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    go: bool
+    halted: bool = False
+    reason: str = ""
+    waiting_for: tuple[str, ...] = ()
+    failed: Note | None = None
+    until: float = 0.0  # soak: not before this time
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """Every node's notes, and the graph to tell whether a commit descends from another."""
+
+    notes: Mapping[str, tuple[Note, ...]] = field(default_factory=dict)
+    descends: Callable[[str, str], bool] = lambda a, b: a == b
+
+    def reached(self, node: str, commit: str) -> Note | None:
+        """The node's applied note for ``commit`` or a descendant of it."""
+        for note in self.notes.get(node, ()):
+            if note.state in APPLIED_STATES and (note.commit == commit or self.descends(note.commit, commit)):
+                return note
+        return None
+
+    def failure(self, commit: str) -> Note | None:
+        for node in sorted(self.notes):
+            for note in self.notes[node]:
+                if note.commit == commit and note.state in FAILED_STATES:
+                    return note
+        return None
+
+
+def decide(rollout: Rollout, node: str, commit: str, fleet: FleetView, now: float) -> Verdict:
+    if not rollout.enabled:
+        return Verdict(True, reason="no rollout plan")
+    failed = fleet.failure(commit)
+    if failed is not None and failed.node != node and rollout.halt_on_failure:
+        what = f" ({failed.failed_service})" if failed.failed_service else ""
+        return Verdict(False, halted=True, failed=failed,
+                       reason=f"halted: {failed.node} failed {commit[:12]}{what}: {failed.error}".rstrip(": "))
+    try:
+        mine = rollout.position(node)
+    except KeyError:
+        return Verdict(True, reason="not in the rollout plan")
+    batches = rollout.batches()
+    waiting = tuple(n for _, members in batches[:mine] for n in members if fleet.reached(n, commit) is None)
+    if waiting:
+        shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
+        return Verdict(False, reason=f"waiting for {shown}", waiting_for=waiting)
+    my_wave = batches[mine][0]
+    earlier = [w for w in rollout.waves[: rollout.waves.index(my_wave)]]
+    if earlier and earlier[-1].soak > 0 and batches[mine][1] == my_wave.nodes[: my_wave.batch]:
+        prev = earlier[-1]
+        times = [_ts(n.time) for m in prev.nodes if (n := fleet.reached(m, commit)) is not None]
+        until = max(times, default=0.0) + prev.soak
+        if now < until:
+            return Verdict(False, reason=f"soaking after wave {prev.name} until "
+                           f"{datetime.fromtimestamp(until, UTC).strftime('%H:%M:%S')}Z", until=until)
+    return Verdict(True, reason=f"wave {my_wave.name}: every node before this one applied {commit[:12]}")
+
+
+def _ts(text: str) -> float:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0

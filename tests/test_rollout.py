@@ -1,0 +1,88 @@
+"""A commit rolls out in waves through the nodes' notes; a failure stops everyone after it.
+
+Waves used here: canary [ctl1] -> controllers [ctl2, ctl3] one at a time -> computes [cmp*].
+Every node is its own agent with its own state dir; they share only the git remote.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+from conftest import NODES, Deployment, SigningKey, git
+
+from reconciler.agent import Agent
+
+ROLLOUT = """\
+rollout:
+  waves:
+    - {name: canary, nodes: [ctl1]}
+    - {name: controllers, group: controllers, batch: 1}
+    - {name: computes, nodes: ["cmp*"], batch: "100%"}
+"""
+
+
+def with_waves(deployment: Deployment) -> str:
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + ROLLOUT)
+    return deployment.commit("roll out in waves")
+
+
+def state(deployment: Deployment, node: str, commit: str) -> str | None:
+    note = deployment.note(node, commit)
+    return None if note is None else str(note["state"])
+
+
+def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls_out(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    fleet = {n: agents(n, deployment.url) for n in NODES}
+    c1 = with_waves(deployment)
+
+    # Out of order on purpose: each node waits for the ones before it.
+    assert fleet["cmp1"].reconcile_once().waiting.startswith("waiting for ctl1, ctl2, ctl3")
+    assert fleet["ctl3"].reconcile_once().waiting == "waiting for ctl1, ctl2"
+    assert fleet["ctl1"].reconcile_once().exit_code == 0
+    assert fleet["ctl3"].reconcile_once().waiting == "waiting for ctl2"
+    for node in ("ctl2", "ctl3", "cmp1", "cmp2"):
+        result = fleet[node].reconcile_once()
+        assert result.exit_code == 0 and result.report is not None, (node, result.waiting)
+    assert all(state(deployment, n, c1) == "applied" for n in NODES)
+
+    # A change that fails health on the canary: it is put back there, and nobody else starts.
+    deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",
+                    "port = five-thousand")
+    bad = deployment.commit("identity: broken port")
+    canary = fleet["ctl1"].reconcile_once()
+    assert canary.exit_code == 1 and canary.report is not None and canary.report.state == "failed"
+    for node in ("ctl2", "ctl3", "cmp1", "cmp2"):
+        result = fleet[node].reconcile_once()
+        assert result.report is not None and result.report.state == "halted", node
+        assert result.report.error.startswith(f"halted: ctl1 failed {bad[:12]} (identity)")
+    # The canary does not loop on the failed commit.
+    again = fleet["ctl1"].reconcile_once()
+    assert again.report is None and again.exit_code == 0
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "reconciler", "status", "--fleet", "--node", "ctl2", "--remote", deployment.url,
+         "--state-dir", str(fleet["ctl2"].cfg.state_dir), "--allowed-signers", str(merge_key.allowed_signers),
+         "-o", "json", "--html", str(deployment.work.parent / "rollout.html")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout)
+    by_node = {s["node"]: s for s in status["nodes"]}
+    assert status["counts"] == {"failed": 1, "halted": 4}
+    assert by_node["ctl1"]["detail"].startswith("identity: ")
+    assert [s["wave"] for s in status["nodes"]] == ["canary", "controllers", "controllers", "computes", "computes"]
+    page = (deployment.work.parent / "rollout.html").read_text()
+    assert "<td style=\"background:#c62828\"" in page and "ctl1" in page
+
+    # The fleet's rollback is a reviewed `git revert`: a new commit that rolls out cleanly.
+    git("-c", "gpg.format=ssh", "-c", f"user.signingkey={merge_key.key}", "revert", "-S", "--no-edit", "HEAD",
+        cwd=deployment.work)
+    deployment.push()
+    fix = git("rev-parse", "HEAD", cwd=deployment.work)
+    for node in ("ctl1", "ctl2", "ctl3", "cmp1", "cmp2"):
+        result = fleet[node].reconcile_once()
+        assert result.exit_code == 0, (node, result.report, result.waiting)
+    assert all(state(deployment, n, fix) == "applied" for n in NODES)
