@@ -253,9 +253,70 @@ class Agent:
         return load_repo(GitTree(self.source.repo, commit))
 
     def desired(self, commit: str, repo: DeploymentRepo | None = None) -> Desired:
+        """The node's slice at ``commit``, with pinned services at their pinned commit."""
         from .render import render_node
 
-        return render_node(repo or self.load(commit), self.cfg.node, commit)
+        desired = render_node(repo or self.load(commit), self.cfg.node, commit)
+        pins = self.pins()
+        if not pins:
+            return desired
+        services = []
+        for svc in desired.services:
+            pin = pins.get(svc.name)
+            if pin is not None:
+                old = render_node(self.load(pin["commit"]), self.cfg.node, pin["commit"]).by_name()
+                svc = old.get(svc.name, svc)
+            services.append(svc)
+        return Desired(desired.node, desired.commit, tuple(services))
+
+    # pins ------------------------------------------------------------------------------
+    def pins(self) -> dict[str, dict[str, str]]:
+        rows = self.state.db.execute("SELECT key, value FROM kv WHERE key LIKE 'pin:%'").fetchall()
+        return {str(k)[4:]: json.loads(v) for k, v in rows}
+
+    def unpin(self, service: str) -> bool:
+        cur = self.state.db.execute("DELETE FROM kv WHERE key=?", (f"pin:{service}",))
+        return cur.rowcount > 0
+
+    def _release_pins(self, head: str, events: list[str]) -> None:
+        """A pin holds until the branch moves past the commit it was made on (a fix, a revert)."""
+        for service, pin in self.pins().items():
+            if pin["head"] != head:
+                self.unpin(service)
+                events.append(f"pin of {service} at {pin['commit'][:12]} released: the branch moved to {head[:12]}")
+
+    def previous_good(self, service: str) -> str:
+        """The commit of the service's last good version before the one it runs now."""
+        rows = self.state.history(service, limit=500)
+        current = next((r.hash for r in rows if r.result == "ok" and r.hash), None)
+        for r in rows:
+            if r.result == "ok" and r.hash and r.hash != current and r.action not in ("stop", "revive"):
+                return r.commit
+        raise BadInput(f"service {service}: no earlier good version in this node's history")
+
+    def rollback(self, service: str, to: str | None = None) -> RunResult:
+        """Put one service back to an earlier commit's version, here and now, without the remote,
+        and pin it there (the note says so) until the branch moves on or `unpin`."""
+        from .trust import verify_commit
+
+        with self.state.lock(wait=30):
+            head = self.state.get(HIGH_WATER)
+            if head is None:
+                raise BadInput("this node has applied nothing yet: nothing to roll back")
+            target = to or self.previous_good(service)
+            try:
+                target = str(self.source.repo.revparse_single(target).peel(pygit2.Commit).id)
+            except (KeyError, ValueError, pygit2.GitError) as exc:
+                raise BadInput(f"commit {target!r} is not in this node's mirror") from exc
+            verdict = verify_commit(self.source.repo, target, self.gate.root, self.clock())
+            if not verdict.ok:
+                raise TrustError(f"commit {target[:12]}: {verdict.message}", verdict.reason, [verdict])
+            old = self.desired(target).by_name()
+            if service not in old:
+                raise BadInput(f"service {service} is not on node {self.cfg.node} at {target[:12]}")
+            self.state.put(f"pin:{service}", json.dumps({"commit": target, "head": head, "hash": old[service].hash}))
+            return self._converge(head, fetched=False, interrupted=(), events=[
+                f"rollback of {service} to {target[:12]} by an operator"], signer=None, only={service})
 
     # fleet -----------------------------------------------------------------------------
     def fleet_view(self) -> FleetView:
@@ -370,47 +431,64 @@ class Agent:
                 log.warning("%s: %s failed here before; not retried until a new commit or `reconciler retry`",
                             self.cfg.node, commit[:12])
                 return RunResult(self.cfg.node, commit, fetched, pushed=self.reporter.push())
+            self._release_pins(commit, events)
             try:
                 repo = self.load(commit)
                 verdict = self.rollout_gate(repo, commit)
                 if not verdict.go:
                     return self._hold(commit, fetched, verdict, signer)
-                desired = self.desired(commit, repo)
             except BadInput as exc:
                 report = Report(self.cfg.node, commit, RunState.ERROR, now_iso(), reason=exc.reason, error=str(exc),
                                 signer=signer)
                 self._finish(report)
                 return RunResult(self.cfg.node, commit, fetched, report=report,
                                  pushed=self.reporter.push(), interrupted=interrupted, error=exc)
-            try:
-                drivers = drivers_for(self.cfg, desired)
-                the_plan = make_plan(desired, observe(self.cfg.node, drivers))
-            except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
-                report = Report(self.cfg.node, commit, RunState.FAILED, now_iso(), reason=exc.reason,
-                                error=str(exc), signer=signer)
-                self._finish(report)
-                return RunResult(self.cfg.node, commit, fetched, report=report,
-                                 pushed=self.reporter.push(), interrupted=interrupted, error=exc)
-            recheck = frozenset(s for _, s, a in interrupted if a != "stop")
-            results = apply_plan(the_plan, drivers, self.state, recheck)
-            ok = all(r.state is ResultState.OK for r in results)
-            reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
-            failed = [r for r in results if r.state is ResultState.FAILED]
-            report = Report(
-                self.cfg.node, commit,
-                RunState.FAILED if failed else RunState.REBOOTING if reboots else RunState.APPLIED, now_iso(),
-                services=tuple(results), plan_hash=the_plan.hash, signer=signer,
-                reason="APPLY_FAILED" if failed else "",
-                error=failed[0].detail if failed else "", events=tuple(events),
-            )
-            if failed:
-                self.state.put(FAILED_COMMIT, commit)
-            if ok and not reboots:
-                self.state.put(APPLIED_COMMIT, commit)
-                self.state.put(APPLIED_HASHES, json.dumps({s.name: s.hash for s in desired.services}))
+            return self._converge(commit, fetched, interrupted, events, signer, repo=repo)
+
+    def _converge(self, commit: str, fetched: bool, interrupted: tuple[tuple[str, str, str], ...],
+                  events: list[str], signer: Any, repo: DeploymentRepo | None = None,
+                  only: set[str] | None = None) -> RunResult:
+        """Render, observe, plan, apply and report ``commit`` (``only``: these services)."""
+        try:
+            desired = self.desired(commit, repo)
+        except BadInput as exc:
+            report = Report(self.cfg.node, commit, RunState.ERROR, now_iso(), reason=exc.reason, error=str(exc),
+                            signer=signer)
             self._finish(report)
-            return RunResult(self.cfg.node, commit, fetched, plan=the_plan, report=report,
-                             pushed=self.reporter.push(), interrupted=interrupted)
+            return RunResult(self.cfg.node, commit, fetched, report=report,
+                             pushed=self.reporter.push(), interrupted=interrupted, error=exc)
+        try:
+            drivers = drivers_for(self.cfg, desired)
+            the_plan = make_plan(desired, observe(self.cfg.node, drivers))
+            if only is not None:
+                the_plan = Plan(the_plan.node, the_plan.commit, tuple(a for a in the_plan.actions if a.service in only))
+        except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
+            report = Report(self.cfg.node, commit, RunState.FAILED, now_iso(), reason=exc.reason,
+                            error=str(exc), signer=signer)
+            self._finish(report)
+            return RunResult(self.cfg.node, commit, fetched, report=report,
+                             pushed=self.reporter.push(), interrupted=interrupted, error=exc)
+        recheck = frozenset(s for _, s, a in interrupted if a != "stop")
+        results = apply_plan(the_plan, drivers, self.state, recheck)
+        ok = all(r.state is ResultState.OK for r in results)
+        reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
+        failed = [r for r in results if r.state is ResultState.FAILED]
+        report = Report(
+            self.cfg.node, commit,
+            RunState.FAILED if failed else RunState.REBOOTING if reboots else RunState.APPLIED, now_iso(),
+            services=tuple(results), plan_hash=the_plan.hash, signer=signer,
+            reason="APPLY_FAILED" if failed else "",
+            error=failed[0].detail if failed else "", events=tuple(events),
+            pins={s: p["commit"] for s, p in sorted(self.pins().items())},
+        )
+        if failed:
+            self.state.put(FAILED_COMMIT, commit)
+        if ok and not reboots and only is None:
+            self.state.put(APPLIED_COMMIT, commit)
+            self.state.put(APPLIED_HASHES, json.dumps({s.name: s.hash for s in desired.services}))
+        self._finish(report)
+        return RunResult(self.cfg.node, commit, fetched, plan=the_plan, report=report,
+                         pushed=self.reporter.push(), interrupted=interrupted)
 
     def _hold(self, commit: str, fetched: bool, verdict: RolloutVerdict, signer: Any) -> RunResult:
         """Not this node's turn: waiting (no note), or halted by a failure elsewhere (noted once)."""

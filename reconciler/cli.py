@@ -510,6 +510,42 @@ def _fleet_status(agent_opts: dict[str, Any], rev: str | None, html_file: Path |
 
 @cli.command()
 @agent_options
+@click.argument("service")
+@click.option("--to", "to", help="Commit to put the service back to [its previous good one].")
+@output_option
+def rollback(agent_opts: dict[str, Any], service: str, to: str | None, output: str) -> None:
+    """Put one service on this node back to an earlier version, now, without the git server,
+    and pin it there until the branch moves on or `reconciler unpin SERVICE`.
+
+    The fleet's rollback is `git revert` (a reviewed commit); this is the node's.
+
+    \b
+    Example:
+      reconciler rollback identity --config /etc/reconciler/agent.yaml
+      reconciler rollback identity --to 3f2a9c1 --config /etc/reconciler/agent.yaml
+    """
+    result = Agent(_config(agent_opts)).rollback(service, to)
+    _print_result(result, output)
+    sys.exit(result.exit_code)
+
+
+@cli.command()
+@agent_options
+@click.argument("service")
+def unpin(agent_opts: dict[str, Any], service: str) -> None:
+    """Release a pin made by `rollback`: the next run brings SERVICE to the branch head.
+
+    \b
+    Example:
+      reconciler unpin identity --config /etc/reconciler/agent.yaml
+    """
+    released = Agent(_config(agent_opts)).unpin(service)
+    out.print(f"{service}: pin released; the next run applies the branch head" if released
+              else f"{service} was not pinned")
+
+
+@cli.command()
+@agent_options
 def retry(agent_opts: dict[str, Any]) -> None:
     """Try the branch head again on this node after it failed here (it is not retried on its own).
 

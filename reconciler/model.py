@@ -360,6 +360,7 @@ class Report:
     signer: Mapping[str, str] | None = None
     verdicts: tuple[Mapping[str, Any], ...] = ()
     events: tuple[str, ...] = ()  # what happened around the run: a reboot finished, a run interrupted
+    pins: Mapping[str, str] = field(default_factory=dict)  # service -> commit it is held at
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -382,6 +383,8 @@ class Report:
             out["verdicts"] = [dict(v) for v in self.verdicts]
         if self.events:
             out["events"] = list(self.events)
+        if self.pins:
+            out["pins"] = dict(self.pins)
         return out
 
     def to_json(self) -> str:

@@ -86,3 +86,49 @@ def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls
         result = fleet[node].reconcile_once()
         assert result.exit_code == 0, (node, result.report, result.waiting)
     assert all(state(deployment, n, fix) == "applied" for n in NODES)
+
+
+def test_manual_rollback_with_the_remote_down_pins_until_the_branch_moves(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    c1 = git("rev-parse", "HEAD", cwd=deployment.work)
+    ctl1.reconcile_once()
+    deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",
+                    "port = {{ port_base + ports.identity }}\nworkers = 4")
+    c2 = deployment.commit("identity: four workers")
+    ctl1.reconcile_once()
+    live = ctl1.cfg.state_dir / "services" / "identity" / "live" / "identity.conf"
+    assert "workers = 4" in live.read_text()
+
+    # The git server is gone: the operator rolls identity back on this node from the CLI.
+    offline = ["--node", "ctl1", "--remote", "git://127.0.0.1:9/gone.git", "--state-dir", str(ctl1.cfg.state_dir),
+               "--allowed-signers", str(merge_key.allowed_signers)]
+    ctl1.close()
+    proc = subprocess.run([sys.executable, "-m", "reconciler", "rollback", "identity", *offline, "-o", "json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["report"]["pins"] == {"identity": c1} and out["report"]["services"]["identity"]["result"] == "ok"
+    assert "workers" not in live.read_text()
+
+    # The remote is back, the branch has not moved: the pin holds, and the note shows it.
+    node = agents("ctl1", deployment.url)
+    result = node.reconcile_once()
+    assert result.exit_code == 0 and "workers" not in live.read_text()
+    assert (deployment.note("ctl1", c2) or {}).get("pins") == {"identity": c1}
+
+    # A new commit moves the branch past the pin: identity follows the branch again.
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 1200")
+    c3 = deployment.commit("shorter tokens")
+    result = node.reconcile_once()
+    assert result.exit_code == 0 and "workers = 4" in live.read_text()
+    note = deployment.note("ctl1", c3) or {}
+    assert "pins" not in note and any("pin of identity" in e for e in note.get("events", []))  # type: ignore[union-attr]
+
+    # unpin: the next run brings the service back to the head without waiting for a new commit.
+    node.rollback("identity", to=c1)
+    assert "workers" not in live.read_text()
+    assert node.unpin("identity")
+    node.reconcile_once()
+    assert "workers = 4" in live.read_text()

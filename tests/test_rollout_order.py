@@ -1,0 +1,63 @@
+"""The rollout decision as data: the plan, the notes, the clock in; go, wait or halt out."""
+
+from __future__ import annotations
+
+from reconciler.rollout import FleetView, Note, decide, plan_rollout
+
+NODES = [f"cmp{i}" for i in range(1, 9)] + ["ctl1", "ctl2", "ctl3"]
+GROUPS = {"controllers": ["ctl1", "ctl2", "ctl3"], "computes": [f"cmp{i}" for i in range(1, 9)]}
+SETTINGS = {"rollout": {"waves": [
+    {"name": "canary", "nodes": ["ctl1"], "soak": 600},
+    {"name": "controllers", "group": "controllers"},
+    {"name": "computes", "group": "computes", "batch": "25%"},
+]}}
+
+
+def plan():  # type: ignore[no-untyped-def]
+    return plan_rollout(SETTINGS, NODES, lambda g: GROUPS[g])
+
+
+def applied(*nodes: str, commit: str = "c1", time: str = "2026-11-21T10:00:00Z") -> dict[str, tuple[Note, ...]]:
+    return {n: (Note(n, commit, "applied", time),) for n in nodes}
+
+
+def at(text: str) -> float:
+    from datetime import UTC, datetime
+
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def test_waves_batches_and_the_rest() -> None:
+    r = plan()
+    assert [(w.name, w.nodes, w.batch) for w in r.waves] == [
+        ("canary", ("ctl1",), 1), ("controllers", ("ctl2", "ctl3"), 2),
+        ("computes", tuple(f"cmp{i}" for i in range(1, 9)), 2)]
+    assert [m for _, m in r.batches()][2:] == [("cmp1", "cmp2"), ("cmp3", "cmp4"), ("cmp5", "cmp6"), ("cmp7", "cmp8")]
+
+
+def test_soak_holds_the_next_wave_then_lets_it_go() -> None:
+    fleet = FleetView(applied("ctl1"))
+    held = decide(plan(), "ctl2", "c1", fleet, at("2026-11-21T10:05:00Z"))
+    assert not held.go and held.reason == "soaking after wave canary until 10:10:00Z"
+    assert decide(plan(), "ctl2", "c1", fleet, at("2026-11-21T10:10:01Z")).go
+
+
+def test_a_batch_waits_for_earlier_batches_only() -> None:
+    fleet = FleetView(applied("ctl1", "ctl2", "ctl3", "cmp1"))
+    now = at("2026-11-21T12:00:00Z")
+    assert decide(plan(), "cmp2", "c1", fleet, now).go  # same batch as cmp1
+    wait = decide(plan(), "cmp3", "c1", fleet, now)
+    assert not wait.go and wait.waiting_for == ("cmp2",)
+
+
+def test_a_descendant_applied_counts_and_a_failure_halts_the_others() -> None:
+    fleet = FleetView({**applied("ctl1", commit="c2"), "ctl2": (Note("ctl2", "c1", "failed", "", "identity", "boom"),)},
+                      descends=lambda a, b: (a, b) == ("c2", "c1"))
+    assert fleet.reached("ctl1", "c1") is not None
+    halted = decide(plan(), "cmp5", "c1", fleet, at("2026-11-22T00:00:00Z"))
+    assert halted.halted and halted.reason == "halted: ctl2 failed c1 (identity): boom"
+    assert not decide(plan(), "ctl2", "c1", fleet, 0).halted  # the failing node itself is not halted by itself
+
+
+def test_no_plan_means_go() -> None:
+    assert decide(plan_rollout({}, NODES, lambda g: []), "cmp1", "c1", FleetView(), 0).go
