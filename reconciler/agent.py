@@ -28,6 +28,7 @@ from .errors import BadInput, Busy, ReconcilerError
 from .model import ActionKind, Desired, Plan, Report, ResultState, RunState
 from .observe import observe
 from .plan import plan as make_plan
+from .plan import stage
 from .report import Reporter
 from .source import Source
 from .state import State, atomic_write
@@ -67,7 +68,8 @@ class RunResult:
     def exit_code(self) -> int:
         if self.error is not None:
             return self.error.exit_code
-        if self.report is not None and self.report.state not in (RunState.APPLIED, RunState.REBOOTING):
+        if self.report is not None and self.report.state not in (RunState.APPLIED, RunState.REBOOTING,
+                                                                 RunState.STAGED):
             return 1  # failed here, or halted by a failure elsewhere
         return 0
 
@@ -316,7 +318,8 @@ class Agent:
                 raise BadInput(f"service {service} is not on node {self.cfg.node} at {target[:12]}")
             self.state.put(f"pin:{service}", json.dumps({"commit": target, "head": head, "hash": old[service].hash}))
             return self._converge(head, fetched=False, interrupted=(), events=[
-                f"rollback of {service} to {target[:12]} by an operator"], signer=None, only={service})
+                f"rollback of {service} to {target[:12]} by an operator"], signer=None, only={service},
+                instantiate=True)
 
     # fleet -----------------------------------------------------------------------------
     def fleet_view(self) -> FleetView:
@@ -395,7 +398,13 @@ class Agent:
             observed = observe(self.cfg.node, drivers_for(self.cfg, desired))
             return make_plan(desired, observed), fetched
 
-    def reconcile_once(self, *, fetch: bool = True, rev: str | None = None) -> RunResult:
+    def reconcile_once(self, *, fetch: bool = True, rev: str | None = None, instantiate: bool = False,
+                       only: set[str] | None = None) -> RunResult:
+        """One pass. ``instantiate``: an operator's `reconciler apply`, which also applies what
+        ``apply: manual`` staged (``only``: just these services)."""
+        return self._reconcile(fetch=fetch, rev=rev, only=only, instantiate=instantiate)
+
+    def _reconcile(self, *, fetch: bool, rev: str | None, only: set[str] | None, instantiate: bool) -> RunResult:
         with self.state.lock(wait=30 if rev else 0):
             self.reporter.recover()
             commit, fetched = self.head(fetch, rev)
@@ -443,11 +452,12 @@ class Agent:
                 self._finish(report)
                 return RunResult(self.cfg.node, commit, fetched, report=report,
                                  pushed=self.reporter.push(), interrupted=interrupted, error=exc)
-            return self._converge(commit, fetched, interrupted, events, signer, repo=repo)
+            return self._converge(commit, fetched, interrupted, events, signer, repo=repo, only=only,
+                                  instantiate=instantiate)
 
     def _converge(self, commit: str, fetched: bool, interrupted: tuple[tuple[str, str, str], ...],
                   events: list[str], signer: Any, repo: DeploymentRepo | None = None,
-                  only: set[str] | None = None) -> RunResult:
+                  only: set[str] | None = None, instantiate: bool = False) -> RunResult:
         """Render, observe, plan, apply and report ``commit`` (``only``: these services)."""
         try:
             desired = self.desired(commit, repo)
@@ -460,6 +470,8 @@ class Agent:
         try:
             drivers = drivers_for(self.cfg, desired)
             the_plan = make_plan(desired, observe(self.cfg.node, drivers))
+            if not instantiate:
+                the_plan = stage(the_plan)
             if only is not None:
                 the_plan = Plan(the_plan.node, the_plan.commit, tuple(a for a in the_plan.actions if a.service in only))
         except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
@@ -473,9 +485,11 @@ class Agent:
         ok = all(r.state is ResultState.OK for r in results)
         reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
         failed = [r for r in results if r.state is ResultState.FAILED]
+        staged = [a for a in the_plan.actions if a.reason.startswith("staged (apply: manual)")]
         report = Report(
             self.cfg.node, commit,
-            RunState.FAILED if failed else RunState.REBOOTING if reboots else RunState.APPLIED, now_iso(),
+            RunState.FAILED if failed else RunState.REBOOTING if reboots else RunState.STAGED if staged
+            else RunState.APPLIED, now_iso(),
             services=tuple(results), plan_hash=the_plan.hash, signer=signer,
             reason="APPLY_FAILED" if failed else "",
             error=failed[0].detail if failed else "", events=tuple(events),
@@ -483,7 +497,7 @@ class Agent:
         )
         if failed:
             self.state.put(FAILED_COMMIT, commit)
-        if ok and not reboots and only is None:
+        if ok and not reboots and not staged and only is None:
             self.state.put(APPLIED_COMMIT, commit)
             self.state.put(APPLIED_HASHES, json.dumps({s.name: s.hash for s in desired.services}))
         self._finish(report)
@@ -511,7 +525,7 @@ class Agent:
         """Record the run and write its note, unless the same verdict is already noted."""
         self.state.record_run(report.commit, str(report.state), report.reason)
         previous = self.reporter.read(report.commit)
-        if report.state in (RunState.ERROR, RunState.REFUSED, RunState.HALTED) and previous \
+        if report.state in (RunState.ERROR, RunState.REFUSED, RunState.HALTED, RunState.STAGED) and previous \
                 and previous.get("state") == str(report.state) and previous.get("error") == report.error:
             return  # a broken or refused commit is noted once, not on every poll
         self.reporter.write(report)

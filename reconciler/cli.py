@@ -317,19 +317,26 @@ def _print_result(result: RunResult, output: str) -> None:
 
 @cli.command()
 @agent_options
-@click.option("--rev", help="Apply this commit of the node's mirror instead of the branch head.")
+@click.argument("commit", required=False)
+@click.option("--rev", help="Same as COMMIT.")
+@click.option("--service", "services", multiple=True, help="Only this service (repeatable).")
 @click.option("--no-fetch", is_flag=True, help="Apply what the mirror has; do not contact the remote.")
 @output_option
-def apply(agent_opts: dict[str, Any], rev: str | None, no_fetch: bool, output: str) -> None:
-    """Converge this node on the branch head (or --rev) now, and note the result.
+def apply(agent_opts: dict[str, Any], commit: str | None, rev: str | None, services: tuple[str, ...],
+          no_fetch: bool, output: str) -> None:
+    """Converge this node on the branch head (or COMMIT) now, and note the result. This is
+    also how services under `apply: manual`, which the agent only stages, are instantiated.
 
     \b
     Example:
       reconciler apply --config /etc/reconciler/agent.yaml
+      reconciler apply --config /etc/reconciler/agent.yaml --service identity
     """
     cfg = _config(agent_opts)
     agent = Agent(cfg)
-    result = agent.reconcile_once(fetch=not no_fetch and rev is None, rev=rev)
+    rev = commit or rev
+    result = agent.reconcile_once(fetch=not no_fetch and rev is None, rev=rev, instantiate=True,
+                                  only=set(services) or None)
     _print_result(result, output)
     sys.exit(result.exit_code)
 

@@ -162,6 +162,7 @@ class DesiredService:
     rules: tuple[Rule, ...] = ()
     reload: Reload = field(default_factory=Reload)
     ceiling: ActionKind = ActionKind.RECREATE  # escalation stops here
+    manual: bool = False  # apply: manual: staged by the agent, instantiated by `reconciler apply`
     drain: str = ""  # hook commands around drain+restart and reboot (move work away, bring it back)
     undrain: str = ""
 
@@ -343,6 +344,7 @@ class RunState(StrEnum):
     REFUSED = "refused"
     REBOOTING = "rebooting"
     HALTED = "halted"
+    STAGED = "staged"
 
 
 @dataclass(frozen=True)

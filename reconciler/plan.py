@@ -84,6 +84,19 @@ def plan(desired: Desired, observed: Observed) -> Plan:
     return Plan(node=desired.node, commit=desired.commit, actions=tuple(actions))
 
 
+def stage(plan: Plan) -> Plan:
+    """Hold back the changes of services under ``apply: manual``: they become "none", their
+    reason says what `reconciler apply` will do."""
+    held = []
+    for a in plan.actions:
+        if a.desired is not None and a.desired.manual and (a.kind is not ActionKind.NONE or a.sync):
+            held.append(Action(ActionKind.NONE, a.service, f"staged (apply: manual): {a.kind}: {a.reason}",
+                               a.desired, a.driver))
+        else:
+            held.append(a)
+    return Plan(plan.node, plan.commit, tuple(held))
+
+
 def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
     drv = svc.runtime.driver
     if o is None or o.driver != drv:

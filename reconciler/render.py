@@ -205,6 +205,7 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
                     for r in svc.on_change),
         reload=Reload(signal=svc.reload.get("signal", "SIGHUP"), command=svc.reload.get("command", "")),
         ceiling=ActionKind(svc.escalate_to),
+        manual=svc.manual or repo.node(node).manual,
         drain=inline(svc.drain, "runtime") if svc.drain else "",
         undrain=inline(svc.undrain, "runtime") if svc.undrain else "",
     )

@@ -51,6 +51,7 @@ class ServiceDef:
     escalate_to: str
     drain: str
     undrain: str
+    manual: bool
     files: tuple[FileDecl, ...]
     health: Mapping[str, Any]
     defaults: Mapping[str, Any]
@@ -78,6 +79,7 @@ class NodeDef:
     groups: tuple[str, ...]
     driver: str | None
     vars: Mapping[str, Any]
+    manual: bool = False
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,7 @@ def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef 
         reload={k: str(v) for k, v in data.get("reload", {}).items()},
         escalate_to=str(data.get("escalate_to", "reboot" if data.get("driver") == "host" else "recreate")),
         drain=str(data.get("drain", "")),
+        manual=data.get("apply") == "manual",
         undrain=str(data.get("undrain", "")),
         files=tuple(files),
         health=dict(data.get("health", {})),
@@ -274,7 +277,8 @@ def load_repo(tree: Tree) -> DeploymentRepo:
                         "inventory.yaml", inventory.line(("nodes", nname, "groups", i)),
                         f"node {nname!r}: unknown group {gname!r}",
                     ))
-            nodes[nname] = NodeDef(nname, tuple(n["groups"]), n.get("driver"), dict(n.get("vars", {})))
+            nodes[nname] = NodeDef(nname, tuple(n["groups"]), n.get("driver"), dict(n.get("vars", {})),
+                                   n.get("apply") == "manual")
 
     problems.extend(_check_dependencies(services))
     if problems:

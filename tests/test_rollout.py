@@ -132,3 +132,33 @@ def test_manual_rollback_with_the_remote_down_pins_until_the_branch_moves(
     assert node.unpin("identity")
     node.reconcile_once()
     assert "workers = 4" in live.read_text()
+
+
+def test_manual_instantiate_mode_stages_until_an_operator_applies(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    deployment.edit("services/identity/service.yaml", "depends_on: [db]\n", "depends_on: [db]\napply: manual\n")
+    deployment.commit("identity changes wait for an operator")
+    ctl2 = agents("ctl2", deployment.url)
+    first = ctl2.reconcile_once()
+    assert first.report is not None and first.report.state == "staged"
+    staged = {r.service: r.reason for r in first.report.services}
+    assert staged["identity"].startswith("staged (apply: manual): start")
+    assert "identity" not in {o for o, p in _pids(ctl2).items() if p}
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "reconciler", "apply", "--service", "identity", "--node", "ctl2", "--remote",
+         deployment.url, "--state-dir", str(ctl2.cfg.state_dir), "--allowed-signers",
+         str(merge_key.allowed_signers), "-o", "json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["report"]["services"]["identity"]["action"] == "start"
+    assert _pids(ctl2)["identity"]
+    again = ctl2.reconcile_once()
+    assert again.exit_code == 0 and again.report is not None and again.report.state == "applied"
+
+
+def _pids(agent: Agent) -> dict[str, int | None]:
+    from reconciler.agent import drivers_for
+    from reconciler.observe import observe
+
+    return {o.name: o.pid for o in observe(agent.cfg.node, drivers_for(agent.cfg, None)).services}
