@@ -369,8 +369,8 @@ class Agent:
     def head(self, fetch: bool, rev: str | None) -> tuple[str, bool]:
         if rev is not None:
             try:
-                return str(self.source.repo.revparse_single(rev).peel(None).id), False
-            except (KeyError, ValueError) as exc:
+                return str(self.source.repo.revparse_single(rev).peel(pygit2.Commit).id), False
+            except (KeyError, ValueError, pygit2.GitError) as exc:
                 raise BadInput(f"revision {rev!r} is not in the node's mirror (fetch first)") from exc
         if fetch:
             return self.source.update()

@@ -39,6 +39,7 @@ def _probe(health: Health, driver: Driver, name: str) -> bool:
         except OSError:
             return False
     if health.kind == "http":
+        import http.client
         import urllib.error
         import urllib.request
 
@@ -47,7 +48,7 @@ def _probe(health: Health, driver: Driver, name: str) -> bool:
         try:
             with urllib.request.urlopen(health.target, timeout=2.0) as resp:  # noqa: S310
                 return 200 <= int(resp.status) < 300
-        except (urllib.error.URLError, OSError, ValueError):
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
             return False
     return True
 
@@ -97,7 +98,12 @@ def apply_plan(
         entry = state.intent(plan.commit, action.service, str(action.kind))
         steps: list[str] = []
         try:
-            pid, done = _do(action, drivers[action.driver], plan.commit, steps)
+            try:
+                pid, done = _do(action, drivers[action.driver], plan.commit, steps)
+            except ReconcilerError:
+                raise
+            except Exception as exc:  # a runtime's own error (API, OS, timeout): a failed action, noted
+                raise ApplyError(f"service {action.service}: {type(exc).__name__}: {exc}") from exc
         except ReconcilerError as exc:
             state.settle(entry, ok=False)
             state.record(action.service, plan.commit, h, str(action.kind), "failed", action.reason, str(exc))
@@ -136,7 +142,10 @@ def hook(svc: DesiredService, which: str, commit: str) -> None:
     if not command:
         return
     env = {**os.environ, "RECONCILER_SERVICE": svc.name, "RECONCILER_COMMIT": commit}
-    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=1800)
+    try:
+        done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=1800)
+    except subprocess.TimeoutExpired as exc:
+        raise ApplyError(f"service {svc.name}: {which} hook timed out") from exc
     if done.returncode != 0:
         raise ApplyError(f"service {svc.name}: {which} hook failed: {(done.stderr or done.stdout).strip()[-200:]}")
 
@@ -167,9 +176,10 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str]) -> tuple[
 
     def drain_restart(svc: DesiredService, commit: str, check: Check) -> int | None:
         hook(svc, "drain", commit)
-        pid = driver.restart(svc, commit, check)
-        hook(svc, "undrain", commit)
-        return pid
+        try:
+            return driver.restart(svc, commit, check)
+        finally:
+            hook(svc, "undrain", commit)  # work comes back whether the restart worked or not
 
     def reboot(svc: DesiredService, commit: str, check: Check) -> int | None:
         do_reboot = getattr(driver, "reboot", None)

@@ -142,6 +142,10 @@ def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[
     kinds = [k for _, k, _ in judged]
     if "health" in parts:
         kinds.append(ActionKind.RESTART)
+    if "file" in parts and not judged:
+        # The record says the files changed but they already match (a run stopped between
+        # writing them and restarting): the program may not have read them yet.
+        return ActionKind.RESTART, "files already written by an interrupted run; restart to load them"
     if not kinds:
         return ActionKind.CONNECT, "networks changed"
     final = max(kinds, key=rank)

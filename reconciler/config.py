@@ -5,7 +5,9 @@ These never come from the deployment repo: the node decides where it pulls from 
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,8 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
                                   file=str(path), line=doc.line((key,)))
             values[key] = value
     host_values = values.pop("host", None) or {}
+    if isinstance(host_values, dict):
+        host_values = {str(k).replace("-", "_"): v for k, v in host_values.items()}
     if not isinstance(host_values, dict) or set(host_values) - {f.name for f in fields(HostConfig)}:
         raise ConfigError(f"host: a mapping of {', '.join(f.name for f in fields(HostConfig))}", file=file)
     trust_values = values.pop("trust", None) or {}
@@ -117,6 +121,13 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         if not values.get(required):
             flag = "--" + required.replace("_", "-")
             raise ConfigError(f"missing setting {required!r} (give {flag} or set it in --config)", file=file)
+    for key in ("branch", "state_dir", "ssh_command"):
+        if key in values and values[key] is not None and not isinstance(values[key], str | Path):
+            raise ConfigError(f"{key} must be a string", file=file)
+        if key in values and values[key] is None and key != "ssh_command":
+            raise ConfigError(f"{key} must not be empty", file=file)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(values["node"])):
+        raise ConfigError(f"node name {values['node']!r} must be letters, digits, '.', '_' or '-'", file=file)
     try:
         cfg = AgentConfig(
             node=str(values["node"]),
@@ -145,7 +156,8 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc
     if cfg.trust.policy not in POLICIES:
         raise ConfigError(f"trust policy {cfg.trust.policy!r} is not one of {', '.join(POLICIES)}", file=file)
-    if cfg.interval <= 0 or cfg.jitter < 0 or cfg.supervise_interval <= 0:
+    numbers = (cfg.interval, cfg.jitter, cfg.supervise_interval)
+    if not all(math.isfinite(n) for n in numbers) or cfg.interval <= 0 or cfg.jitter < 0 or cfg.supervise_interval <= 0:
         raise ConfigError("interval and supervise_interval must be > 0, jitter >= 0", file=file)
     return cfg
 

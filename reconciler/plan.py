@@ -105,6 +105,8 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
         parts = {p for p, _ in _changed_parts(svc, o)}
         default = ActionKind.REBOOT if svc.runtime.driver == "host" else ActionKind.RESTART
         kind, reason = decide(parts, o.files, svc.files, svc.rules, default)
+        if not o.running:  # nothing to reload or connect: start it with the new slice
+            return Action(ActionKind.START, svc.name, f"not running ({o.detail or 'stopped'}); {reason}", svc, drv)
         if kind is ActionKind.NONE:
             return Action(kind, svc.name, f"{reason}: files updated, nothing restarted", svc, drv, sync=True)
         return Action(kind, svc.name, reason, svc, drv)

@@ -18,6 +18,7 @@ The commit id is deliberately not in the context: a slice must change only when 
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -29,7 +30,8 @@ from .errors import RenderError
 from .model import ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
 from .repo import DeploymentRepo, ServiceDef
 
-PORT = re.compile(r"([0-9.]+:)?[0-9]{1,5}:[0-9]{1,5}(/(tcp|udp))?")
+PORT = re.compile(r"((\d{1,3}\.){3}\d{1,3}:)?\d{1,5}:\d{1,5}(/(tcp|udp))?")
+HOSTPORT = re.compile(r"[^:\s]+:\d{1,5}")
 VOLUME = re.compile(r"[^:]+:/[^:]*(:(ro|rw))?")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -155,7 +157,10 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
         if decl.template is not None:
             tpl = svc.template_path(decl.template)
             text = _render(env, ctx, name=tpl, text=None, file=svc.file, line=decl.line, node=node)
-            content = text.encode("utf-8")
+            try:
+                content = text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise RenderError(f"node {node}: rendered text is not valid UTF-8 ({exc.reason})", file=tpl) from exc
         else:
             assert decl.source is not None
             content = svc.sources[svc.source_path(decl.source)]
@@ -168,6 +173,9 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
     for kind in ("http", "tcp", "command"):
         if kind in svc.health:
             health = Health(kind, inline(str(svc.health[kind]), "health"), timeout)
+    if health.kind == "tcp" and not HOSTPORT.fullmatch(health.target):
+        raise RenderError(f"node {node}: health: tcp {health.target!r} is not host:port", file=svc.file,
+                          line=svc.lines.get("health"))
     if health.kind == "running":
         health = Health("running", "", timeout)
     c = svc.container
@@ -180,6 +188,10 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
                                   line=svc.lines.get("runtime"))
         return out
 
+    signal_name = svc.reload.get("signal", "SIGHUP")
+    if not hasattr(signal, signal_name if signal_name.startswith("SIG") else f"SIG{signal_name}"):
+        raise RenderError(f"node {node}: reload: unknown signal {signal_name!r}", file=svc.file,
+                          line=svc.lines.get("runtime"))
     driver = repo.driver_of(node, svc.name)
     runtime = Runtime(
         driver, command, env_vars,

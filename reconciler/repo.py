@@ -190,10 +190,15 @@ def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef 
     seen_paths: set[str] = set()
     for i, f in enumerate(data.get("files", [])):
         line = doc.line(("files", i))
-        if f["path"] in seen_paths or ".." in f["path"].split("/"):
-            problems.append(Problem(file, line, f"files/{i}: bad or duplicate path {f['path']!r}"))
+        path = f["path"]
+        parts = path.split("/")
+        normal = "/".join(p for p in parts if p not in ("", "."))
+        if (not normal or ".." in parts or path.endswith("/") or "." in parts or "//" in path
+                or normal in seen_paths or any(s.startswith(normal + "/") or normal.startswith(s + "/")
+                                               for s in seen_paths)):
+            problems.append(Problem(file, line, f"files/{i}: bad, duplicate or clashing path {path!r}"))
             continue
-        seen_paths.add(f["path"])
+        seen_paths.add(normal)
         tpl, src = f.get("template"), f.get("source")
         if tpl is not None:
             rel = f"{base}/templates/{tpl}"

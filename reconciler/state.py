@@ -113,7 +113,13 @@ class State:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            root.chmod(0o700)  # records hold service environments; notes are the public part
+        except OSError as exc:
+            from .errors import ConfigError
+
+            raise ConfigError(f"state dir {root}: {exc.strerror or exc}") from exc
         # The daemon runs its jobs in scheduler threads; they are serialised by the run lock.
         self.db = sqlite3.connect(root / "state.db", timeout=30, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")

@@ -96,6 +96,8 @@ def load_yaml(text: bytes, file: str) -> YamlDoc:
         raise BadInput(f"invalid YAML: {what}", file=file, line=line) from exc
     except yaml.YAMLError as exc:
         raise BadInput(f"invalid YAML: {exc}", file=file) from exc
+    except RecursionError as exc:
+        raise BadInput("YAML nested too deeply", file=file) from exc
     return YamlDoc(file=file, data=data, lines=lines)
 
 

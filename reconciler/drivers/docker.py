@@ -28,9 +28,8 @@ from docker.types import Mount
 
 from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
-from ..state import atomic_write
 from .base import Check
-from .files import read_dir, sync_dir
+from .files import read_dir, read_record, sync_dir, write_record
 
 PREFIX = "reconciler."
 STOP_TIMEOUT = 10
@@ -115,18 +114,14 @@ class DockerDriver:
         return self.root / service
 
     def _record(self, service: str) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads((self._dir(service) / "record.json").read_text())
-            return data
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return read_record(self._dir(service))
 
     def _write_record(self, svc: DesiredService, commit: str, container: Container) -> None:
         rec = {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(), "commit": commit,
                "container": container.id, "networks": sorted(svc.runtime.networks),
                "network_mode": svc.runtime.network_mode,
                "restart": svc.runtime.restart or "no", "config_hash": svc.config_hash}
-        atomic_write(self._dir(svc.name) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+        write_record(self._dir(svc.name), rec)
 
     def _live(self, service: str) -> Path:
         return self._dir(service) / "live"
@@ -292,7 +287,7 @@ class DockerDriver:
             sync_dir(self._live(svc.name), before)
             c.restart(timeout=STOP_TIMEOUT)
             if previous is not None:
-                atomic_write(self._dir(svc.name) / "record.json", json.dumps(previous).encode())
+                write_record(self._dir(svc.name), previous)
             raise ApplyError(f"{exc}; previous config restored (container {c.short_id})") from exc
         self._write_record(svc, commit, c)
         return self._pid(c)
@@ -317,7 +312,7 @@ class DockerDriver:
             old.rename(self.container_name(svc.name))
             old.start()
             if previous is not None:
-                atomic_write(self._dir(svc.name) / "record.json", json.dumps(previous).encode())
+                write_record(self._dir(svc.name), previous)
             raise ApplyError(f"{exc}; previous container restored ({old.short_id})") from exc
         old.remove(force=True)
         return self._pid(new)
@@ -338,7 +333,7 @@ class DockerDriver:
             with contextlib.suppress(ReconcilerError):
                 self._signal_reload(c, svc)
             if previous is not None:
-                atomic_write(self._dir(svc.name) / "record.json", json.dumps(previous).encode())
+                write_record(self._dir(svc.name), previous)
             raise ApplyError(f"{exc}; previous config restored and reloaded") from exc
         self._write_record(svc, commit, c)
         return self._pid(c)

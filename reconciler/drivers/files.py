@@ -8,13 +8,13 @@ the new files without being restarted: what a reload needs. Files no longer in t
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ..model import FileSpec
 from ..state import atomic_write, fsync_dir
-
-MAX_READ = 1 << 20  # configs larger than this are compared by hash only
 
 
 def sync_dir(live: Path, files: Iterable[FileSpec]) -> None:
@@ -46,9 +46,21 @@ def read_dir(live: Path) -> tuple[FileSpec, ...]:
     for path in sorted(live.rglob("*")):
         if path.is_file() and not path.name.startswith("."):
             st = path.stat()
-            content = path.read_bytes() if st.st_size <= MAX_READ else b""
-            out.append(FileSpec(path.relative_to(live).as_posix(), st.st_mode & 0o7777, content))
+            out.append(FileSpec(path.relative_to(live).as_posix(), st.st_mode & 0o7777, path.read_bytes()))
     return tuple(out)
+
+
+def write_record(directory: Path, record: dict[str, Any]) -> None:
+    """A driver's record of what it applied: private (it holds service environments)."""
+    atomic_write(directory / "record.json", json.dumps(record, indent=2, sort_keys=True).encode(), 0o600)
+
+
+def read_record(directory: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((directory / "record.json").read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def signal_number(name: str) -> int:
@@ -57,4 +69,4 @@ def signal_number(name: str) -> int:
     return int(getattr(signal, name if name.startswith("SIG") else f"SIG{name}"))
 
 
-__all__ = ["read_dir", "signal_number", "sync_dir"]
+__all__ = ["read_dir", "read_record", "signal_number", "sync_dir", "write_record"]

@@ -21,6 +21,7 @@ from ..errors import ApplyError, ReconcilerError
 from ..model import ActionKind, DesiredService, FileSpec, ObservedService, Rule
 from ..state import atomic_write
 from .base import Check
+from .files import read_record, write_record
 from .hostaccess import HostAccess
 
 PENDING = "reboot-pending.json"
@@ -38,16 +39,12 @@ class HostDriver:
         return self.root / service
 
     def _record(self, service: str) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads((self._dir(service) / "record.json").read_text())
-            return data
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return read_record(self._dir(service))
 
     def _write_record(self, svc: DesiredService, commit: str) -> None:
         rec = {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(), "commit": commit,
                "paths": sorted(f.path for f in svc.files)}
-        atomic_write(self._dir(svc.name) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+        write_record(self._dir(svc.name), rec)
 
     def current(self, paths: list[str]) -> tuple[FileSpec, ...]:
         """The host files as they are now."""
@@ -63,6 +60,8 @@ class HostDriver:
         if not self.root.is_dir():
             return out
         for d in sorted(self.root.iterdir()):
+            if not d.is_dir():
+                continue  # reboot-pending.json lives beside the services
             rec = self._record(d.name)
             if rec is None:
                 continue
@@ -179,7 +178,7 @@ class HostDriver:
 
     def finish_reboot(self, pending: dict[str, Any]) -> None:
         rec = {k: pending[k] for k in ("service", "hash", "fingerprint", "commit", "paths")}
-        atomic_write(self._dir(pending["service"]) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+        write_record(self._dir(pending["service"]), rec)
         (self.root / PENDING).unlink(missing_ok=True)
 
     def remove(self, name: str) -> None:

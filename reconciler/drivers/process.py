@@ -16,7 +16,6 @@ process's start time from /proc, so a recycled pid is never mistaken for the ser
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -30,7 +29,7 @@ from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
 from ..state import atomic_write, fsync_dir
 from .base import Check
-from .files import read_dir, signal_number, sync_dir
+from .files import read_dir, read_record, signal_number, sync_dir, write_record
 
 STOP_TIMEOUT = 10.0
 KEEP_REVISIONS = 5
@@ -61,14 +60,12 @@ class ProcessDriver:
         return self.root / name
 
     def _record(self, name: str) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads((self._dir(name) / "record.json").read_text())
-            return data
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return read_record(self._dir(name))
 
     def _alive(self, rec: dict[str, Any] | None) -> bool:
-        return bool(rec and rec.get("pid") and _proc_start_time(rec["pid"]) == rec.get("start_time"))
+        # No recorded start time means it died before it could be seen: never "alive".
+        return bool(rec and rec.get("pid") and rec.get("start_time") is not None
+                    and _proc_start_time(rec["pid"]) == rec["start_time"])
 
     # observe ---------------------------------------------------------------------------
     def observe(self) -> list[ObservedService]:
@@ -164,9 +161,8 @@ class ProcessDriver:
         rec = self._record(svc.name) or {}
         rev = self.materialise(svc)
         sync_dir(self._live(svc.name), svc.files)
-        keep = {k: rec[k] for k in ("pid", "start_time", "started") if k in rec}
-        atomic_write(self._dir(svc.name) / "record.json",
-                     json.dumps({**self._new_record(svc, commit, rev), **keep}, indent=2, sort_keys=True).encode())
+        keep: dict[str, Any] = {k: rec[k] for k in ("pid", "start_time", "started") if k in rec}
+        write_record(self._dir(svc.name), {**self._new_record(svc, commit, rev), **keep})
 
     def reload(self, svc: DesiredService, commit: str, check: Check) -> int | None:
         rec = self._record(svc.name)
@@ -179,7 +175,7 @@ class ProcessDriver:
             check()
         except ReconcilerError as exc:
             sync_dir(self._live(svc.name), before)
-            atomic_write(self._dir(svc.name) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+            write_record(self._dir(svc.name), rec)
             with contextlib.suppress(ReconcilerError):
                 self._signal_reload(svc.name)
             raise ApplyError(f"{exc}; previous config restored and reloaded") from exc
@@ -191,8 +187,11 @@ class ProcessDriver:
         how = rec.get("reload") or {}
         if how.get("command"):
             env = {**os.environ, "RECONCILER_PID": str(rec["pid"])}
-            done = subprocess.run(["/bin/sh", "-c", how["command"]], cwd=rec["cwd"], env=env,
-                                  capture_output=True, timeout=30)
+            try:
+                done = subprocess.run(["/bin/sh", "-c", how["command"]], cwd=rec["cwd"], env=env,
+                                      capture_output=True, timeout=30)
+            except subprocess.TimeoutExpired as exc:
+                raise ApplyError(f"service {name}: reload command timed out") from exc
             if done.returncode != 0:
                 err = done.stderr.decode(errors="replace")[-200:]
                 raise ApplyError(f"service {name}: reload command failed: {err}")
@@ -260,7 +259,7 @@ class ProcessDriver:
                 break
             time.sleep(0.01)
         rec = {**rec, "pid": proc.pid, "start_time": start_time, "started": time.time()}
-        atomic_write(d / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+        write_record(d, rec)
         return proc.pid
 
     def stop(self, name: str) -> None:

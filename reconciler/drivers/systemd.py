@@ -6,7 +6,6 @@ driver's programs; its state is read back from systemd (ActiveState, MainPID).
 
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 from pathlib import Path
@@ -16,8 +15,13 @@ from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
 from ..state import atomic_write
 from .base import Check
-from .files import read_dir, sync_dir
+from .files import read_dir, read_record, sync_dir, write_record
 from .hostaccess import HostAccess
+
+
+def _unit_quote(arg: str) -> str:
+    """systemd's own quoting: % and $ are specifiers and variables unless doubled."""
+    return shlex.quote(arg.replace("%", "%%").replace("$", "$$"))
 
 
 class SystemdDriver:
@@ -41,19 +45,18 @@ class SystemdDriver:
         return self._dir(service) / "live"
 
     def _record(self, service: str) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads((self._dir(service) / "record.json").read_text())
-            return data
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return read_record(self._dir(service))
 
     def _write_record(self, svc: DesiredService, commit: str) -> None:
         rec = {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(), "commit": commit,
                "unit": self.unit(svc.name)}
-        atomic_write(self._dir(svc.name) / "record.json", json.dumps(rec, indent=2, sort_keys=True).encode())
+        write_record(self._dir(svc.name), rec)
 
     def unit_text(self, svc: DesiredService) -> str:
         rt = svc.runtime
+        for text in (*rt.command, *(v for _, v in rt.env), svc.reload.command):
+            if any(ord(c) < 32 for c in text):
+                raise ApplyError(f"service {svc.name}: control characters cannot go into a unit file")
         env = "".join(f"Environment={shlex.quote(f'{k}={v}')}\n" for k, v in rt.env)
         reload = (f"ExecReload=/bin/sh -c {shlex.quote(svc.reload.command)}\n" if svc.reload.command
                   else f"ExecReload=/bin/kill -{svc.reload.signal.removeprefix('SIG')} $MAINPID\n")
@@ -61,7 +64,7 @@ class SystemdDriver:
             f"# Written by reconciler for node {self.node}; edits are undone on the next run.\n"
             f"[Unit]\nDescription=reconciler: {svc.name}\n\n"
             f"[Service]\nType=simple\nWorkingDirectory={self._live(svc.name)}\n"
-            f"ExecStart={' '.join(shlex.quote(a) for a in rt.command)}\n{reload}{env}"
+            f"ExecStart={' '.join(_unit_quote(a) for a in rt.command)}\n{reload}{env}"
             f"Environment=RECONCILER_NODE={self.node} RECONCILER_SERVICE={svc.name}\n"
             f"Restart={rt.restart or 'on-failure'}\n"
             + (f"User={rt.user}\n" if rt.user else "")
