@@ -138,6 +138,11 @@ class Agent:
     def _trust_dir(self) -> Path:
         return self.cfg.state_dir / "trust"
 
+    def _root_id(self) -> str:
+        r = self.gate.root
+        return hashlib.sha256(repr((r.signers, sorted(r.revoked), str(r.gpg_home), r.origin,
+                                    str(self.gate.policy))).encode()).hexdigest()[:16]
+
     def _adopted_root(self, node_root: TrustRoot) -> TrustRoot:
         """A root rotated through the repo earlier, kept in the state dir; else the node's own."""
         from .sshsig import parse_allowed_signers
@@ -190,7 +195,10 @@ class Agent:
                 data = json.loads(note.message)
             except (json.JSONDecodeError, TypeError):
                 continue
-            if data.get("state") in ("applied", "failed") and (newest is None or data.get("time", "") > newest[0]):
+            # The mark moves for every verified commit the node acted on, whatever came of it.
+            if not isinstance(data, dict) or data.get("state") == "refused":
+                continue
+            if newest is None or str(data.get("time", "")) > newest[0]:
                 newest = (str(data.get("time", "")), str(note.annotated_id))
         if newest is None:
             return None
@@ -421,7 +429,8 @@ class Agent:
                 pushed = self.reporter.push()
                 return RunResult(self.cfg.node, commit, fetched, pushed=pushed)
             refused = json.loads(self.state.get(REFUSED) or "{}")
-            if refused.get("commit") == commit:  # judged and noted already: no work, no new note
+            if refused.get("commit") == commit and refused.get("root") == self._root_id():
+                # judged under this same root and noted already: no work, no new note
                 exc = TrustError(refused["message"], refused["reason"])
                 return RunResult(self.cfg.node, commit, fetched, pushed=self.reporter.push(), error=exc)
             try:
@@ -429,7 +438,9 @@ class Agent:
             except TrustError as exc:
                 report = Report(self.cfg.node, commit, RunState.REFUSED, now_iso(), reason=exc.reason,
                                 error=str(exc), verdicts=tuple(v.to_dict() for v in exc.verdicts if not v.ok))
-                self.state.put(REFUSED, json.dumps({"commit": commit, "reason": exc.reason, "message": str(exc)}))
+                if exc.reason != "KEY_NOT_YET_VALID":  # that one may pass later: judge again
+                    self.state.put(REFUSED, json.dumps({"commit": commit, "reason": exc.reason, "message": str(exc),
+                                                        "root": self._root_id()}))
                 self._finish(report)
                 log.error("%s: refused %s: %s", self.cfg.node, commit[:12], exc)
                 return RunResult(self.cfg.node, commit, fetched, report=report,

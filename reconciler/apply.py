@@ -60,8 +60,7 @@ def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], N
     deadline = start + h.timeout
     while True:
         if not driver.running(svc.name):
-            out = driver.last_output(svc.name)
-            raise ApplyError(f"service {svc.name} exited at once" + (f": {out}" if out else ""))
+            raise ApplyError(f"service {svc.name} exited at once", output=driver.last_output(svc.name))
         # Without a probe, surviving a short settle time is the only sign of life we have.
         settled = h.kind != "running" or time.monotonic() - start >= min(SETTLE, h.timeout)
         native = driver.native_health(svc.name)
@@ -106,7 +105,9 @@ def apply_plan(
                 raise ApplyError(f"service {action.service}: {type(exc).__name__}: {exc}") from exc
         except ReconcilerError as exc:
             state.settle(entry, ok=False)
-            state.record(action.service, plan.commit, h, str(action.kind), "failed", action.reason, str(exc))
+            output = _output(exc)
+            state.record(action.service, plan.commit, h, str(action.kind), "failed", action.reason,
+                         str(exc) + (f" | output: {output}" if output else ""))
             log.error("%s %s failed: %s", action.kind, action.service, exc)
             results.append(ServiceResult(
                 action.service, action.kind, ResultState.FAILED, action.reason, detail=str(exc), hash=h,
@@ -131,6 +132,17 @@ EXECUTABLE = (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE, Action
 def escalation(kind: ActionKind, ceiling: ActionKind) -> list[ActionKind]:
     """``kind``, then each step up the ladder the driver can take, up to ``ceiling``."""
     return [k for k in LADDER if rank(kind) <= rank(k) <= max(rank(ceiling), rank(kind)) and k in EXECUTABLE]
+
+
+def _output(exc: BaseException | None) -> str:
+    """The service's own output, from anywhere in the chain of causes (escalation wraps them)."""
+    seen = 0
+    while exc is not None and seen < 20:
+        if isinstance(exc, ApplyError) and exc.output:
+            return exc.output
+        exc = exc.__cause__
+        seen += 1
+    return ""
 
 
 def hook(svc: DesiredService, which: str, commit: str) -> None:

@@ -22,7 +22,7 @@ from . import __version__
 from .agent import Agent, RunResult, run_daemon
 from .config import AgentConfig, load_config
 from .errors import BadInput, ReconcilerError
-from .model import ActionKind, Desired
+from .model import Desired
 from .observe import observe
 from .state import atomic_write
 
@@ -579,5 +579,3 @@ def main() -> None:
     except SystemExit:
         raise
 
-
-_ = ActionKind  # re-exported for scripts that read plan output

@@ -73,8 +73,15 @@ class RemoteError(ReconcilerError):
 
 
 class ApplyError(ReconcilerError):
+    """``output``: what the service printed; kept in the node's local history, never in a note
+    (a program may print its secrets)."""
+
     reason = "APPLY_FAILED"
     exit_code = 1
+
+    def __init__(self, message: str, *, reason: str | None = None, output: str = "") -> None:
+        super().__init__(message, reason=reason)
+        self.output = output
 
 
 class Busy(ReconcilerError):

@@ -24,28 +24,6 @@ def canonical_json(obj: Any) -> bytes:
 
 
 @dataclass(frozen=True)
-class Revision:
-    """A commit of the deployment repo as the source stage saw it."""
-
-    commit: str
-    branch: str
-    author: str = ""
-    committer: str = ""
-    summary: str = ""
-    time: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "commit": self.commit,
-            "branch": self.branch,
-            "author": self.author,
-            "committer": self.committer,
-            "summary": self.summary,
-            "time": self.time,
-        }
-
-
-@dataclass(frozen=True)
 class FileSpec:
     """One rendered file of a service: a path relative to the service's config dir."""
 

@@ -24,8 +24,6 @@ from .errors import BadInput, UnknownNode
 from .tree import Tree
 from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml
 
-DRIVERS = ("process", "docker", "systemd")
-
 
 @dataclass(frozen=True)
 class FileDecl:

@@ -55,21 +55,25 @@ class Reporter:
         except KeyError:
             return None
         try:
-            data: dict[str, Any] = json.loads(note.message)
-            return data
+            data = json.loads(note.message)
         except json.JSONDecodeError:
             return None
+        return data if isinstance(data, dict) else None
 
     def pending(self) -> bool:
         local = self._local()
         return local is not None and local != self.state.get(PUSHED_KEY)
 
     def _fetch_remote_ref(self) -> bool:
-        """Bring the remote's copy of our notes ref; False if the remote has none."""
-        out = self.source.run("ls-remote", self.source.url, self.ref, what="notes check of")
-        if not out.strip():
-            return False
-        self.source.run("fetch", "--no-tags", self.source.url, f"+{self.ref}:{self.tracking}", what="notes fetch from")
+        """Bring the remote's copy of our notes ref; False if the remote has none. A fetch of the
+        one ref (protocol v2 sends its name as a ref prefix), not an ls-remote of every ref."""
+        try:
+            self.source.run("fetch", "--no-tags", self.source.url, f"+{self.ref}:{self.tracking}",
+                            what="notes fetch from")
+        except RemoteError as exc:
+            if "couldn't find remote ref" in str(exc):
+                return False
+            raise
         return True
 
     def recover(self) -> None:

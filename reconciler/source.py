@@ -21,7 +21,6 @@ import git
 import pygit2
 
 from .errors import RemoteError
-from .model import Revision
 
 GIT_TIMEOUT = 120.0
 
@@ -158,14 +157,3 @@ class Source:
         if not p.moved:
             return p.remote_head, False
         return self.fetch(), True
-
-    def revision(self, commit: str) -> Revision:
-        c = self.repo.revparse_single(commit).peel(pygit2.Commit)
-        return Revision(
-            commit=str(c.id),
-            branch=self.branch,
-            author=f"{c.author.name} <{c.author.email}>",
-            committer=f"{c.committer.name} <{c.committer.email}>",
-            summary=c.message.splitlines()[0] if c.message else "",
-            time=c.commit_time,
-        )

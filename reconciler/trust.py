@@ -227,11 +227,20 @@ def tree_file(repo: pygit2.Repository, commit_id: str, path: str) -> bytes | Non
 
 
 def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_revoked: frozenset[str]) -> TrustRoot:
-    """The root after ``commit_id`` (already verified under ``root``): the repo's trust/ if it
-    differs. The node's own revocation list always stays in force."""
+    """The root after ``commit_id`` (already verified under ``root``): the repo's trust/ if this
+    commit changed it (against its first parent). The node's own revocation list always stays
+    in force."""
     signers_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers")
     if signers_raw is None:
         return root
+    commit = repo.get(commit_id)
+    parents: list[pygit2.Oid] = list(commit.parent_ids) if isinstance(commit, pygit2.Commit) else []
+    if parents:
+        parent = str(parents[0])
+        unchanged = all(tree_file(repo, commit_id, f"{TRUST_DIR}/{n}") == tree_file(repo, parent, f"{TRUST_DIR}/{n}")
+                        for n in ("allowed_signers", "revoked"))
+        if unchanged:
+            return root
     revoked_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/revoked") or b""
     file = f"{TRUST_DIR}/allowed_signers@{commit_id[:12]}"
     try:
