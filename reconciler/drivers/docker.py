@@ -267,8 +267,11 @@ class DockerDriver:
         try:
             check()
         except ReconcilerError:
+            # Nothing to go back to: remove it, so neither the engine's restart policy nor the
+            # supervisor brings the failed version back; the next run starts it afresh.
             with contextlib.suppress(docker.errors.APIError):
-                c.stop(timeout=STOP_TIMEOUT)
+                c.remove(force=True)
+            (self._dir(svc.name) / "record.json").unlink(missing_ok=True)
             raise
         return self._pid(c)
 

@@ -135,8 +135,8 @@ class ProcessDriver:
     def _replace(self, svc: DesiredService, commit: str, check: Check, restore: bool) -> int | None:
         """Stop the old process, start the new one, check it; on failure start the old one again."""
         previous = self._record(svc.name) if restore else None
+        rev = self.materialise(svc)  # before the stop: a full disk fails here, with the old one still up
         self.stop(svc.name)
-        rev = self.materialise(svc)
         sync_dir(self._live(svc.name), svc.files)
         try:
             pid = self._spawn(self._new_record(svc, commit, rev))
@@ -144,6 +144,9 @@ class ProcessDriver:
         except ReconcilerError as exc:
             self.stop(svc.name)
             if previous is None or not Path(previous.get("rev", "")).is_dir():
+                # Nothing to go back to: forget the failed version, so the supervisor does not
+                # revive it and the next run starts it afresh.
+                (self._dir(svc.name) / "record.json").unlink(missing_ok=True)
                 raise
             sync_dir(self._live(svc.name), read_dir(Path(previous["rev"])))
             old = self._spawn(previous)
