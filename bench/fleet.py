@@ -91,9 +91,8 @@ def run(n: int, interval: float, jitter: bool, workers: int) -> tuple[float, flo
             done = 0
             lock = threading.Lock()
 
-            def poll(agent: Agent, delay: float) -> None:
+            def poll(agent: Agent) -> None:
                 nonlocal done
-                time.sleep(delay)
                 result = agent.reconcile_once()
                 assert result.commit == head and result.pushed, result
                 with lock:
@@ -103,7 +102,13 @@ def run(n: int, interval: float, jitter: bool, workers: int) -> tuple[float, flo
             rng = random.Random(1)
             delays = [(node_offset(a.cfg.node, interval) + rng.uniform(0, interval)) % interval if jitter else 0.0
                       for a in agents]
-            list(pool.map(poll, agents, delays))
+            # Each node polls at its own moment; the pool only bounds how many run at once.
+            futures = []
+            for delay, agent in sorted(zip(delays, agents, strict=True), key=lambda x: x[0]):
+                time.sleep(max(0.0, t0 + delay - time.monotonic()))
+                futures.append(pool.submit(poll, agent))
+            for f in futures:
+                f.result()
             elapsed = time.monotonic() - t0
             cpu = cpu_seconds(daemon.pid) - cpu0
         daemon.terminate()

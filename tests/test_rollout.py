@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from conftest import NODES, Deployment, SigningKey, git
 
@@ -24,21 +26,36 @@ rollout:
 """
 
 
-def with_waves(deployment: Deployment) -> str:
-    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + ROLLOUT)
-    return deployment.commit("roll out in waves")
-
-
 def state(deployment: Deployment, node: str, commit: str) -> str | None:
     note = deployment.note(node, commit)
     return None if note is None else str(note["state"])
 
 
 def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls_out(
-    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, gitolite: Any, tmp_path: Path
 ) -> None:
-    fleet = {n: agents(n, deployment.url) for n in NODES}
-    c1 = with_waves(deployment)
+    # The remote is gitolite behind sshd: every node pushes with its own key, only its own ref.
+    keys = {n: gitolite.add_user(n) for n in [*NODES, "merge"]}
+    gitolite.configure("cloud", list(NODES))
+    url = gitolite.url("cloud")
+
+    def merge(message: str) -> str:
+        commit = deployment.commit(message, push=False)
+        subprocess.run(["git", "push", "-q", "--force", url, "HEAD:refs/heads/main"], cwd=deployment.work, check=True,
+                       env={"PATH": "/usr/bin:/bin", "GIT_SSH_COMMAND": gitolite.ssh_command(keys["merge"])})
+        return commit
+
+    def note(node: str, commit: str) -> str | None:
+        try:
+            text = git("--git-dir", str(gitolite.bare_path("cloud")), "notes", f"--ref=reconciler/{node}", "show",
+                       commit)
+        except subprocess.CalledProcessError:
+            return None
+        return str(json.loads(text)["state"])
+
+    fleet = {n: agents(n, url, ssh_command=gitolite.ssh_command(keys[n])) for n in NODES}
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + ROLLOUT)
+    c1 = merge("roll out in waves")
 
     # Out of order on purpose: each node waits for the ones before it.
     assert fleet["cmp1"].reconcile_once().waiting.startswith("waiting for ctl1, ctl2, ctl3")
@@ -48,25 +65,30 @@ def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls
     for node in ("ctl2", "ctl3", "cmp1", "cmp2"):
         result = fleet[node].reconcile_once()
         assert result.exit_code == 0 and result.report is not None, (node, result.waiting)
-    assert all(state(deployment, n, c1) == "applied" for n in NODES)
+    assert all(note(n, c1) == "applied" for n in NODES)
 
     # A change that fails health on the canary: it is put back there, and nobody else starts.
     deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",
                     "port = five-thousand")
-    bad = deployment.commit("identity: broken port")
+    bad = merge("identity: broken port")
     canary = fleet["ctl1"].reconcile_once()
     assert canary.exit_code == 1 and canary.report is not None and canary.report.state == "failed"
     for node in ("ctl2", "ctl3", "cmp1", "cmp2"):
         result = fleet[node].reconcile_once()
         assert result.report is not None and result.report.state == "halted", node
         assert result.report.error.startswith(f"halted: ctl1 failed {bad[:12]} (identity)")
-    # The canary does not loop on the failed commit.
+    # The canary does not loop on the failed commit, until an operator asks for one more try.
     again = fleet["ctl1"].reconcile_once()
     assert again.report is None and again.exit_code == 0
+    assert fleet["ctl1"].retry() == bad
+    assert fleet["ctl1"].reconcile_once().report.state == "failed"  # type: ignore[union-attr]
 
+    config = tmp_path / "ctl2.yaml"
+    config.write_text(f"node: ctl2\nremote: {url}\nstate_dir: {fleet['ctl2'].cfg.state_dir}\n"
+                      f"ssh_command: {gitolite.ssh_command(keys['ctl2'])}\n"
+                      f"trust: {{allowed_signers: {merge_key.allowed_signers}}}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "reconciler", "status", "--fleet", "--node", "ctl2", "--remote", deployment.url,
-         "--state-dir", str(fleet["ctl2"].cfg.state_dir), "--allowed-signers", str(merge_key.allowed_signers),
+        [sys.executable, "-m", "reconciler", "status", "--fleet", "--config", str(config),
          "-o", "json", "--html", str(deployment.work.parent / "rollout.html")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
@@ -80,12 +102,13 @@ def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls
     # The fleet's rollback is a reviewed `git revert`: a new commit that rolls out cleanly.
     git("-c", "gpg.format=ssh", "-c", f"user.signingkey={merge_key.key}", "revert", "-S", "--no-edit", "HEAD",
         cwd=deployment.work)
-    deployment.push()
     fix = git("rev-parse", "HEAD", cwd=deployment.work)
+    subprocess.run(["git", "push", "-q", url, "HEAD:refs/heads/main"], cwd=deployment.work, check=True,
+                   env={"PATH": "/usr/bin:/bin", "GIT_SSH_COMMAND": gitolite.ssh_command(keys["merge"])})
     for node in ("ctl1", "ctl2", "ctl3", "cmp1", "cmp2"):
         result = fleet[node].reconcile_once()
         assert result.exit_code == 0, (node, result.report, result.waiting)
-    assert all(state(deployment, n, fix) == "applied" for n in NODES)
+    assert all(note(n, fix) == "applied" for n in NODES)
 
 
 def test_manual_rollback_with_the_remote_down_pins_until_the_branch_moves(
