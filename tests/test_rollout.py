@@ -26,11 +26,6 @@ rollout:
 """
 
 
-def state(deployment: Deployment, node: str, commit: str) -> str | None:
-    note = deployment.note(node, commit)
-    return None if note is None else str(note["state"])
-
-
 def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls_out(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, gitolite: Any, tmp_path: Path
 ) -> None:
