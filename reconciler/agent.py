@@ -562,6 +562,8 @@ class Supervisor:
             with self.agent.state.lock():
                 for driver in drivers_for(self.agent.cfg, None).values():
                     for o in driver.observe():
+                        if o.drift == "report":
+                            continue  # hands off: a stop by hand is noted by the next run, not undone
                         if self._check(driver, o.name, o.running, o.commit or ""):
                             restarted.append(o.name)
         except Busy:

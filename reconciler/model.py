@@ -220,6 +220,7 @@ class ObservedService:
     fingerprint: tuple[tuple[str, str], ...] = ()
     drifted: str = ""  # a change made by hand that the driver can see: "networks", "restart policy"...
     files: tuple[FileSpec, ...] = ()  # the config files it runs with now, for key-level comparison
+    drift: str = "correct"  # the policy it was applied with: "report" means hands off
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -119,7 +119,7 @@ class DockerDriver:
     def _write_record(self, svc: DesiredService, commit: str, container: Container) -> None:
         rec = {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(), "commit": commit,
                "container": container.id, "networks": sorted(svc.runtime.networks),
-               "network_mode": svc.runtime.network_mode,
+               "network_mode": svc.runtime.network_mode, "drift": svc.drift,
                "restart": svc.runtime.restart or "no", "config_hash": svc.config_hash}
         write_record(self._dir(svc.name), rec)
 
@@ -174,6 +174,7 @@ class DockerDriver:
             detail="" if running else f"container {c.status} (exit code {state.get('ExitCode')})",
             fingerprint=tuple(sorted(fingerprint.items())), drifted=drifted,
             files=read_dir(self._live(name)),
+            drift=str(rec.get("drift", "correct")) if rec else "correct",
         )
 
     def running(self, name: str) -> bool:

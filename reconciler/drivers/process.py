@@ -82,7 +82,7 @@ class ProcessDriver:
                 commit=rec.get("commit"), pid=rec["pid"] if alive else None,
                 detail="" if alive else "not running",
                 fingerprint=tuple(sorted(rec.get("fingerprint", {}).items())),
-                files=read_dir(Path(rec["cwd"])),
+                files=read_dir(Path(rec["cwd"])), drift=str(rec.get("drift", "correct")),
             ))
         return out
 
@@ -118,6 +118,7 @@ class ProcessDriver:
             "command": list(svc.runtime.command),
             "env": dict(svc.runtime.env),
             "reload": {"signal": svc.reload.signal, "command": svc.reload.command},
+            "drift": svc.drift,
         }
 
     def start(self, svc: DesiredService, commit: str, check: Check) -> int | None:
