@@ -458,11 +458,7 @@ class Agent:
                 if not verdict.go:
                     return self._hold(commit, fetched, verdict, signer)
             except BadInput as exc:
-                report = Report(self.cfg.node, commit, RunState.ERROR, now_iso(), reason=exc.reason, error=str(exc),
-                                signer=signer)
-                self._finish(report)
-                return RunResult(self.cfg.node, commit, fetched, report=report,
-                                 pushed=self.reporter.push(), interrupted=interrupted, error=exc)
+                return self._stopped(commit, fetched, interrupted, RunState.ERROR, exc, signer)
             return self._converge(commit, fetched, interrupted, events, signer, repo=repo, only=only,
                                   instantiate=instantiate)
 
@@ -473,11 +469,7 @@ class Agent:
         try:
             desired = self.desired(commit, repo)
         except BadInput as exc:
-            report = Report(self.cfg.node, commit, RunState.ERROR, now_iso(), reason=exc.reason, error=str(exc),
-                            signer=signer)
-            self._finish(report)
-            return RunResult(self.cfg.node, commit, fetched, report=report,
-                             pushed=self.reporter.push(), interrupted=interrupted, error=exc)
+            return self._stopped(commit, fetched, interrupted, RunState.ERROR, exc, signer)
         try:
             drivers = drivers_for(self.cfg, desired)
             the_plan = make_plan(desired, observe(self.cfg.node, drivers))
@@ -486,11 +478,7 @@ class Agent:
             if only is not None:
                 the_plan = Plan(the_plan.node, the_plan.commit, tuple(a for a in the_plan.actions if a.service in only))
         except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
-            report = Report(self.cfg.node, commit, RunState.FAILED, now_iso(), reason=exc.reason,
-                            error=str(exc), signer=signer)
-            self._finish(report)
-            return RunResult(self.cfg.node, commit, fetched, report=report,
-                             pushed=self.reporter.push(), interrupted=interrupted, error=exc)
+            return self._stopped(commit, fetched, interrupted, RunState.FAILED, exc, signer)
         recheck = frozenset(s for _, s, a in interrupted if a != "stop")
         results = apply_plan(the_plan, drivers, self.state, recheck)
         ok = all(r.state is ResultState.OK for r in results)
@@ -514,6 +502,14 @@ class Agent:
         self._finish(report)
         return RunResult(self.cfg.node, commit, fetched, plan=the_plan, report=report,
                          pushed=self.reporter.push(), interrupted=interrupted)
+
+    def _stopped(self, commit: str, fetched: bool, interrupted: tuple[tuple[str, str, str], ...],
+                 state: RunState, exc: ReconcilerError, signer: Any) -> RunResult:
+        """A run that stopped before applying anything: noted with the error's reason code."""
+        report = Report(self.cfg.node, commit, state, now_iso(), reason=exc.reason, error=str(exc), signer=signer)
+        self._finish(report)
+        return RunResult(self.cfg.node, commit, fetched, report=report, pushed=self.reporter.push(),
+                         interrupted=interrupted, error=exc)
 
     def _hold(self, commit: str, fetched: bool, verdict: RolloutVerdict, signer: Any) -> RunResult:
         """Not this node's turn: waiting (no note), or halted by a failure elsewhere (noted once)."""

@@ -168,6 +168,21 @@ class Deployment:
         return data
 
 
+def small_deployment(tmp_path: Path, key: SigningKey, files: dict[str, str], message: str = "initial",
+                     cls: type[Deployment] = Deployment) -> Deployment:
+    """A deployment made of ``files`` (repo path -> text), committed, signed and pushed."""
+    work = tmp_path / "work"
+    for rel, text in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+    bare = tmp_path / "cloud.git"
+    git("init", "-q", "--bare", "-b", "main", str(bare))
+    git("init", "-q", "-b", "main", cwd=work)
+    dep = cls(work, bare, key)
+    dep.commit(message)
+    return dep
+
+
 @pytest.fixture
 def deployment(tmp_path: Path, merge_key: SigningKey) -> Deployment:
     work = tmp_path / "work"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import Deployment, SigningKey, git
+from conftest import Deployment, SigningKey, small_deployment
 
 from reconciler.agent import Agent
 from reconciler.config import HostConfig, TrustConfig
@@ -28,7 +28,6 @@ undrain: "echo undrain >> $ROOT/hooks.log"
 
 
 def host_repo(tmp_path: Path, key: SigningKey) -> Deployment:
-    work = tmp_path / "work"
     files = {
         "reconciler.yaml": "format: 1\nname: hosts\n",
         "inventory.yaml": ("vars: {swappiness: 60, hugepages: 0}\ngroups:\n  hv: {services: [host]}\n"
@@ -37,15 +36,7 @@ def host_repo(tmp_path: Path, key: SigningKey) -> Deployment:
         "services/host/templates/sysctl.conf.j2": "vm.swappiness = {{ swappiness }}\n",
         "services/host/templates/kernel.cfg.j2": "GRUB_CMDLINE_LINUX=\"hugepages={{ hugepages }}\"\n",
     }
-    for rel, text in files.items():
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        (work / rel).write_text(text)
-    bare = tmp_path / "cloud.git"
-    git("init", "-q", "--bare", "-b", "main", str(bare))
-    git("init", "-q", "-b", "main", cwd=work)
-    dep = Deployment(work, bare, key)
-    dep.commit("hosts")
-    return dep
+    return small_deployment(tmp_path, key, files, "hosts")
 
 
 def test_host_files_reload_by_command_and_reboot_then_resume(

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import Deployment, SigningKey, git
+from conftest import Deployment, SigningKey, git, small_deployment
 
 from reconciler.agent import Agent
 
@@ -75,7 +75,6 @@ while True:
 
 
 def one_service_repo(tmp_path: Path, key: SigningKey, service_yaml: str) -> Deployment:
-    work = tmp_path / "work"
     files = {
         "reconciler.yaml": "format: 1\nname: esc\n",
         "inventory.yaml": "vars: {value: one}\ngroups:\n  g: {services: [svc]}\nnodes:\n  n1: {groups: [g]}\n",
@@ -83,15 +82,7 @@ def one_service_repo(tmp_path: Path, key: SigningKey, service_yaml: str) -> Depl
         "services/svc/files/svc.py": SLOW,
         "services/svc/templates/value.txt.j2": "{{ value }}\n",
     }
-    for rel, text in files.items():
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        (work / rel).write_text(text)
-    bare = tmp_path / "cloud.git"
-    git("init", "-q", "--bare", "-b", "main", str(bare))
-    git("init", "-q", "-b", "main", cwd=work)
-    dep = Deployment(work, bare, key)
-    dep.commit("one service")
-    return dep
+    return small_deployment(tmp_path, key, files, "one service")
 
 
 SERVICE = """\

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Deployment, SigningKey, git
+from conftest import Deployment, SigningKey, small_deployment
 
 from reconciler.agent import Agent
 from reconciler.config import HostConfig, TrustConfig
@@ -56,7 +56,6 @@ on_change:
 
 
 def repo(tmp_path: Path, key: SigningKey) -> Deployment:
-    work = tmp_path / "work"
     files = {
         "reconciler.yaml": "format: 1\nname: sd\n",
         "inventory.yaml": "vars: {greeting: hello, motd: welcome}\ngroups:\n  g: {services: [app, host]}\n"
@@ -67,15 +66,7 @@ def repo(tmp_path: Path, key: SigningKey) -> Deployment:
         "services/host/service.yaml": HOST,
         "services/host/templates/motd.conf.j2": "{{ motd }}\n",
     }
-    for rel, text in files.items():
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        (work / rel).write_text(text)
-    bare = tmp_path / "cloud.git"
-    git("init", "-q", "--bare", "-b", "main", str(bare))
-    git("init", "-q", "-b", "main", cwd=work)
-    dep = Deployment(work, bare, key)
-    dep.commit("systemd app")
-    return dep
+    return small_deployment(tmp_path, key, files, "systemd app")
 
 
 def fetch(host: object) -> str:
