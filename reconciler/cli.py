@@ -98,7 +98,8 @@ def cli(verbose: int) -> None:
     \b
     Example:
       reconciler validate --repo examples/repo
-      reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1
+      reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1 \\
+          --allowed-signers /etc/reconciler/allowed_signers
     """
     level = logging.WARNING - 10 * verbose
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
@@ -354,7 +355,8 @@ def agent(agent_opts: dict[str, Any], once: bool, interval: float | None, jitter
     \b
     Example:
       reconciler agent --config /etc/reconciler/agent.yaml
-      reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1
+      reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1 \\
+          --allowed-signers /etc/reconciler/allowed_signers
     """
     cfg = _config(agent_opts, interval=interval, jitter=jitter)
     the_agent = Agent(cfg)
