@@ -136,6 +136,10 @@ class DeploymentRepo:
         for node in sorted(self.nodes):
             for name in self.services_of(node):
                 svc, driver = self.services[name], self.driver_of(node, name)
+                if driver != "host" and any(r.get("action") == "reboot" for r in svc.on_change):
+                    problems.append(Problem(svc.file, svc.lines.get("runtime"),
+                                            f"node {node} runs {name} with {driver}: only a host service "
+                                            "(driver: host) can ask for a reboot"))
                 absolute = [f.path for f in svc.files if f.path.startswith("/")]
                 if (driver == "host") != (len(absolute) == len(svc.files)) and svc.files:
                     problems.append(Problem(svc.file, svc.files[0].line,

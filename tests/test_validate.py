@@ -176,3 +176,10 @@ def test_agent_config_errors_are_located_and_flags_override(tmp_path: Path) -> N
     assert proc.stderr.strip() == (
         "error: command line: missing setting 'node' (give --node or set it in --config) [BAD_CONFIG]"
     )
+
+
+def test_only_a_host_service_may_ask_for_a_reboot(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/service.yaml": SMALL["services/api/service.yaml"]
+                           + "on_change:\n  - {file: api.conf, action: reboot}\n"})
+    assert problem(repo) == ("services/api/service.yaml:1: node n1 runs api with process: only a host service "
+                             "(driver: host) can ask for a reboot (and 1 more problem)")

@@ -137,7 +137,7 @@ class DockerDriver:
         for c in containers:
             name = c.labels.get(PREFIX + "service", "")
             if not name or c.name != self.container_name(name):
-                continue  # a renamed leftover of an interrupted recreate: cleaned up on the next change
+                continue  # set aside by an interrupted recreate: removed by the next recreate
             found.add(name)
             out.append(self._observed(name, c))
         if self.root.is_dir():
@@ -301,6 +301,7 @@ class DockerDriver:
         if old is None:
             return self.start(svc, commit, check)
         previous = self._record(svc.name)
+        self._remove_leftovers(svc.name)
         aside = f"{self.container_name(svc.name)}-old-{int(time.time())}"
         old.stop(timeout=STOP_TIMEOUT)
         old.rename(aside)
@@ -359,6 +360,14 @@ class DockerDriver:
         sync_dir(self._live(svc.name), svc.files)
         if c is not None:
             self._write_record(svc, commit, c)
+
+    def _remove_leftovers(self, service: str) -> None:
+        """Containers of this service set aside by a recreate whose restore was interrupted."""
+        flt = {"label": [f"{PREFIX}node={self.node}", f"{PREFIX}service={service}"]}
+        for c in self.client.containers.list(all=True, filters=flt):
+            if c.name != self.container_name(service):
+                with contextlib.suppress(docker.errors.APIError):
+                    c.remove(force=True)
 
     def connect(self, svc: DesiredService, commit: str) -> None:
         c = self._container(svc.name)
