@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import faults
 from .errors import Busy
 
 SCHEMA = """
@@ -68,6 +69,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+        faults.point("rename", str(path))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
