@@ -22,8 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from reconciler.agent import Agent, node_offset
+from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
+from reconciler.daemon import node_offset
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "Merge",
        "GIT_COMMITTER_EMAIL": "merge@example.org", "GIT_CONFIG_GLOBAL": "/dev/null"}

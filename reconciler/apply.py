@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 from .drivers import Driver
 from .drivers.base import Check
 from .errors import ApplyError, ReconcilerError
+from .ledger import Ledger, Version
 from .model import LADDER, Action, ActionKind, DesiredService, Health, Plan, ResultState, ServiceResult, rank
-from .state import State
 
 log = logging.getLogger("reconciler.apply")
 
@@ -75,15 +75,21 @@ def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], N
 
 
 def apply_plan(
-    plan: Plan, drivers: Mapping[str, Driver], state: State, recheck: frozenset[str] = frozenset()
+    plan: Plan, drivers: Mapping[str, Driver], ledger: Ledger, recheck: frozenset[str] = frozenset()
 ) -> list[ServiceResult]:
     """Apply in order. ``recheck``: services a killed run had started but not yet seen healthy;
-    they are health-checked even when the plan leaves them alone."""
+    they are health-checked even when the plan leaves them alone.
+
+    Each action is journalled before it runs and settled only after its effect (or after the
+    previous version was put back), so a run killed in between leaves the entry, and the next
+    run does the action again. A service's version is filed under the commit it was rendered
+    from (a pinned service's is its pin's), which is what a later rollback looks for."""
     results: list[ServiceResult] = []
     failed: str | None = None
     for action in plan.actions:
         svc = action.desired
         h = svc.hash if svc else None
+        origin = (svc.origin or plan.commit) if svc else plan.commit
         quiet = action.kind is ActionKind.NONE and not action.sync
         if quiet and not (svc and action.service in recheck and failed is None):
             results.append(ServiceResult(action.service, action.kind, ResultState.OK, action.reason, hash=h))
@@ -94,20 +100,23 @@ def apply_plan(
                 detail=failed, hash=h,
             ))
             continue
-        entry = state.intent(plan.commit, action.service, str(action.kind))
+        entry = ledger.intent(plan.commit, action.service, action.kind)
         steps: list[str] = []
         try:
             try:
-                pid, done = _do(action, drivers[action.driver], plan.commit, steps)
+                pid, done = _do(action, drivers[action.driver], origin, steps)
             except ReconcilerError:
                 raise
             except Exception as exc:  # a runtime's own error (API, OS, timeout): a failed action, noted
                 raise ApplyError(f"service {action.service}: {type(exc).__name__}: {exc}") from exc
         except ReconcilerError as exc:
-            state.settle(entry, ok=False)
+            if exc.reason == "DISK_FULL":
+                raise  # not the service's fault: the run stops, the next one finishes
             output = _output(exc)
-            state.record(action.service, plan.commit, h, str(action.kind), "failed", action.reason,
-                         str(exc) + (f" | output: {output}" if output else ""))
+            ledger.log(action.service, origin, h, str(action.kind), "failed", action.reason,
+                       str(exc) + (f" | output: {output}" if output else ""), head=plan.commit)
+            ledger.failed(action.service, plan.commit)
+            ledger.done(entry, ok=False)
             log.error("%s %s failed: %s", action.kind, action.service, exc)
             results.append(ServiceResult(
                 action.service, action.kind, ResultState.FAILED, action.reason, detail=str(exc), hash=h,
@@ -115,8 +124,12 @@ def apply_plan(
             ))
             failed = f"not applied: {action.service} failed first"
             continue
-        state.settle(entry, ok=True)
-        state.record(action.service, plan.commit, h, str(done), "ok", action.reason, "; ".join(steps))
+        ledger.log(action.service, origin, h, str(done), "ok", action.reason, "; ".join(steps), head=plan.commit)
+        if action.kind is ActionKind.STOP:
+            ledger.removed(action.service)
+        elif h is not None:
+            ledger.ran(action.service, Version(origin, h), healthy=done is not ActionKind.REBOOT)
+        ledger.done(entry, ok=True)
         log.info("%s %s: %s", done, action.service, action.reason)
         results.append(ServiceResult(action.service, done, ResultState.OK, action.reason, pid=pid, hash=h,
                                      steps=tuple(steps)))

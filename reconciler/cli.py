@@ -19,12 +19,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .agent import Agent, RunResult, run_daemon
+from .agent import Agent, RunResult
+from .atomic import atomic_write
 from .config import AgentConfig, load_config
 from .errors import BadInput, ReconcilerError
 from .model import Desired
 from .observe import observe
-from .state import atomic_write
 
 F = TypeVar("F", bound=Callable[..., Any])
 out = Console(highlight=False, soft_wrap=True)
@@ -364,16 +364,12 @@ def agent(agent_opts: dict[str, Any], once: bool, interval: float | None, jitter
         result = the_agent.reconcile_once()
         _print_result(result, output)
         sys.exit(result.exit_code)
+    from .daemon import run_daemon
+
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is normal
-
-    def show(result: RunResult) -> None:
-        if result.report is not None:
-            logging.getLogger("reconciler.agent").info(
-                "%s @ %s: %s", result.node, result.commit[:12], result.report.state)
-
-    run_daemon(the_agent, show)
+    run_daemon(the_agent)
 
 
 @cli.command()
@@ -446,22 +442,31 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
         _fleet_status(agent_opts, rev, html_file, output)
         return
     cfg = _config(agent_opts, remote="unused")
-    from .agent import APPLIED_COMMIT, drivers_for
+    from .agent import drivers_for
+    from .ledger import Ledger
     from .state import State
 
-    state = State(cfg.state_dir)
+    State(cfg.state_dir, create=False)
+    ledger = Ledger.open(cfg.state_dir, create=False)
     observed = observe(cfg.node, drivers_for(cfg, None))
-    last = state.last_run()
-    applied = state.get(APPLIED_COMMIT)
+    last = ledger.last_run()
+    head = ledger.mark().commit
+    record = ledger.record(head) if head else None
+    converged = ledger.converged()
+    applied = converged[0] if converged else None
+    pins = [p.to_dict() for p in ledger.pins()]
     if output == "json":
-        _json({"node": cfg.node, "applied_commit": applied, "last_run": last, **observed.to_dict()})
+        _json({"node": cfg.node, "head": head, "verdict": str(record.verdict) if record else None,
+               "applied_commit": applied, "pins": pins, "last_run": last, **observed.to_dict()})
         return
-    out.print(f"node {cfg.node}: applied {applied[:12] if applied else 'nothing yet'}"
+    out.print(f"node {cfg.node}: head {head[:12] if head else 'none yet'}"
+              + (f" {_style(str(record.verdict))}" if record else "")
               + (f"; last run {last['commit'][:12]} {_style(last['state'])}" if last else ""))
-    table = Table("service", "driver", "running", "pid", "commit", "hash")
+    table = Table("service", "driver", "running", "pid", "commit", "hash", "pinned")
+    pinned = {p["service"]: p["commit"] for p in pins}
     for s in observed.services:
         table.add_row(s.name, s.driver, _style("ok") if s.running else _style("failed"), str(s.pid or "-"),
-                      (s.commit or "")[:12], (s.hash or "")[:12])
+                      (s.commit or "")[:12], (s.hash or "")[:12], pinned.get(s.name, "")[:12])
     out.print(table)
 
 
@@ -480,9 +485,11 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, output:
     cfg = _config(agent_opts, node="local", remote="unused")
     from datetime import UTC, datetime
 
+    from .ledger import Ledger
     from .state import State
 
-    rows = State(cfg.state_dir).history(service, limit)
+    State(cfg.state_dir, create=False)
+    rows = Ledger.open(cfg.state_dir, create=False).history(service, limit)
     if output == "json":
         _json([r.to_dict() for r in rows])
         return
@@ -548,9 +555,11 @@ def unpin(agent_opts: dict[str, Any], service: str) -> None:
     Example:
       reconciler unpin identity --config /etc/reconciler/agent.yaml
     """
-    released = Agent(_config(agent_opts)).unpin(service)
-    out.print(f"{service}: pin released; the next run applies the branch head" if released
-              else f"{service} was not pinned")
+    the_agent = Agent(_config(agent_opts))
+    released = the_agent.unpin(service)
+    if not released:
+        raise BadInput(f"service {service} is not pinned on node {the_agent.cfg.node}", reason="NOT_PINNED")
+    out.print(f"{service}: pin released; the next run applies the branch head")
 
 
 @cli.command()

@@ -87,3 +87,26 @@ class ApplyError(ReconcilerError):
 class Busy(ReconcilerError):
     reason = "LOCKED"
     exit_code = 1
+
+
+class StateMissing(BadInput):
+    """A read-only command pointed at a state dir that holds no node."""
+
+    reason = "NO_STATE"
+
+
+class DiskFull(ReconcilerError):
+    """The state dir's filesystem is full: nothing more is changed until there is room."""
+
+    reason = "DISK_FULL"
+    exit_code = 1
+
+    @classmethod
+    def at(cls, path: object, message: str = "") -> DiskFull:
+        import shutil
+
+        try:
+            free = f"{shutil.disk_usage(str(path)).free / 2**20:.1f} MiB free"
+        except OSError:
+            free = "free space unknown"
+        return cls(f"{message or 'no space left'} ({path}: {free})")

@@ -8,7 +8,8 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from .rollout import FleetView, Note, Rollout
+from .notes import Note
+from .rollout import FleetView, Rollout
 
 COLOURS = {"applied": "#2e7d32", "failed": "#c62828", "halted": "#ef6c00", "refused": "#6a1b9a",
            "error": "#c62828", "rebooting": "#0277bd", "pending": "#9e9e9e", "staged": "#f9a825"}

@@ -143,6 +143,7 @@ class DesiredService:
     manual: bool = False  # apply: manual: staged by the agent, instantiated by `reconciler apply`
     drain: str = ""  # hook commands around drain+restart and reboot (move work away, bring it back)
     undrain: str = ""
+    origin: str = ""  # the commit this slice was rendered from (a pinned service: its pin's)
 
     def fingerprint(self) -> dict[str, str]:
         """Hash per part of the slice, so a plan can say which part changed and how much that
@@ -257,6 +258,7 @@ class Action:
     desired: DesiredService | None = None
     driver: str = ""
     sync: bool = False  # a "none" whose files still change on disk (comments, none-rules)
+    staged: bool = False  # held back by apply: manual until an operator's `reconciler apply`
 
     def to_dict(self) -> dict[str, Any]:
         return {"service": self.service, "action": str(self.kind), "reason": self.reason}
@@ -316,19 +318,26 @@ class ServiceResult:
         }
 
 
-class RunState(StrEnum):
-    APPLIED = "applied"
-    FAILED = "failed"
-    ERROR = "error"
-    REFUSED = "refused"
-    REBOOTING = "rebooting"
-    HALTED = "halted"
-    STAGED = "staged"
+class Verdict(StrEnum):
+    """The node's verdict on a commit: what its note says, and what the fleet gate reads."""
+
+    APPLIED = "applied"  # every service of the slice runs it and passed its check
+    FAILED = "failed"  # a service failed here (and was put back)
+    ERROR = "error"  # the commit cannot be used as it is (render, validation): nothing applied
+    REFUSED = "refused"  # trust said no: nothing rendered
+    REBOOTING = "rebooting"  # a reboot this commit needs is under way
+    HALTED = "halted"  # another node failed it: this one did not start
+    STAGED = "staged"  # apply: manual services wait for an operator's `reconciler apply`
+    WAITING = "waiting"  # not this node's turn in the rollout yet (never noted)
+
+
+RunState = Verdict  # the first wave's name for it
 
 
 @dataclass(frozen=True)
 class Report:
-    """What one run did on one node for one commit: the body of the git note."""
+    """What the node did for one commit: a run's outcome, and the ledger's record that a note is
+    encoded from (``reconciler.notes`` is the only place that knows the note's JSON)."""
 
     node: str
     commit: str
@@ -342,31 +351,3 @@ class Report:
     verdicts: tuple[Mapping[str, Any], ...] = ()
     events: tuple[str, ...] = ()  # what happened around the run: a reboot finished, a run interrupted
     pins: Mapping[str, str] = field(default_factory=dict)  # service -> commit it is held at
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "format": 1,
-            "node": self.node,
-            "commit": self.commit,
-            "state": str(self.state),
-            "time": self.time,
-            "services": {r.service: r.to_dict() for r in self.services},
-        }
-        if self.plan_hash:
-            out["plan_hash"] = self.plan_hash
-        if self.reason:
-            out["reason"] = self.reason
-        if self.error:
-            out["error"] = self.error
-        if self.signer:
-            out["signer"] = dict(self.signer)
-        if self.verdicts:
-            out["verdicts"] = [dict(v) for v in self.verdicts]
-        if self.events:
-            out["events"] = list(self.events)
-        if self.pins:
-            out["pins"] = dict(self.pins)
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

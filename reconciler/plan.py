@@ -91,7 +91,7 @@ def stage(plan: Plan) -> Plan:
     for a in plan.actions:
         if a.desired is not None and a.desired.manual and (a.kind is not ActionKind.NONE or a.sync):
             held.append(Action(ActionKind.NONE, a.service, f"staged (apply: manual): {a.kind}: {a.reason}",
-                               a.desired, a.driver))
+                               a.desired, a.driver, staged=True))
         else:
             held.append(a)
     return Plan(plan.node, plan.commit, tuple(held))

@@ -7,17 +7,17 @@ remote has ahead of ours (state dir lost) is merged, keeping our note for a comm
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
 import pygit2
 
+from . import faults, notes
 from .errors import RemoteError
+from .ledger import Ledger
 from .model import Report
 from .source import Source
-from .state import State
 
 log = logging.getLogger("reconciler.report")
 
@@ -30,9 +30,9 @@ def notes_ref(node: str) -> str:
 
 
 class Reporter:
-    def __init__(self, source: Source, state: State, node: str) -> None:
+    def __init__(self, source: Source, ledger: Ledger, node: str) -> None:
         self.source = source
-        self.state = state
+        self.ledger = ledger
         self.node = node
         self.ref = notes_ref(node)
         self.tracking = f"refs/reconciler/remote-notes/{node}"
@@ -45,8 +45,9 @@ class Reporter:
 
     def write(self, report: Report) -> None:
         sig = pygit2.Signature(f"reconciler {self.node}", f"{self.node}@reconciler.invalid", int(time.time()), 0)
+        faults.point("note", report.commit)
         self.source.repo.create_note(
-            report.to_json(), sig, sig, report.commit, self.ref, True,
+            notes.encode(report), sig, sig, report.commit, self.ref, True,
         )
 
     def read(self, commit: str, ref: str | None = None) -> dict[str, Any] | None:
@@ -54,15 +55,11 @@ class Reporter:
             note = self.source.repo.lookup_note(commit, ref or self.ref)
         except KeyError:
             return None
-        try:
-            data = json.loads(note.message)
-        except json.JSONDecodeError:
-            return None
-        return data if isinstance(data, dict) else None
+        return notes.decode(note.message)
 
     def pending(self) -> bool:
         local = self._local()
-        return local is not None and local != self.state.get(PUSHED_KEY)
+        return local is not None and local != self.ledger.get_meta(PUSHED_KEY)
 
     def _fetch_remote_ref(self) -> bool:
         """Bring the remote's copy of our notes ref; False if the remote has none. A fetch of the
@@ -83,7 +80,7 @@ class Reporter:
         try:
             if self._fetch_remote_ref():
                 self.source.run("update-ref", self.ref, self.tracking, what="notes restore in")
-                self.state.put(PUSHED_KEY, self._local() or "")
+                self.ledger.set_meta(PUSHED_KEY, self._local() or "")
         except RemoteError as exc:
             log.warning("could not recover notes from the remote yet: %s", exc)
 
@@ -107,7 +104,7 @@ class Reporter:
         except RemoteError as exc:
             log.warning("note not pushed, will retry on the next run: %s", exc)
             return False
-        self.state.put(PUSHED_KEY, self._local() or "")
+        self.ledger.set_meta(PUSHED_KEY, self._local() or "")
         return True
 
     def _contains(self, ref: str) -> bool:
@@ -117,4 +114,5 @@ class Reporter:
         return local is not None and (str(other) == local or repo.descendant_of(local, other))
 
     def _push(self) -> None:
+        faults.point("push", self.ref)
         self.source.run("push", "--porcelain", self.source.url, f"{self.ref}:{self.ref}", what="note push to")

@@ -20,6 +20,10 @@ from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any
 
+from .notes import Note
+
+__all__ = ["FleetView", "Note", "Rollout", "Verdict", "Wave", "decide", "plan_rollout"]
+
 APPLIED_STATES = ("applied",)
 FAILED_STATES = ("failed",)
 
@@ -85,24 +89,6 @@ def _batch(value: Any, size: int) -> int:
     if text.endswith("%"):
         return max(1, math.ceil(size * float(text[:-1]) / 100))
     return max(1, int(text))
-
-
-@dataclass(frozen=True)
-class Note:
-    """The part of a node's note the rollout reads."""
-
-    node: str
-    commit: str
-    state: str
-    time: str = ""
-    failed_service: str = ""
-    error: str = ""
-
-    @staticmethod
-    def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
-        failed = [s for s, r in (data.get("services") or {}).items() if r.get("result") == "failed"]
-        return Note(node, commit, str(data.get("state", "")), str(data.get("time", "")),
-                    failed[0] if failed else "", str(data.get("error", "")))
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
-"""The node's local state: a directory with the mirror, rendered files, a lock and SQLite.
+"""The node's state directory: where things are, who may change them, what a crash left.
 
 Layout of ``state_dir``::
 
-    lock                    flock: one run at a time
-    state.db                history, intent journal, runs (SQLite, WAL)
+    lock                    flock: one pass at a time (poll, verify, apply, note)
+    services.lock           flock: whoever changes services (a pass's apply, the supervisor)
+    agent.lock              flock held by a running daemon: one daemon per state dir
+    state.db                the ledger (reconciler.ledger): SQLite, WAL
     mirror.git/             bare mirror of the deployment repo (source)
-    services/<svc>/         driver-owned: rendered revisions, pid record, logs, data
+    trust/                  a trust root rotated through the repo
+    services/<svc>/, docker/, systemd/, host/   driver-owned records and files
 
-Every file is written atomically (temp, fsync, rename), so a crash leaves the old or the new
-content, never half of one.
+A pass holds ``lock`` from start to end but ``services.lock`` only while it observes and changes
+services, so the supervisor keeps restarting crashed services while a pass waits on the network.
 """
 
 from __future__ import annotations
@@ -17,116 +20,33 @@ import contextlib
 import errno
 import fcntl
 import os
-import sqlite3
-import tempfile
+import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from . import faults
-from .errors import Busy
+from .atomic import TEMP_PREFIX, atomic_write, fsync_dir
+from .errors import Busy, ConfigError, DiskFull, StateMissing
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS history (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time REAL NOT NULL,
-    service TEXT NOT NULL,
-    commit_id TEXT NOT NULL,
-    hash TEXT,
-    action TEXT NOT NULL,
-    result TEXT NOT NULL,
-    reason TEXT NOT NULL DEFAULT '',
-    detail TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS history_service ON history(service, id);
-CREATE TABLE IF NOT EXISTS journal (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time REAL NOT NULL,
-    commit_id TEXT NOT NULL,
-    service TEXT NOT NULL,
-    action TEXT NOT NULL,
-    status TEXT NOT NULL  -- intent | done | failed
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time REAL NOT NULL,
-    commit_id TEXT NOT NULL,
-    state TEXT NOT NULL,
-    reason TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        faults.point("rename", str(path))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass(frozen=True)
-class HistoryRow:
-    time: float
-    service: str
-    commit: str
-    hash: str | None
-    action: str
-    result: str
-    reason: str
-    detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "time": self.time,
-            "service": self.service,
-            "commit": self.commit,
-            "hash": self.hash,
-            "action": self.action,
-            "result": self.result,
-            "reason": self.reason,
-            "detail": self.detail,
-        }
+# A pass needs room for a revision of files, a few ledger pages and note objects; below this
+# it stops before changing anything rather than half way through.
+MIN_FREE_BYTES = 16 * 2**20
 
 
 class State:
-    """The node's state directory. Open it, take the lock for anything that changes the node."""
+    """The node's state directory. ``create=False`` for commands that only read."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, create: bool = True) -> None:
         self.root = root
+        if not create:
+            if not root.is_dir():
+                raise StateMissing(f"state dir {root} does not exist (is --state-dir right?)")
+            return
         try:
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
             root.chmod(0o700)  # records hold service environments; notes are the public part
         except OSError as exc:
-            from .errors import ConfigError
-
             raise ConfigError(f"state dir {root}: {exc.strerror or exc}") from exc
-        # The daemon runs its jobs in scheduler threads; they are serialised by the run lock.
-        self.db = sqlite3.connect(root / "state.db", timeout=30, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(SCHEMA)
 
     @property
     def mirror(self) -> Path:
@@ -136,13 +56,10 @@ class State:
     def services_dir(self) -> Path:
         return self.root / "services"
 
-    def close(self) -> None:
-        self.db.close()
-
     @contextlib.contextmanager
-    def lock(self, wait: float = 0.0) -> Iterator[None]:
-        """Exclusive run lock; ``Busy`` if another run holds it after ``wait`` seconds."""
-        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    def lock(self, wait: float = 0.0, name: str = "lock", what: str = "another reconciler run") -> Iterator[None]:
+        """Exclusive flock on ``name``; ``Busy`` if someone else holds it after ``wait`` seconds."""
+        fd = os.open(self.root / name, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + wait
         try:
             while True:
@@ -153,7 +70,7 @@ class State:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES):
                         raise
                     if time.monotonic() >= deadline:
-                        raise Busy(f"{self.root}: another reconciler run holds the lock") from None
+                        raise Busy(f"{self.root}: {what} holds the lock") from None
                     time.sleep(0.1)
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
@@ -161,71 +78,36 @@ class State:
         finally:
             os.close(fd)  # closing releases the flock
 
-    # key/value -----------------------------------------------------------------------
-    def get(self, key: str) -> str | None:
-        row = self.db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+    def services_lock(self, wait: float = 0.0) -> contextlib.AbstractContextManager[None]:
+        return self.lock(wait, "services.lock", "another run changing services")
 
-    def put(self, key: str, value: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, value))
+    def daemon_lock(self) -> contextlib.AbstractContextManager[None]:
+        return self.lock(0.0, "agent.lock", "another `reconciler agent`")
 
-    # journal -------------------------------------------------------------------------
-    def intent(self, commit: str, service: str, action: str) -> int:
-        """Record what is about to happen before it happens; a crash leaves it 'intent'."""
-        cur = self.db.execute(
-            "INSERT INTO journal(time, commit_id, service, action, status) VALUES (?,?,?,?, 'intent')",
-            (time.time(), commit, service, action),
-        )
-        assert cur.lastrowid is not None
-        return cur.lastrowid
+    def sweep(self) -> list[Path]:
+        """Remove what a killed run left half written: temp files and unfinished revision dirs.
+        Called under the run lock, so nothing in flight can be swept."""
+        swept: list[Path] = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            if dirpath == str(self.root) and "mirror.git" in dirnames:
+                dirnames.remove("mirror.git")  # git sweeps its own
+            for d in [d for d in dirnames if d.startswith(TEMP_PREFIX)]:
+                shutil.rmtree(Path(dirpath) / d, ignore_errors=True)
+                dirnames.remove(d)
+                swept.append(Path(dirpath) / d)
+            for f in filenames:
+                if f.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        (Path(dirpath) / f).unlink()
+                    swept.append(Path(dirpath) / f)
+        return swept
 
-    def settle(self, entry: int, ok: bool) -> None:
-        self.db.execute("UPDATE journal SET status=? WHERE id=?", ("done" if ok else "failed", entry))
+    def check_space(self, need: int = MIN_FREE_BYTES) -> None:
+        """Before a pass changes anything: ``DiskFull`` if the state dir's filesystem is too full."""
+        free = shutil.disk_usage(self.root).free
+        if free < need:
+            raise DiskFull(f"state dir {self.root}: {free / 2**20:.1f} MiB free, a run needs "
+                           f"{need / 2**20:.0f} MiB; nothing was changed")
 
-    def interrupted(self) -> list[tuple[str, str, str]]:
-        """Actions a previous run started and never finished: (commit, service, action)."""
-        rows = self.db.execute(
-            "SELECT commit_id, service, action FROM journal WHERE status='intent' ORDER BY id"
-        ).fetchall()
-        return [(str(c), str(s), str(a)) for c, s, a in rows]
 
-    def clear_interrupted(self) -> None:
-        self.db.execute("UPDATE journal SET status='interrupted' WHERE status='intent'")
-
-    # history -------------------------------------------------------------------------
-    def record(
-        self, service: str, commit: str, hash_: str | None, action: str, result: str,
-        reason: str = "", detail: str = "",
-    ) -> None:
-        self.db.execute(
-            "INSERT INTO history(time, service, commit_id, hash, action, result, reason, detail)"
-            " VALUES (?,?,?,?,?,?,?,?)",
-            (time.time(), service, commit, hash_, action, result, reason, detail),
-        )
-
-    def history(self, service: str | None = None, limit: int = 50) -> list[HistoryRow]:
-        q = "SELECT time, service, commit_id, hash, action, result, reason, detail FROM history"
-        args: tuple[Any, ...] = ()
-        if service:
-            q += " WHERE service=?"
-            args = (service,)
-        q += " ORDER BY id DESC LIMIT ?"
-        rows = self.db.execute(q, (*args, limit)).fetchall()
-        return [HistoryRow(*r) for r in rows]
-
-    # runs ----------------------------------------------------------------------------
-    def record_run(self, commit: str, state: str, reason: str) -> int:
-        cur = self.db.execute(
-            "INSERT INTO runs(time, commit_id, state, reason) VALUES (?,?,?,?)",
-            (time.time(), commit, state, reason),
-        )
-        assert cur.lastrowid is not None
-        return cur.lastrowid
-
-    def last_run(self) -> dict[str, Any] | None:
-        row = self.db.execute(
-            "SELECT time, commit_id, state, reason FROM runs ORDER BY id DESC LIMIT 1"
-        ).fetchone()
-        if row is None:
-            return None
-        return {"time": row[0], "commit": row[1], "state": row[2], "reason": row[3]}
+__all__ = ["MIN_FREE_BYTES", "State", "atomic_write", "fsync_dir"]

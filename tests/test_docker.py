@@ -240,7 +240,7 @@ def test_failing_changes_put_the_previous_container_back(dock: DockerDeployment,
     failed = next(r for r in result.report.services if r.service == "web")  # type: ignore[union-attr]
     assert str(failed.action) == "recreate" and "previous container restored" in failed.detail
     assert "exited at once" in failed.detail and "cannot bind" not in failed.detail  # its output stays local
-    assert "cannot bind" in node.state.history("web", limit=1)[0].detail
+    assert "cannot bind" in node.ledger.history("web", limit=1)[0].detail
     now = containers(docker_engine, dock.node)["web"]
     assert now.id == web.id and now.status == "running"
     assert fetch(dock.port).startswith("hello")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import Deployment, SigningKey, wait_for
 
-from reconciler.agent import Agent, Supervisor, drivers_for
+from reconciler.agent import Agent, drivers_for
+from reconciler.daemon import Supervisor
 from reconciler.errors import Busy
 from reconciler.observe import observe
 
@@ -81,7 +82,7 @@ def test_supervisor_restarts_a_killed_service_with_backoff(
     clock.now += 1.0
     assert supervisor.tick() == ["compute-agent"]
     assert pids(cmp1)["node-exporter"] is not None
-    revives = [r for r in cmp1.state.history("compute-agent") if r.action == "revive"]
+    revives = [r for r in cmp1.ledger.history("compute-agent") if r.action == "revive"]
     assert len(revives) == 3 and all(r.result == "ok" for r in revives)
 
 

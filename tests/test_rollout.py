@@ -169,10 +169,13 @@ def test_manual_instantiate_mode_stages_until_an_operator_applies(
          deployment.url, "--state-dir", str(ctl2.cfg.state_dir), "--allowed-signers",
          str(merge_key.allowed_signers), "-o", "json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["report"]["services"]["identity"]["action"] == "start"
+    applied = json.loads(proc.stdout)["report"]
+    assert applied["services"]["identity"]["action"] == "start"
     assert _pids(ctl2)["identity"]
+    # Every service of the slice now runs the commit: it is applied, and the note says so.
+    assert applied["state"] == "applied" and (deployment.note("ctl2") or {}).get("state") == "applied"
     again = ctl2.reconcile_once()
-    assert again.exit_code == 0 and again.report is not None and again.report.state == "applied"
+    assert again.exit_code == 0 and again.report is None
 
 
 def _pids(agent: Agent) -> dict[str, int | None]:

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write
 from ..compare import action_for, domains
 from ..errors import ApplyError, ReconcilerError
 from ..model import ActionKind, DesiredService, FileSpec, ObservedService, Rule
-from ..state import atomic_write
 from .base import Check
 from .files import read_record, write_record
 from .hostaccess import HostAccess

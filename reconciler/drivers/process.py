@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import faults
+from ..atomic import TEMP_PREFIX, atomic_write, fsync_dir
 from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
-from ..state import atomic_write, fsync_dir
 from .base import Check
 from .files import read_dir, read_record, signal_number, sync_dir, write_record
 
@@ -95,11 +96,12 @@ class ProcessDriver:
         rev = self._dir(svc.name) / "rev" / svc.hash
         if rev.is_dir():
             return rev
-        tmp = rev.with_name(f".tmp-{svc.hash}-{os.getpid()}")
+        tmp = rev.with_name(f"{TEMP_PREFIX}rev-{svc.hash}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         for f in svc.files:
             atomic_write(tmp / f.path, f.content, f.mode)
         tmp.mkdir(parents=True, exist_ok=True)
+        faults.point("rename", str(rev))
         os.replace(tmp, rev)
         fsync_dir(rev.parent)
         return rev

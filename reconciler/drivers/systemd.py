@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write
 from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
-from ..state import atomic_write
 from .base import Check
 from .files import read_dir, read_record, sync_dir, write_record
 from .hostaccess import HostAccess

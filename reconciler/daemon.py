@@ -1,0 +1,163 @@
+"""The long-running agent: a scheduler for polls, a supervisor for services, signals.
+
+The supervisor never waits on the network: a pass holds the services lock only while it
+observes and changes services, not while it fetches or pushes, and the supervisor runs in its
+own scheduler thread. One daemon per state dir (``agent.lock``, held for the daemon's life).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from .agent import Agent
+from .drivers import Driver
+from .errors import Busy, ReconcilerError
+from .pipeline import RunResult
+
+log = logging.getLogger("reconciler.agent")
+
+
+class Supervisor:
+    """Restart services that died, with exponential backoff per service."""
+
+    BACKOFF_MAX = 60.0
+    STABLE_AFTER = 30.0
+
+    def __init__(self, agent: Agent, clock: Callable[[], float] = time.monotonic) -> None:
+        self.agent = agent
+        self.clock = clock
+        self.failures: dict[str, int] = {}
+        self.next_try: dict[str, float] = {}
+        self.up_since: dict[str, float] = {}
+
+    def tick(self) -> list[str]:
+        """One check; returns the services restarted. Skips while a pass changes services."""
+        restarted = []
+        try:
+            with self.agent.state.services_lock():
+                for driver in self.agent.drivers(None).values():
+                    for o in driver.observe():
+                        if o.drift == "report":
+                            continue  # hands off: a stop by hand is noted by the next run, not undone
+                        if self._check(driver, o.name, o.running, o.commit or "", o.hash):
+                            restarted.append(o.name)
+        except Busy:
+            pass
+        return restarted
+
+    def _check(self, driver: Driver, svc: str, running: bool, commit: str, hash_: str | None) -> bool:
+        now = self.clock()
+        if running:
+            if now - self.up_since.setdefault(svc, now) >= self.STABLE_AFTER:
+                self.failures.pop(svc, None)
+            return False
+        self.up_since.pop(svc, None)
+        if now < self.next_try.get(svc, 0.0):
+            return False
+        n = self.failures.get(svc, 0)
+        self.failures[svc] = n + 1
+        self.next_try[svc] = now + min(self.BACKOFF_MAX, 2.0**n)
+        try:
+            driver.revive(svc)
+            ok, detail = True, f"restart #{n + 1} after crash"
+        except ReconcilerError as exc:
+            ok, detail = False, str(exc)
+        log.warning("%s: service %s was not running: %s", self.agent.cfg.node, svc, detail)
+        self.agent.ledger.log(svc, commit, hash_, "revive", "ok" if ok else "failed", "supervisor", detail)
+        return ok
+
+
+def node_offset(node: str, jitter: float) -> float:
+    """A fixed offset per node in [0, jitter): nodes spread out even with identical clocks."""
+    if jitter <= 0:
+        return 0.0
+    h = int.from_bytes(hashlib.sha256(node.encode()).digest()[:8], "big")
+    return (h / 2**64) * jitter
+
+
+class VerdictLog:
+    """Logs each pass's verdict once, with its reason code; again only when it changes."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.last: tuple[str, str, str] | None = None
+
+    def __call__(self, result: RunResult) -> None:
+        if result.report is not None:
+            rep = result.report
+            key = (rep.commit, str(rep.state), rep.reason)
+            level = logging.INFO if not rep.reason else logging.ERROR
+            text = f"{rep.state}" + (f" [{rep.reason}]" if rep.reason else "")
+            if rep.error:
+                text += f": {rep.error}"
+        elif result.error is not None:
+            key = (result.commit, "error", result.error.reason)
+            level, text = logging.ERROR, f"error [{result.error.reason}]: {result.error}"
+        elif result.waiting:
+            key = (result.commit, "waiting", result.waiting)
+            level, text = logging.INFO, f"waiting: {result.waiting}"
+        else:
+            key = (result.commit, "unchanged", result.skipped)
+            level, text = logging.INFO, result.skipped or "unchanged"
+        if key == self.last:
+            return
+        self.last = key
+        log.log(level, "%s @ %s: %s", result.node, result.commit[:12], text)
+
+
+def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None) -> None:
+    from apscheduler.schedulers.blocking import BlockingScheduler
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    cfg = agent.cfg
+    with agent.state.daemon_lock():
+        scheduler = BlockingScheduler(timezone="UTC")
+        supervisor = Supervisor(agent)
+        failures = 0
+        polling = threading.Lock()  # apscheduler runs jobs in threads; one pass at a time in-process
+        say = on_result or VerdictLog(agent)
+
+        def poll() -> None:
+            nonlocal failures
+            if not polling.acquire(blocking=False):
+                return
+            try:
+                result = agent.reconcile_once()
+                failures = 0
+                say(result)
+            except Busy:
+                return
+            except ReconcilerError as exc:
+                failures += 1
+                delay = min(cfg.interval * 2**failures, max(cfg.interval, 600.0))
+                agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s] (next try in %.0fs)",
+                               cfg.node, exc, exc.reason, delay)
+                job.modify(next_run_time=datetime.fromtimestamp(time.time() + delay, UTC))
+            finally:
+                polling.release()
+
+        first = datetime.fromtimestamp(time.time() + node_offset(cfg.node, cfg.jitter), UTC)
+        job = scheduler.add_job(
+            poll, IntervalTrigger(seconds=cfg.interval, jitter=cfg.jitter or None),
+            next_run_time=first, max_instances=1, coalesce=True, id="poll",
+        )
+        # Not behind `polling`: a pass stuck on a stalled git server must not stop restarts.
+        scheduler.add_job(supervisor.tick, IntervalTrigger(seconds=cfg.supervise_interval), max_instances=1,
+                          coalesce=True, id="supervise")
+
+        def stop(signum: int, frame: Any) -> None:
+            del signum, frame
+            scheduler.shutdown(wait=False)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        log.info("%s: agent started; polling %s every %.0fs (jitter %.0fs)", cfg.node, cfg.branch, cfg.interval,
+                 cfg.jitter)
+        scheduler.start()

@@ -1,0 +1,75 @@
+"""The note codec: a node's record of one commit as JSON, and back. One schema version.
+
+The only module that knows the note's fields. A note is written by its node alone, in
+``refs/notes/reconciler/<node>``; other nodes (the fleet gate), ``status --fleet`` and review
+tools read it through ``decode``/``Note``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .model import Report
+
+FORMAT = 1
+
+
+def to_dict(report: Report) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "format": FORMAT,
+        "node": report.node,
+        "commit": report.commit,
+        "state": str(report.state),
+        "time": report.time,
+        "services": {r.service: r.to_dict() for r in report.services},
+    }
+    if report.plan_hash:
+        out["plan_hash"] = report.plan_hash
+    if report.reason:
+        out["reason"] = report.reason
+    if report.error:
+        out["error"] = report.error
+    if report.signer:
+        out["signer"] = dict(report.signer)
+    if report.verdicts:
+        out["verdicts"] = [dict(v) for v in report.verdicts]
+    if report.events:
+        out["events"] = list(report.events)
+    if report.pins:
+        out["pins"] = dict(report.pins)
+    return out
+
+
+def encode(report: Report) -> str:
+    """Same record, same bytes: sorted keys."""
+    return json.dumps(to_dict(report), indent=2, sort_keys=True) + "\n"
+
+
+def decode(text: str | bytes) -> dict[str, Any] | None:
+    """A note's body, or None for one that is not ours (not JSON, not an object)."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Note:
+    """The part of a node's note the rollout and fleet status read."""
+
+    node: str
+    commit: str
+    state: str
+    time: str = ""
+    failed_service: str = ""
+    error: str = ""
+
+    @staticmethod
+    def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
+        failed = [s for s, r in (data.get("services") or {}).items() if r.get("result") == "failed"]
+        return Note(node, commit, str(data.get("state", "")), str(data.get("time", "")),
+                    failed[0] if failed else "", str(data.get("error", "")))

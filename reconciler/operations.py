@@ -1,0 +1,88 @@
+"""An operator's hands on one node: rollback, unpin, retry. Small operations over the ledger.
+
+None of them changes a commit's verdict: a rollback of a service on a node whose head failed
+leaves that commit failed (the fleet gate still halts on it); it adds an event and a pin to the
+head's note. Only a run of the commit itself that applies it healthy can make it applied.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import pygit2
+
+from .errors import BadInput
+from .ledger import Pin
+from .model import Verdict
+from .observe import observe
+from .pipeline import Run, RunResult, converge, write_note
+from .trust import TrustError, verify_commit
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+
+def rollback(agent: Agent, service: str, to: str | None, by: str) -> RunResult:
+    """Put one service back to an earlier commit's version, here and now, without the remote,
+    and pin it there (the note says so) until the branch moves on or `unpin`."""
+    with agent.state.lock(wait=30):
+        head = agent.ledger.mark().commit
+        if head is None:
+            raise BadInput("this node has applied nothing yet: nothing to roll back")
+        if to is None:
+            running = observe(agent.cfg.node, agent.drivers(None)).by_name().get(service)
+            if running is None:
+                raise BadInput(f"service {service} does not run on node {agent.cfg.node}")
+            good = agent.ledger.previous_good(service, running.hash)
+            if good is None:
+                raise BadInput(f"service {service}: no earlier good version in this node's history")
+            to = good.commit
+        try:
+            target = str(agent.source.repo.revparse_single(to).peel(pygit2.Commit).id)
+        except (KeyError, ValueError, pygit2.GitError) as exc:
+            raise BadInput(f"commit {to!r} is not in this node's mirror") from exc
+        verdict = verify_commit(agent.source.repo, target, agent.gate.root, agent.clock())
+        if not verdict.ok:
+            raise TrustError(f"commit {target[:12]}: {verdict.message}", verdict.reason, [verdict])
+        old = agent.desired(target).by_name()
+        if service not in old:
+            raise BadInput(f"service {service} is not on node {agent.cfg.node} at {target[:12]}")
+        previous = next((p for p in agent.ledger.pins() if p.service == service), None)
+        agent.ledger.pin(Pin(service, target, old[service].hash, head, by, time.time()))
+        what = f"rollback of {service} to {target[:12]} by {by}"
+        result = converge(agent, Run(head, False, ()), only={service}, instantiate=True, operation=what)
+        if result.error is not None:
+            # It runs what it ran before (the driver put it back): the pin would lie.
+            if previous is not None:
+                agent.ledger.pin(previous)
+            else:
+                agent.ledger.unpin(service)
+            write_note(agent, head)
+        return result
+
+
+def unpin(agent: Agent, service: str, by: str) -> bool:
+    """Release a rollback's pin; the next run brings the service to the head's version (when
+    the head did not fail here: a failed head waits for `retry` or a new commit)."""
+    with agent.state.lock(wait=30):
+        pin = agent.ledger.unpin(service)
+        if pin is None:
+            return False
+        if agent.ledger.record(pin.head) is not None:
+            agent.ledger.add_event(pin.head, f"pin of {service} at {pin.commit[:12]} released by {by}")
+            write_note(agent, pin.head)
+        agent.reporter.push()
+        return True
+
+
+def retry(agent: Agent) -> str | None:
+    """The head failed (or was halted) here: let the next run try it again. Returns it, or None."""
+    with agent.state.lock(wait=30):
+        head = agent.ledger.mark().commit
+        if head is None:
+            return None
+        rec = agent.ledger.record(head)
+        if rec is None or rec.verdict not in (Verdict.FAILED, Verdict.HALTED):
+            return None
+        return head if agent.ledger.retry(head) else None

@@ -1,0 +1,337 @@
+"""One pass of the loop as named sub-steps: each returns what the next needs, or a ``Stop``.
+
+    prepare  sweep a killed run's leftovers, check for room, finish notes a killed run owed
+    source   the branch head (a ref check; a fetch only when it moved)
+    resume   a reboot this node started: wait for it, or finish it
+    noop     same commit, converged, every service running its slice: nothing at all
+    trust    verified and forward, or refused (noted once per root)
+    gate     a commit that failed here waits for `retry`; pins released when the branch moved;
+             the repo loads; the rollout says go, wait or halted
+    converge render, observe, plan, apply (under the services lock), then settle the verdict
+    report   the ledger's record of the commit, as its note; pushed
+
+Every verdict goes through ``Ledger.settle`` (the one table of allowed moves) and every note
+is the ledger's projection, so what a note says is what the node remembers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from .apply import apply_plan
+from .errors import BadInput, ReconcilerError
+from .ledger import ALLOWED, Interrupted, Proof
+from .model import Action, ActionKind, Plan, Report, ResultState, ServiceResult, Verdict
+from .observe import observe
+from .plan import plan as make_plan
+from .plan import stage
+from .trust import TrustError
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .repo import DeploymentRepo
+
+log = logging.getLogger("reconciler.agent")
+
+# An action whose effect a killed run may or may not have had is done again: these are safe to repeat.
+REDO = (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE, ActionKind.DRAIN_RESTART)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one pass did. ``report`` is None when nothing changed and no note was needed."""
+
+    node: str
+    commit: str
+    fetched: bool
+    plan: Plan | None = None
+    report: Report | None = None
+    pushed: bool = True
+    interrupted: tuple[Interrupted, ...] = ()
+    error: ReconcilerError | None = None
+    waiting: str = ""  # a rollout holds this node back: why
+    skipped: str = ""  # the pass did nothing on purpose: why (failed here before, refused before)
+
+    @property
+    def exit_code(self) -> int:
+        if self.error is not None:
+            return self.error.exit_code
+        if self.report is not None and self.report.state not in (Verdict.APPLIED, Verdict.REBOOTING, Verdict.STAGED):
+            return 1  # failed here, or halted by a failure elsewhere
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        from . import notes
+
+        return {
+            "node": self.node,
+            "commit": self.commit,
+            "fetched": self.fetched,
+            "plan": self.plan.to_dict() if self.plan else None,
+            "report": notes.to_dict(self.report) if self.report else None,
+            "note_pushed": self.pushed,
+            "interrupted": [list(i) for i in self.interrupted],
+            "error": {"reason": self.error.reason, "message": str(self.error)} if self.error else None,
+            "waiting": self.waiting,
+            "skipped": self.skipped,
+        }
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the sub-steps of one pass share."""
+
+    commit: str
+    fetched: bool
+    interrupted: tuple[Interrupted, ...]
+    events: tuple[str, ...] = ()
+    signer: Mapping[str, str] | None = None
+
+
+def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | None,
+              instantiate: bool) -> RunResult:
+    with agent.state.lock(wait=30 if rev else 0):
+        interrupted = prepare(agent)
+        commit, fetched = agent.head(fetch, rev)
+        run = Run(commit, fetched, interrupted)
+        events: list[str] = [f"interrupted run: {i.action} {i.service} at {i.commit[:12]}" for i in interrupted]
+        waiting = agent.resume_after_reboot(events)
+        if waiting is not None:
+            return RunResult(agent.cfg.node, waiting, fetched, pushed=agent.reporter.push())
+        if not interrupted and not events and only is None and unchanged(agent, commit):
+            return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push())
+        refused = verify(agent, run)
+        if isinstance(refused, RunResult):
+            return refused
+        run = replace(run, signer=refused, events=tuple(events))
+        rec = agent.ledger.record(commit)
+        if rec is not None and rec.verdict is Verdict.FAILED and not rec.retry and not interrupted:
+            agent.say_once(("failed", commit), logging.WARNING,
+                           "%s: %s failed here before; not retried until a new commit or `reconciler retry`",
+                           agent.cfg.node, commit[:12])
+            return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push(),
+                             skipped="failed here before: `reconciler retry` to try again")
+        run = replace(run, events=run.events + tuple(release_pins(agent, commit)))
+        try:
+            repo = agent.load(commit)
+            verdict = agent.rollout_gate(repo, commit)
+        except BadInput as exc:
+            return stopped(agent, run, Verdict.ERROR, exc)
+        if not verdict.go:
+            if not verdict.halted:
+                agent.say_once(("waiting", commit, verdict.reason), logging.INFO, "%s: %s: %s",
+                               agent.cfg.node, commit[:12], verdict.reason)
+                return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push(), waiting=verdict.reason)
+            agent.say_once(("halted", commit), logging.ERROR, "%s: %s", agent.cfg.node, verdict.reason)
+            report = Report(agent.cfg.node, commit, Verdict.HALTED, now_iso(), reason="HALTED", error=verdict.reason,
+                            signer=run.signer)
+            return settle(agent, run, report, None)
+        return converge(agent, run, repo=repo, only=only, instantiate=instantiate)
+
+
+def prepare(agent: Agent) -> tuple[Interrupted, ...]:
+    """Before anything else: leftovers swept, room checked, owed notes written."""
+    for path in agent.state.sweep():
+        log.warning("%s: removed %s, left half written by a killed run", agent.cfg.node, path)
+    agent.state.check_space()
+    agent.reporter.recover()
+    for commit in agent.ledger.unnoted():
+        write_note(agent, commit)
+    interrupted = tuple(agent.ledger.interrupted())
+    for i in interrupted:
+        log.warning("%s: a previous run was interrupted during %s %s at %s; doing it again",
+                    agent.cfg.node, i.action, i.service, i.commit[:12])
+    return interrupted
+
+
+def unchanged(agent: Agent, commit: str) -> bool:
+    """Cheap no-op check: this commit converged, and every service still runs that slice."""
+    done = agent.ledger.converged()
+    if done is None or done[0] != commit or agent.ledger.mark().commit != commit:
+        return False
+    hashes = done[1]
+    seen = observe(agent.cfg.node, agent.drivers(None)).by_name()
+    if set(seen) != set(hashes):
+        return False
+    return all(o.running and not o.drifted and o.hash == hashes[n] for n, o in seen.items())
+
+
+def verify(agent: Agent, run: Run) -> Mapping[str, str] | None | RunResult:
+    """The head's signer when it is trusted; a finished ``RunResult`` when it is refused."""
+    rec = agent.ledger.record(run.commit)
+    if rec is not None and rec.verdict is Verdict.REFUSED and rec.root_id == agent.keeper.root_id():
+        # judged under this same root and noted already: no work, no new note
+        exc = TrustError(rec.error, rec.reason)
+        return RunResult(agent.cfg.node, run.commit, run.fetched, pushed=agent.reporter.push(), error=exc,
+                         skipped="refused before under this trust root")
+    try:
+        decision = agent.keeper.decide(run.commit)
+    except TrustError as exc:
+        report = Report(agent.cfg.node, run.commit, Verdict.REFUSED, now_iso(), reason=exc.reason, error=str(exc),
+                        verdicts=tuple(v.to_dict() for v in exc.verdicts if not v.ok))
+        # KEY_NOT_YET_VALID may pass later: judged again on every poll (noted once all the same)
+        root_id = "" if exc.reason == "KEY_NOT_YET_VALID" else agent.keeper.root_id()
+        agent.say_once(("refused", run.commit, exc.reason), logging.ERROR, "%s: refused %s: %s [%s]",
+                       agent.cfg.node, run.commit[:12], exc, exc.reason)
+        earlier = agent.ledger.verdict(run.commit)
+        if earlier is not None and Verdict.REFUSED not in ALLOWED[earlier]:
+            # An old commit this node applied, replayed as the head: its own record stays what it
+            # was (the fleet gate reads it); the refused move is an event on the node's mark.
+            mark = agent.ledger.mark().commit
+            text = f"refused head {run.commit[:12]}: {exc.reason}"
+            if mark is not None and agent.ledger.last_event(mark) != text:
+                agent.ledger.add_event(mark, text)
+                write_note(agent, mark)
+            return RunResult(agent.cfg.node, run.commit, run.fetched, report=report, pushed=agent.reporter.push(),
+                             error=exc)
+        result = settle(agent, run, report, None, root_id=root_id)
+        return replace(result, error=exc)
+    return agent.keeper.adopt(decision)
+
+
+def release_pins(agent: Agent, head: str) -> list[str]:
+    """A pin holds until the branch moves past the commit it was made on (a fix, a revert)."""
+    events = []
+    for pin in agent.ledger.pins():
+        if pin.head != head:
+            agent.ledger.unpin(pin.service)
+            events.append(f"pin of {pin.service} at {pin.commit[:12]} released: the branch moved to {head[:12]}")
+    return events
+
+
+def stopped(agent: Agent, run: Run, verdict: Verdict, exc: ReconcilerError) -> RunResult:
+    """A run that stopped before applying anything: noted with the error's reason code."""
+    agent.say_once(("stopped", run.commit, exc.reason), logging.ERROR, "%s: %s at %s: %s [%s]", agent.cfg.node,
+                   verdict, run.commit[:12], exc, exc.reason)
+    report = Report(agent.cfg.node, run.commit, verdict, now_iso(), reason=exc.reason, error=str(exc),
+                    signer=run.signer, events=run.events)
+    return replace(settle(agent, run, report, None), error=exc)
+
+
+def converge(agent: Agent, run: Run, *, repo: DeploymentRepo | None = None, only: set[str] | None = None,
+             instantiate: bool = False, operation: str = "") -> RunResult:
+    """Render, observe, plan, apply and settle ``run.commit`` (``only``: these services).
+    ``operation`` (a rollback): the services change, the commit's verdict does not."""
+    try:
+        desired = agent.desired(run.commit, repo)
+    except BadInput as exc:
+        if operation:
+            raise
+        return stopped(agent, run, Verdict.ERROR, exc)
+    if only is not None:
+        unknown = sorted(only - {s.name for s in desired.services})
+        if unknown:
+            raise BadInput(f"service {', '.join(unknown)} is not on node {agent.cfg.node} at {run.commit[:12]} "
+                           f"(it runs: {', '.join(s.name for s in desired.services) or 'nothing'})",
+                           reason="UNKNOWN_SERVICE")
+    with agent.state.services_lock(wait=60):
+        try:
+            drivers = agent.drivers(desired)
+            the_plan = make_plan(desired, observe(agent.cfg.node, drivers))
+            the_plan = redo_interrupted(the_plan, run.interrupted)
+            if not instantiate:
+                the_plan = stage(the_plan)
+            if only is not None:
+                the_plan = Plan(the_plan.node, the_plan.commit, tuple(a for a in the_plan.actions if a.service in only))
+        except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
+            if operation:
+                raise
+            return stopped(agent, run, Verdict.FAILED, exc)
+        recheck = frozenset(i.service for i in run.interrupted if i.action is not ActionKind.STOP)
+        results = apply_plan(the_plan, drivers, agent.ledger, recheck)
+        agent.ledger.clear_interrupted()  # done again above, or moot: only now
+    failed = [r for r in results if r.state is ResultState.FAILED]
+    if operation:
+        return rolled_back(agent, run, the_plan, results, operation)
+    reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
+    staged = any(a.staged for a in the_plan.actions)
+    held_back = only is not None and any(a.kind is not ActionKind.NONE or a.sync
+                                         for a in make_plan(desired, observe(agent.cfg.node, drivers)).actions)
+    previous = agent.ledger.verdict(run.commit)
+    proof: Proof | None = None
+    if failed:
+        verdict = Verdict.FAILED
+    elif reboots:
+        verdict = Verdict.REBOOTING
+    elif staged or held_back:
+        verdict = Verdict.FAILED if previous is Verdict.FAILED else Verdict.STAGED
+    else:
+        verdict, proof = Verdict.APPLIED, Proof.HEALTHY_RUN
+    report = Report(
+        agent.cfg.node, run.commit, verdict, now_iso(), services=tuple(results), plan_hash=the_plan.hash,
+        signer=run.signer, reason="APPLY_FAILED" if failed else "", error=failed[0].detail if failed else "",
+        events=run.events,
+    )
+    if failed:
+        detail = f"{failed[0].service}: {failed[0].detail}"
+        output = agent.last_output(failed[0].service)
+        agent.say_once(("failed", run.commit, detail), logging.ERROR, "%s: %s failed at %s: %s%s [APPLY_FAILED]",
+                       agent.cfg.node, run.commit[:12], failed[0].service, failed[0].detail,
+                       f" | last output: {output}" if output else "")
+    if verdict is Verdict.APPLIED:
+        agent.ledger.set_converged(run.commit, {s.name: s.hash for s in desired.services})
+    result = settle(agent, run, report, proof)
+    return replace(result, plan=the_plan)
+
+
+def redo_interrupted(the_plan: Plan, interrupted: tuple[Interrupted, ...]) -> Plan:
+    """A killed run's action may have left its record ahead of its effect (files and record say
+    reloaded, the program never got the signal): when the plan now sees nothing to do for that
+    service, the action is done again. Every action on the ladder is safe to repeat."""
+    redo = {i.service: i.action for i in interrupted if i.action in REDO and i.commit == the_plan.commit}
+    if not redo:
+        return the_plan
+    actions = []
+    for a in the_plan.actions:
+        kind = redo.get(a.service)
+        if kind is not None and a.kind is ActionKind.NONE and a.desired is not None:
+            a = Action(kind, a.service, f"{kind}: a killed run was doing it; done again", a.desired, a.driver)
+        actions.append(a)
+    return Plan(the_plan.node, the_plan.commit, tuple(actions))
+
+
+def rolled_back(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceResult], what: str) -> RunResult:
+    """An operator's rollback: events (and the pin) on the head's record; its verdict stays."""
+    for r in results:
+        agent.ledger.add_event(run.commit, f"{what}: {r.service} {r.action} {r.state}"
+                               + (f": {r.detail}" if r.detail else ""))
+    write_note(agent, run.commit)
+    report = agent.ledger.report(run.commit, agent.cfg.node, now_iso())
+    failed = [r for r in results if r.state is ResultState.FAILED]
+    shown = replace(report, services=tuple(results)) if report is not None else Report(
+        agent.cfg.node, run.commit, Verdict.FAILED if failed else Verdict.APPLIED, now_iso(), services=tuple(results))
+    error = ReconcilerError(f"{what} failed: {failed[0].detail}", reason="APPLY_FAILED") if failed else None
+    return RunResult(agent.cfg.node, run.commit, False, plan=the_plan, report=shown, pushed=agent.reporter.push(),
+                     error=error)
+
+
+def settle(agent: Agent, run: Run, report: Report, proof: Proof | None, root_id: str = "") -> RunResult:
+    """The verdict into the ledger, the run into the runs table, the note written and pushed."""
+    agent.ledger.run(report.commit, str(report.state), report.reason)
+    agent.ledger.settle(report, proof=proof, root_id=root_id)
+    write_note(agent, report.commit)
+    return RunResult(agent.cfg.node, report.commit, run.fetched, report=report, pushed=agent.reporter.push(),
+                     interrupted=run.interrupted)
+
+
+def write_note(agent: Agent, commit: str) -> None:
+    """The note of ``commit`` is the ledger's record of it; written unless it already says that."""
+    report = agent.ledger.report(commit, agent.cfg.node, now_iso())
+    if report is None:
+        return
+    from . import notes
+
+    previous = agent.reporter.read(commit)
+    if previous is None or {k: v for k, v in previous.items() if k != "time"} != \
+            {k: v for k, v in notes.to_dict(report).items() if k != "time"}:
+        agent.reporter.write(report)
+    agent.ledger.noted(commit)
+

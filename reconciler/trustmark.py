@@ -1,0 +1,131 @@
+"""What trust leaves on the node: the root in force (rotated through the repo or the node's
+own), the high-water mark and its signer, and their recovery after the state dir was lost.
+
+Next to ``trust`` (which judges commits, pure over a repository) this is the part with memory:
+it reads and writes the ledger's mark and the ``trust/`` files of the state dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pygit2
+
+from . import notes
+from .atomic import atomic_write
+from .config import TrustConfig
+from .errors import ConfigError
+from .ledger import Ledger
+from .model import Verdict
+from .trust import Decision, Gate, Policy, TrustRoot, load_root, parse_revoked, tree_file
+
+log = logging.getLogger("reconciler.trust")
+
+
+class TrustKeeper:
+    """The node's trust state over its ledger and mirror."""
+
+    def __init__(self, cfg: TrustConfig, state_root: Path, ledger: Ledger, repo: Callable[[], pygit2.Repository],
+                 notes_ref: str, clock: Callable[[], datetime], node: str) -> None:
+        node_root = load_root(cfg.allowed_signers, cfg.gpg_home, cfg.revoked)
+        if node_root.empty:
+            raise ConfigError("no trust root: set trust.allowed_signers and/or trust.gpg_home "
+                              "(--allowed-signers / --gpg-home); the agent applies only signed commits")
+        self.ledger = ledger
+        self.dir = state_root / "trust"
+        self.repo = repo
+        self.notes_ref = notes_ref
+        self.node = node
+        self.gate = Gate(self._adopted(node_root), Policy(cfg.policy), clock, node_root.revoked)
+
+    def _adopted(self, node_root: TrustRoot) -> TrustRoot:
+        """A root rotated through the repo earlier, kept in the state dir; else the node's own."""
+        from .sshsig import parse_allowed_signers
+
+        origin = self.ledger.mark().trust_origin
+        signers = self.dir / "allowed_signers"
+        if not origin or not signers.exists():
+            return node_root
+        revoked = self.dir / "revoked"
+        return TrustRoot(
+            parse_allowed_signers(signers.read_text(), str(signers)),
+            (parse_revoked(revoked.read_text()) if revoked.exists() else frozenset()) | node_root.revoked,
+            node_root.gpg_home, origin,
+        )
+
+    def root_id(self) -> str:
+        """Names the root and policy a refusal was judged under: a new root judges again."""
+        r = self.gate.root
+        return hashlib.sha256(repr((r.signers, sorted(r.revoked), str(r.gpg_home), r.origin,
+                                    str(self.gate.policy))).encode()).hexdigest()[:16]
+
+    def decide(self, commit: str) -> Decision:
+        base = self.high_water()
+        return self.gate.decide(self.repo(), commit, base, self.repo_policy(base, commit))
+
+    def adopt(self, decision: Decision) -> Mapping[str, str] | None:
+        """Persist what a verified head established: the mark, its signer, a rotated root.
+        Returns the signer the head's note names."""
+        origin = None
+        if decision.root.origin != self.gate.root.origin:
+            commit = decision.root.origin.removeprefix("repo@")
+            for name in ("allowed_signers", "revoked"):
+                blob = tree_file(self.repo(), commit, f"trust/{name}")
+                atomic_write(self.dir / name, blob or b"", 0o600)
+            origin = decision.root.origin
+            log.warning("%s: trust root rotated by %s", self.node, commit[:12])
+            self.gate = self.gate.with_root(decision.root)
+        signer = _signer(decision.signer.to_dict()) if decision.signer is not None else None
+        mark = self.ledger.mark()
+        if mark.commit != decision.head or signer or origin is not None:
+            self.ledger.advance(decision.head, signer, origin)
+        return signer or self.ledger.mark().signer
+
+    def high_water(self) -> str | None:
+        """The last commit this node acted on; after the state dir was lost, the newest commit
+        that this node's own notes (on the remote, written only by it) say it acted on."""
+        mark = self.ledger.mark().commit
+        if mark:
+            return mark
+        newest: tuple[str, str] | None = None
+        try:
+            entries = list(self.repo().notes(self.notes_ref))  # type: ignore[call-arg]  # stub lacks ref
+        except (KeyError, pygit2.GitError):
+            return None
+        for note in entries:
+            data = notes.decode(note.message)
+            # The mark moves for every verified commit the node acted on, whatever came of it.
+            if data is None or data.get("state") == str(Verdict.REFUSED):
+                continue
+            if newest is None or str(data.get("time", "")) > newest[0]:
+                newest = (str(data.get("time", "")), str(note.annotated_id))
+        if newest is None:
+            return None
+        self.ledger.advance(newest[1], None)
+        log.warning("%s: high-water mark %s recovered from this node's notes", self.node, newest[1][:12])
+        return newest[1]
+
+    def repo_policy(self, *commits: str | None) -> Policy:
+        """The strictest policy the repo asks for at these commits (it can only tighten)."""
+        import yaml
+
+        policies = [Policy.HEAD]
+        for commit in commits:
+            raw = tree_file(self.repo(), commit, "reconciler.yaml") if commit else None
+            try:
+                data = yaml.safe_load(raw) if raw else None
+                wanted = data.get("trust", {}).get("policy") if isinstance(data, dict) else None
+                if wanted:
+                    policies.append(Policy(wanted))
+            except (yaml.YAMLError, ValueError, AttributeError):
+                continue  # a bad file is reported by validation; it cannot loosen anything
+        return Policy.strictest(*policies)
+
+
+def _signer(verdict: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(verdict[k]) for k in ("format", "principal", "fingerprint")}
