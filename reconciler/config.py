@@ -66,6 +66,8 @@ class AgentConfig:
     """Random extra delay per poll, plus a fixed per-node offset, so a fleet does not poll in step."""
     supervise_interval: float = 2.0
     """Seconds between liveness checks of the services (agent daemon)."""
+    min_free_mb: float = 16.0
+    """A pass stops before changing anything when the state dir's filesystem has less free (DISK_FULL)."""
     ssh_command: str | None = None
     """GIT_SSH_COMMAND for ssh:// remotes (key, port, known hosts)."""
     trust: TrustConfig = TrustConfig()
@@ -137,6 +139,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
             interval=float(values.get("interval", 60.0)),
             jitter=float(values.get("jitter", 10.0)),
             supervise_interval=float(values.get("supervise_interval", 2.0)),
+            min_free_mb=float(values.get("min_free_mb", 16.0)),
             ssh_command=values.get("ssh_command"),
             trust=TrustConfig(
                 allowed_signers=_path(trust_values.get("allowed_signers")),
@@ -156,7 +159,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc
     if cfg.trust.policy not in POLICIES:
         raise ConfigError(f"trust policy {cfg.trust.policy!r} is not one of {', '.join(POLICIES)}", file=file)
-    numbers = (cfg.interval, cfg.jitter, cfg.supervise_interval)
+    numbers = (cfg.interval, cfg.jitter, cfg.supervise_interval, cfg.min_free_mb)
     if not all(math.isfinite(n) for n in numbers) or cfg.interval <= 0 or cfg.jitter < 0 or cfg.supervise_interval <= 0:
         raise ConfigError("interval and supervise_interval must be > 0, jitter >= 0", file=file)
     return cfg

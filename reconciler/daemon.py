@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -22,6 +23,8 @@ from .errors import Busy, ReconcilerError
 from .pipeline import RunResult
 
 log = logging.getLogger("reconciler.agent")
+
+STOP_GRACE = 10.0  # seconds a stop waits for a pass in flight
 
 
 class Supervisor:
@@ -83,33 +86,31 @@ def node_offset(node: str, jitter: float) -> float:
 
 
 class VerdictLog:
-    """Logs each pass's verdict once, with its reason code; again only when it changes."""
+    """Logs what a pass came to, once, and again only when it changes. Failures, refusals and
+    halts are logged by the pass itself (once per commit and reason, with the reason code and
+    the service's last output); this adds the quiet outcomes: applied, staged, waiting."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.last: tuple[str, str, str] | None = None
 
     def __call__(self, result: RunResult) -> None:
+        if result.error is not None or result.skipped or (result.report is not None and result.report.reason):
+            self.last = None
+            return
         if result.report is not None:
-            rep = result.report
-            key = (rep.commit, str(rep.state), rep.reason)
-            level = logging.INFO if not rep.reason else logging.ERROR
-            text = f"{rep.state}" + (f" [{rep.reason}]" if rep.reason else "")
-            if rep.error:
-                text += f": {rep.error}"
-        elif result.error is not None:
-            key = (result.commit, "error", result.error.reason)
-            level, text = logging.ERROR, f"error [{result.error.reason}]: {result.error}"
+            key = (result.commit, str(result.report.state), "")
+            text = str(result.report.state)
         elif result.waiting:
             key = (result.commit, "waiting", result.waiting)
-            level, text = logging.INFO, f"waiting: {result.waiting}"
+            text = f"waiting: {result.waiting}"
         else:
-            key = (result.commit, "unchanged", result.skipped)
-            level, text = logging.INFO, result.skipped or "unchanged"
+            key = (result.commit, "unchanged", "")
+            text = "unchanged"
         if key == self.last:
             return
         self.last = key
-        log.log(level, "%s @ %s: %s", result.node, result.commit[:12], text)
+        log.info("%s @ %s: %s", result.node, result.commit[:12], text)
 
 
 def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None) -> None:
@@ -161,3 +162,12 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
         log.info("%s: agent started; polling %s every %.0fs (jitter %.0fs)", cfg.node, cfg.branch, cfg.interval,
                  cfg.jitter)
         scheduler.start()
+        # Stopped. A pass in flight gets a grace period; one stuck on the network is left: every
+        # step of a pass is safe to cut short, and the next start finishes what it began.
+        if polling.acquire(timeout=STOP_GRACE):
+            polling.release()
+            return
+        log.warning("%s: a pass is still running after %.0fs; stopping without it (the next start finishes it)",
+                    cfg.node, STOP_GRACE)
+    logging.shutdown()
+    os._exit(0)

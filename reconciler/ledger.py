@@ -506,15 +506,15 @@ class Ledger:
         return ServiceRecord(row[0], Version(row[1], row[2]) if row[1] and row[2] else None,
                              Version(row[3], row[4]) if row[3] and row[4] else None, row[5])
 
-    def previous_good(self, service: str, current_hash: str | None) -> Version | None:
-        """The newest version of ``service`` that ran healthy here and differs from ``current_hash``."""
+    def good_versions(self, service: str) -> list[Version]:
+        """Versions of ``service`` that ran healthy here, newest first, each once."""
+        seen: dict[Version, None] = {}
         for commit, hash_ in self._all(
             "SELECT commit_id, hash FROM history WHERE service=? AND result='ok' AND hash IS NOT NULL"
             " AND action NOT IN ('stop', 'revive', 'none') ORDER BY id DESC LIMIT 1000", service,
         ):
-            if hash_ != current_hash:
-                return Version(str(commit), str(hash_))
-        return None
+            seen.setdefault(Version(str(commit), str(hash_)), None)
+        return list(seen)
 
     # pins --------------------------------------------------------------------------------
     def pins(self) -> list[Pin]:

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import pygit2
 
 from .errors import BadInput
-from .ledger import Pin
+from .ledger import Pin, Version
 from .model import Verdict
 from .observe import observe
 from .pipeline import Run, RunResult, converge, write_note
-from .trust import TrustError, verify_commit
+from .trust import TrustError, is_descendant, verify_commit
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -31,13 +31,7 @@ def rollback(agent: Agent, service: str, to: str | None, by: str) -> RunResult:
         if head is None:
             raise BadInput("this node has applied nothing yet: nothing to roll back")
         if to is None:
-            running = observe(agent.cfg.node, agent.drivers(None)).by_name().get(service)
-            if running is None:
-                raise BadInput(f"service {service} does not run on node {agent.cfg.node}")
-            good = agent.ledger.previous_good(service, running.hash)
-            if good is None:
-                raise BadInput(f"service {service}: no earlier good version in this node's history")
-            to = good.commit
+            to = previous_good(agent, service).commit
         try:
             target = str(agent.source.repo.revparse_single(to).peel(pygit2.Commit).id)
         except (KeyError, ValueError, pygit2.GitError) as exc:
@@ -60,6 +54,28 @@ def rollback(agent: Agent, service: str, to: str | None, by: str) -> RunResult:
                 agent.ledger.unpin(service)
             write_note(agent, head)
         return result
+
+
+def previous_good(agent: Agent, service: str) -> Version:
+    """The newest version that ran healthy here and is older than the running one: rendered
+    from an ancestor of the running version's commit, with other content. Going back twice goes
+    back two versions, never forward to the version that was just rolled back from."""
+    running = observe(agent.cfg.node, agent.drivers(None)).by_name().get(service)
+    if running is None:
+        raise BadInput(f"service {service} does not run on node {agent.cfg.node}")
+    repo = agent.source.repo
+    for version in agent.ledger.good_versions(service):
+        if version.hash == running.hash:
+            continue
+        if running.commit and version.commit != running.commit:
+            try:
+                older = is_descendant(repo, running.commit, version.commit)
+            except (KeyError, ValueError, pygit2.GitError):
+                older = False
+            if not older:
+                continue
+        return version
+    raise BadInput(f"service {service}: no earlier good version in this node's history")
 
 
 def unpin(agent: Agent, service: str, by: str) -> bool:

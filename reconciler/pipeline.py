@@ -59,11 +59,14 @@ class RunResult:
     error: ReconcilerError | None = None
     waiting: str = ""  # a rollout holds this node back: why
     skipped: str = ""  # the pass did nothing on purpose: why (failed here before, refused before)
+    operation: str = ""  # an operator's rollback: its own outcome decides the exit code, not the head's
 
     @property
     def exit_code(self) -> int:
         if self.error is not None:
             return self.error.exit_code
+        if self.operation:
+            return 0
         if self.report is not None and self.report.state not in (Verdict.APPLIED, Verdict.REBOOTING, Verdict.STAGED):
             return 1  # failed here, or halted by a failure elsewhere
         return 0
@@ -141,7 +144,7 @@ def prepare(agent: Agent) -> tuple[Interrupted, ...]:
     """Before anything else: leftovers swept, room checked, owed notes written."""
     for path in agent.state.sweep():
         log.warning("%s: removed %s, left half written by a killed run", agent.cfg.node, path)
-    agent.state.check_space()
+    agent.state.check_space(int(agent.cfg.min_free_mb * 2**20))
     agent.reporter.recover()
     for commit in agent.ledger.unnoted():
         write_note(agent, commit)
@@ -272,7 +275,8 @@ def converge(agent: Agent, run: Run, *, repo: DeploymentRepo | None = None, only
     )
     if failed:
         detail = f"{failed[0].service}: {failed[0].detail}"
-        output = agent.last_output(failed[0].service)
+        output = next((r.detail.split(" | output: ", 1)[1] for r in agent.ledger.history(failed[0].service, 1)
+                       if " | output: " in r.detail), "")
         agent.say_once(("failed", run.commit, detail), logging.ERROR, "%s: %s failed at %s: %s%s [APPLY_FAILED]",
                        agent.cfg.node, run.commit[:12], failed[0].service, failed[0].detail,
                        f" | last output: {output}" if output else "")
@@ -310,7 +314,7 @@ def rolled_back(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceRes
         agent.cfg.node, run.commit, Verdict.FAILED if failed else Verdict.APPLIED, now_iso(), services=tuple(results))
     error = ReconcilerError(f"{what} failed: {failed[0].detail}", reason="APPLY_FAILED") if failed else None
     return RunResult(agent.cfg.node, run.commit, False, plan=the_plan, report=shown, pushed=agent.reporter.push(),
-                     error=error)
+                     error=error, operation=what)
 
 
 def settle(agent: Agent, run: Run, report: Report, proof: Proof | None, root_id: str = "") -> RunResult:
