@@ -147,8 +147,9 @@ class Proof(StrEnum):
 
 
 # From each verdict, the verdicts a record may move to. None: the commit has no record yet.
-# A failed commit reaches applied (or staged, rebooting) only with Proof.HEALTHY_RUN, checked
-# in ``_move``; nothing moves an applied or failed commit back to waiting, halted or refused.
+# On top of the table (``_check``): applied only ever with Proof.HEALTHY_RUN, and a failed commit
+# reaches staged or rebooting only with it too; nothing moves an applied or failed commit back to
+# waiting, halted or refused.
 _SETTLED = {Verdict.APPLIED, Verdict.FAILED, Verdict.REBOOTING, Verdict.STAGED}
 ALLOWED: Mapping[Verdict | None, frozenset[Verdict]] = {
     None: frozenset(Verdict),
@@ -416,8 +417,11 @@ class Ledger:
         was = old.verdict if old else None
         if new not in ALLOWED[was]:
             raise IllegalTransition(f"{commit[:12]}: the node's verdict cannot move from {was} to {new}")
-        if was is Verdict.FAILED and new in (Verdict.APPLIED, Verdict.STAGED, Verdict.REBOOTING) \
-                and proof is not Proof.HEALTHY_RUN:
+        if new is Verdict.APPLIED and proof is not Proof.HEALTHY_RUN:
+            # Whatever the ledger remembers (it may be new after a lost disk): applied is what
+            # a run of this commit found, never what an operation or a record claims.
+            raise IllegalTransition(f"{commit[:12]}: only a healthy run of it can make it applied")
+        if was is Verdict.FAILED and new in (Verdict.STAGED, Verdict.REBOOTING) and proof is not Proof.HEALTHY_RUN:
             raise IllegalTransition(f"{commit[:12]}: failed here; only a healthy run of it can make it {new}")
 
     def add_event(self, commit: str, text: str) -> None:
