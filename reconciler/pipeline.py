@@ -23,9 +23,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .apply import apply_plan
+from .drivers import Driver
 from .errors import BadInput, ReconcilerError
-from .ledger import ALLOWED, Interrupted, Proof
-from .model import Action, ActionKind, Plan, Report, ResultState, ServiceResult, Verdict
+from .ledger import ALLOWED, Interrupted, Proof, ServiceRecord
+from .model import Action, ActionKind, Desired, DesiredService, Plan, Report, ResultState, ServiceResult, Verdict
 from .observe import observe
 from .plan import plan as make_plan
 from .plan import stage
@@ -249,9 +250,12 @@ def converge(agent: Agent, run: Run, *, repo: DeploymentRepo | None = None, only
                 raise
             return stopped(agent, run, Verdict.FAILED, exc)
         recheck = frozenset(i.service for i in run.interrupted if i.action is not ActionKind.STOP)
+        before = {a.service: agent.ledger.service(a.service) for a in the_plan.changes}
         results = apply_plan(the_plan, drivers, agent.ledger, recheck)
         agent.ledger.clear_interrupted()  # done again above, or moot: only now
-    failed = [r for r in results if r.state is ResultState.FAILED]
+        failed = [r for r in results if r.state is ResultState.FAILED]
+        if failed and not operation and _on_failure(agent, repo, run.commit) == "node":
+            run = replace(run, events=run.events + tuple(put_back(agent, run.commit, results, before, drivers)))
     if operation:
         return rolled_back(agent, run, the_plan, results, operation)
     reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
@@ -284,6 +288,53 @@ def converge(agent: Agent, run: Run, *, repo: DeploymentRepo | None = None, only
         agent.ledger.set_converged(run.commit, {s.name: s.hash for s in desired.services})
     result = settle(agent, run, report, proof)
     return replace(result, plan=the_plan)
+
+
+def _on_failure(agent: Agent, repo: DeploymentRepo | None, commit: str) -> str:
+    settings = (repo or agent.load(commit)).settings
+    return str(settings.get("on_failure", "service"))
+
+
+def put_back(agent: Agent, commit: str, results: list[ServiceResult], before: Mapping[str, ServiceRecord | None],
+             drivers: Mapping[str, Driver]) -> list[str]:
+    """``on_failure: node``: every service this run changed goes back to the version it ran
+    before (a service it started is stopped again). Returns what the note says about it."""
+    from .render import render_node
+
+    changed = [r for r in results if r.state is ResultState.OK and r.action is not ActionKind.NONE]
+    if not changed:
+        return []
+    events: list[str] = []
+    old: list[DesiredService] = []
+    for r in changed:
+        rec = before.get(r.service)
+        version = rec.running if rec is not None else None
+        if version is None:
+            for driver in drivers.values():
+                if any(o.name == r.service for o in driver.observe()):
+                    driver.remove(r.service)
+            agent.ledger.removed(r.service)
+            events.append(f"on_failure node: {r.service} stopped (it was new in this run)")
+            continue
+        try:
+            svc = render_node(agent.load(version.commit), agent.cfg.node, version.commit).by_name().get(r.service)
+        except ReconcilerError as exc:
+            events.append(f"on_failure node: {r.service} not put back: {exc}")
+            continue
+        if svc is None:
+            continue
+        old.append(replace(svc, origin=version.commit))
+    if old:
+        names = {s.name for s in old}
+        back = make_plan(Desired(agent.cfg.node, commit, tuple(old)), observe(agent.cfg.node, drivers))
+        back = Plan(back.node, commit, tuple(a for a in back.actions if a.service in names))
+        for r in apply_plan(back, drivers, agent.ledger):
+            origin = next(s.origin for s in old if s.name == r.service)
+            events.append(f"on_failure node: {r.service} put back to {origin[:12]} ({r.action} {r.state})"
+                          + (f": {r.detail}" if r.detail else ""))
+    for e in events:
+        log.warning("%s: %s", agent.cfg.node, e)
+    return events
 
 
 def redo_interrupted(the_plan: Plan, interrupted: tuple[Interrupted, ...]) -> Plan:

@@ -364,3 +364,27 @@ def test_a_full_disk_is_a_one_line_error_before_anything_changes_and_the_next_ru
 
 def _leftovers(state: Path) -> list[Any]:
     return [p for p in state.rglob("*") if p.name.startswith((".rc-tmp-", ".tmp-")) and "mirror.git" not in p.parts]
+
+
+def test_on_failure_node_puts_back_every_service_the_failed_run_changed(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + "on_failure: node\n")
+    deployment.commit("a failed run puts the whole node back")
+    ctl1 = agents("ctl1", deployment.url)
+    assert ctl1.reconcile_once().exit_code == 0
+    db_conf = ctl1.cfg.state_dir / "services" / "db" / "live"
+    before = {p.name: p.read_text() for p in db_conf.iterdir()}
+    deployment.edit("inventory.yaml", "db_max_connections: 200", "db_max_connections: 300")
+    deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",
+                    "port = five-thousand")
+    bad = deployment.commit("more db connections, and a broken identity")
+
+    result = ctl1.reconcile_once()
+
+    assert result.exit_code == 1
+    assert {p.name: p.read_text() for p in db_conf.iterdir()} == before  # db runs its old slice again
+    note = deployment.note("ctl1", bad) or {}
+    assert note["state"] == "failed"
+    assert any(e.startswith("on_failure node: db put back to") for e in note.get("events", [])), note  # type: ignore[union-attr]
+    assert ttl(deployment, "ctl1") == 3600
