@@ -20,7 +20,7 @@ from .config import AgentConfig
 from .drivers import Driver, HostAccess, drivers_in_use, make_driver
 from .errors import BadInput
 from .ledger import Ledger
-from .model import Desired, Plan
+from .model import Desired, Plan, Revision, VerifiedRevision
 from .observe import observe
 from .pipeline import RunResult, reconcile
 from .plan import plan as make_plan
@@ -122,6 +122,14 @@ class Agent:
     def decide(self, commit: str) -> Decision:
         return self.keeper.decide(commit)
 
+    def revision(self, commit: str) -> Revision:
+        """What the mirror holds for ``commit``; nothing trusted yet."""
+        try:
+            c = self.source.repo.revparse_single(commit).peel(pygit2.Commit)
+        except (KeyError, ValueError, pygit2.GitError) as exc:
+            raise BadInput(f"commit {commit!r} is not in the node's mirror") from exc
+        return Revision(str(c.id), str(c.tree_id), f"{c.author.name} <{c.author.email}>", int(c.commit_time))
+
     def load(self, commit: str) -> DeploymentRepo:
         # Imported here: templates and schemas are not needed on a poll that finds nothing new.
         from .repo import load_repo
@@ -129,20 +137,22 @@ class Agent:
 
         return load_repo(GitTree(self.source.repo, commit))
 
-    def desired(self, commit: str, repo: DeploymentRepo | None = None) -> Desired:
-        """The node's slice at ``commit``, with pinned services at their pinned commit; each
-        service knows the commit it was rendered from."""
+    def desired(self, rev: VerifiedRevision, repo: DeploymentRepo | None = None) -> Desired:
+        """The node's slice at ``rev``, with pinned services at their pinned commit (vouched for
+        by trust again); each service knows the commit it was rendered from."""
         from dataclasses import replace
 
         from .render import render_node
 
+        commit = rev.commit
         desired = render_node(repo or self.load(commit), self.cfg.node, commit)
         pins = {p.service: p for p in self.ledger.pins()}
         services = []
         for svc in desired.services:
             pin = pins.get(svc.name)
             if pin is not None:
-                old = render_node(self.load(pin.commit), self.cfg.node, pin.commit).by_name()
+                pinned = self.keeper.vouch(self.revision(pin.commit))
+                old = render_node(self.load(pinned.commit), self.cfg.node, pinned.commit).by_name()
                 if svc.name in old:
                     services.append(replace(old[svc.name], origin=pin.commit))
                     continue
@@ -183,7 +193,7 @@ class Agent:
         with self.state.lock(wait=30):
             commit, fetched = self.head(fetch, rev)
             self.decide(commit)  # a refusal is raised: nothing unverified is even rendered
-            desired = self.desired(commit)
+            desired = self.desired(self.keeper.vouch(self.revision(commit)))
             observed = observe(self.cfg.node, self.drivers(desired))
             return make_plan(desired, observed), fetched
 

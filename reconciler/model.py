@@ -24,6 +24,35 @@ def canonical_json(obj: Any) -> bytes:
 
 
 @dataclass(frozen=True)
+class Revision:
+    """A commit of the deployment repo as the source found it: nothing about it is trusted yet."""
+
+    commit: str
+    tree: str
+    author: str
+    time: int  # committer time, seconds since the epoch (never used to judge a key's validity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"commit": self.commit, "tree": self.tree, "author": self.author, "time": self.time}
+
+
+@dataclass(frozen=True)
+class VerifiedRevision:
+    """A ``Revision`` that trust let through: signed under the node's root and forward of the
+    mark. Only ``trustmark`` makes one, and only one of these reaches render and apply."""
+
+    revision: Revision
+    signer: Mapping[str, str] | None  # format, principal, fingerprint of the signature that vouched
+
+    @property
+    def commit(self) -> str:
+        return self.revision.commit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.revision.to_dict(), "signer": dict(self.signer) if self.signer else None}
+
+
+@dataclass(frozen=True)
 class FileSpec:
     """One rendered file of a service: a path relative to the service's config dir."""
 

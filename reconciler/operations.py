@@ -17,7 +17,7 @@ from .ledger import Pin, Version
 from .model import Verdict
 from .observe import observe
 from .pipeline import Run, RunResult, converge, write_note
-from .trust import TrustError, is_descendant, verify_commit
+from .trust import is_descendant
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -32,20 +32,16 @@ def rollback(agent: Agent, service: str, to: str | None, by: str) -> RunResult:
             raise BadInput("this node has applied nothing yet: nothing to roll back")
         if to is None:
             to = previous_good(agent, service).commit
-        try:
-            target = str(agent.source.repo.revparse_single(to).peel(pygit2.Commit).id)
-        except (KeyError, ValueError, pygit2.GitError) as exc:
-            raise BadInput(f"commit {to!r} is not in this node's mirror") from exc
-        verdict = verify_commit(agent.source.repo, target, agent.gate.root, agent.clock())
-        if not verdict.ok:
-            raise TrustError(f"commit {target[:12]}: {verdict.message}", verdict.reason, [verdict])
-        old = agent.desired(target).by_name()
+        target_rev = agent.keeper.vouch(agent.revision(to))
+        target = target_rev.commit
+        old = agent.desired(target_rev).by_name()
         if service not in old:
             raise BadInput(f"service {service} is not on node {agent.cfg.node} at {target[:12]}")
         previous = next((p for p in agent.ledger.pins() if p.service == service), None)
         agent.ledger.pin(Pin(service, target, old[service].hash, head, by, time.time()))
         what = f"rollback of {service} to {target[:12]} by {by}"
-        result = converge(agent, Run(head, False, ()), only={service}, instantiate=True, operation=what)
+        result = converge(agent, Run(head, False, ()), agent.keeper.vouch(agent.revision(head)), only={service},
+                          instantiate=True, operation=what)
         if result.error is not None:
             # It runs what it ran before (the driver put it back): the pin would lie.
             if previous is not None:

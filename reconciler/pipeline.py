@@ -26,7 +26,18 @@ from .apply import apply_plan
 from .drivers import Driver
 from .errors import BadInput, ReconcilerError
 from .ledger import ALLOWED, Interrupted, Proof, ServiceRecord
-from .model import Action, ActionKind, Desired, DesiredService, Plan, Report, ResultState, ServiceResult, Verdict
+from .model import (
+    Action,
+    ActionKind,
+    Desired,
+    DesiredService,
+    Plan,
+    Report,
+    ResultState,
+    ServiceResult,
+    Verdict,
+    VerifiedRevision,
+)
 from .observe import observe
 from .plan import plan as make_plan
 from .plan import stage
@@ -112,10 +123,10 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
             return RunResult(agent.cfg.node, waiting, fetched, pushed=agent.reporter.push())
         if not interrupted and not events and only is None and unchanged(agent, commit):
             return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push())
-        refused = verify(agent, run)
-        if isinstance(refused, RunResult):
-            return refused
-        run = replace(run, signer=refused, events=tuple(events))
+        verified = verify(agent, run)
+        if isinstance(verified, RunResult):
+            return verified
+        run = replace(run, signer=verified.signer, events=tuple(events))
         rec = agent.ledger.record(commit)
         if rec is not None and rec.verdict is Verdict.FAILED and not rec.retry and not interrupted:
             agent.say_once(("failed", commit), logging.WARNING,
@@ -138,7 +149,7 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
             report = Report(agent.cfg.node, commit, Verdict.HALTED, now_iso(), reason="HALTED", error=verdict.reason,
                             signer=run.signer)
             return settle(agent, run, report, None)
-        return converge(agent, run, repo=repo, only=only, instantiate=instantiate)
+        return converge(agent, run, verified, repo=repo, only=only, instantiate=instantiate)
 
 
 def prepare(agent: Agent) -> tuple[Interrupted, ...]:
@@ -168,8 +179,8 @@ def unchanged(agent: Agent, commit: str) -> bool:
     return all(o.running and not o.drifted and o.hash == hashes[n] for n, o in seen.items())
 
 
-def verify(agent: Agent, run: Run) -> Mapping[str, str] | None | RunResult:
-    """The head's signer when it is trusted; a finished ``RunResult`` when it is refused."""
+def verify(agent: Agent, run: Run) -> VerifiedRevision | RunResult:
+    """The head, verified; a finished ``RunResult`` when it is refused."""
     rec = agent.ledger.record(run.commit)
     if rec is not None and rec.verdict is Verdict.REFUSED and rec.root_id == agent.keeper.root_id():
         # judged under this same root and noted already: no work, no new note
@@ -177,7 +188,7 @@ def verify(agent: Agent, run: Run) -> Mapping[str, str] | None | RunResult:
         return RunResult(agent.cfg.node, run.commit, run.fetched, pushed=agent.reporter.push(), error=exc,
                          skipped="refused before under this trust root")
     try:
-        decision = agent.keeper.decide(run.commit)
+        return agent.keeper.verify(agent.revision(run.commit))
     except TrustError as exc:
         report = Report(agent.cfg.node, run.commit, Verdict.REFUSED, now_iso(), reason=exc.reason, error=str(exc),
                         verdicts=tuple(v.to_dict() for v in exc.verdicts if not v.ok))
@@ -198,7 +209,6 @@ def verify(agent: Agent, run: Run) -> Mapping[str, str] | None | RunResult:
                              error=exc)
         result = settle(agent, run, report, None, root_id=root_id)
         return replace(result, error=exc)
-    return agent.keeper.adopt(decision)
 
 
 def release_pins(agent: Agent, head: str) -> list[str]:
@@ -220,12 +230,12 @@ def stopped(agent: Agent, run: Run, verdict: Verdict, exc: ReconcilerError) -> R
     return replace(settle(agent, run, report, None), error=exc)
 
 
-def converge(agent: Agent, run: Run, *, repo: DeploymentRepo | None = None, only: set[str] | None = None,
-             instantiate: bool = False, operation: str = "") -> RunResult:
+def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentRepo | None = None,
+             only: set[str] | None = None, instantiate: bool = False, operation: str = "") -> RunResult:
     """Render, observe, plan, apply and settle ``run.commit`` (``only``: these services).
     ``operation`` (a rollback): the services change, the commit's verdict does not."""
     try:
-        desired = agent.desired(run.commit, repo)
+        desired = agent.desired(rev, repo)
     except BadInput as exc:
         if operation:
             raise

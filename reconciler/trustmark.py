@@ -21,8 +21,8 @@ from .atomic import atomic_write
 from .config import TrustConfig
 from .errors import ConfigError
 from .ledger import Ledger
-from .model import Verdict
-from .trust import Decision, Gate, Policy, TrustRoot, load_root, parse_revoked, tree_file
+from .model import Revision, Verdict, VerifiedRevision
+from .trust import Decision, Gate, Policy, TrustError, TrustRoot, load_root, parse_revoked, tree_file, verify_commit
 
 log = logging.getLogger("reconciler.trust")
 
@@ -67,6 +67,21 @@ class TrustKeeper:
     def decide(self, commit: str) -> Decision:
         base = self.high_water()
         return self.gate.decide(self.repo(), commit, base, self.repo_policy(base, commit))
+
+    def verify(self, rev: Revision) -> VerifiedRevision:
+        """The head, judged against the mark and the root (``TrustError`` if refused); what it
+        established (mark, signer, a rotated root) is kept."""
+        return VerifiedRevision(rev, self.adopt(self.decide(rev.commit)))
+
+    def vouch(self, rev: Revision) -> VerifiedRevision:
+        """A commit this node goes back to (a rollback's target, a pin's commit): signed under
+        the root in force now. The mark does not move."""
+        if rev.commit == self.ledger.mark().commit:
+            return VerifiedRevision(rev, self.ledger.mark().signer)
+        verdict = verify_commit(self.repo(), rev.commit, self.gate.root, self.gate.clock())
+        if not verdict.ok:
+            raise TrustError(f"commit {rev.commit[:12]}: {verdict.message}", verdict.reason, [verdict])
+        return VerifiedRevision(rev, _signer(verdict.to_dict()))
 
     def adopt(self, decision: Decision) -> Mapping[str, str] | None:
         """Persist what a verified head established: the mark, its signer, a rotated root.
