@@ -20,4 +20,6 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 .venv/bin/ruff check reconciler tests bench examples
 .venv/bin/mypy reconciler
+# The layers of the loop (pyproject.toml [tool.importlinter]): quiet when kept, the report when broken.
+layers=$(.venv/bin/lint-imports --no-cache 2>&1) || { echo "$layers" >&2; exit 1; }
 exec .venv/bin/pytest "$@"
