@@ -136,6 +136,10 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
             except Busy:
                 return
             except ReconcilerError as exc:
+                if not exc.temporary:  # the same input fails the same way: say it once, poll on for a new one
+                    agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s]", cfg.node, exc,
+                                   exc.reason)
+                    return
                 failures += 1
                 delay = min(cfg.interval * 2**failures, max(cfg.interval, 600.0))
                 agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s] (next try in %.0fs)",

@@ -1,6 +1,8 @@
 """The project's exception tree.
 
-The class decides what happens next; the reason code lands in the note:
+The class decides what happens next; the reason code lands in the note. ``temporary`` splits
+them as Flux's reconcilers do: permanent errors wait for the input to change (a new commit, a
+fixed config), temporary ones are retried with backoff.
 
 - ``BadInput``: the deployment repo, the agent config or a command line is wrong. Permanent
   for this commit: nothing is applied, exit code 2, wait for a new commit.
@@ -18,6 +20,7 @@ class ReconcilerError(Exception):
 
     reason = "ERROR"
     exit_code = 1
+    temporary = False  # True: the same input may work later (network, lock, disk space): retry, back off
 
     def __init__(self, message: str, *, reason: str | None = None) -> None:
         super().__init__(message)
@@ -70,6 +73,7 @@ class ConfigError(BadInput):
 class RemoteError(ReconcilerError):
     reason = "REMOTE_UNREACHABLE"
     exit_code = 1
+    temporary = True
 
 
 class ApplyError(ReconcilerError):
@@ -87,6 +91,7 @@ class ApplyError(ReconcilerError):
 class Busy(ReconcilerError):
     reason = "LOCKED"
     exit_code = 1
+    temporary = True
 
 
 class StateMissing(BadInput):
@@ -100,6 +105,7 @@ class DiskFull(ReconcilerError):
 
     reason = "DISK_FULL"
     exit_code = 1
+    temporary = True
 
     @classmethod
     def at(cls, path: object, message: str = "") -> DiskFull:
