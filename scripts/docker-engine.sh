@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # Make sure a Docker engine answers and the local test images exist (tests and CI). Idempotent.
 #
 #   eval "$(scripts/docker-engine.sh | tail -1)"     # executed: last stdout line is `export DOCKER_HOST=...`
@@ -30,25 +31,9 @@ _reconciler_docker_engine() (
     local t_all
     t_all=$(date +%s%N)
 
-    say() { echo "docker-engine: $*" >&2; }
-    since() { # milliseconds since $1 (date +%s%N) as seconds with one decimal
-        local ms=$((($(date +%s%N) - $1) / 1000000))
-        printf '%d.%ds' $((ms / 1000)) $((ms % 1000 / 100))
-    }
-    answers() { timeout 15 docker -H "$1" info >/dev/null 2>&1; }
-    need_root() {
-        [ "$(id -u)" = 0 ] || { say "error: $1 needs root (run this script as root once)"; exit 1; }
-    }
-    apt_install() { # apt_install PKG...: apt-get update + install, waiting for a concurrent apt
-        need_root "apt-get install $*"
-        local t
-        t=$(date +%s%N)
-        say "apt-get install $* ..."
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
-        apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "$@" >&2
-        say "apt-get install $*: $(since "$t")"
-    }
+    local RECONCILER_SCRIPT=docker-engine
+    # shellcheck source=lib.sh
+    . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
     # --- 1. the engine -------------------------------------------------------------------------
     local host="" t
@@ -104,7 +89,6 @@ _reconciler_docker_engine() (
 
     # --- 2. the images -------------------------------------------------------------------------
     if [ -z "${RECONCILER_SKIP_IMAGES:-}" ]; then
-        have() { docker image inspect "$1" >/dev/null 2>&1; }
         exec 8>>"${TMPDIR:-/tmp}/reconciler-images.$(id -u).lock"
         flock 8 # one builder at a time (parallel test sessions)
         local tmp
@@ -128,7 +112,7 @@ _reconciler_docker_engine() (
         }
         local tag
         for tag in 1 2; do
-            if have "reconciler-test/busybox:$tag"; then
+            if have_image "reconciler-test/busybox:$tag"; then
                 say "image reconciler-test/busybox:$tag present"
                 continue
             fi
@@ -142,7 +126,7 @@ _reconciler_docker_engine() (
         done
 
         local py=reconciler-example/python:3.11
-        if have "$py"; then
+        if have_image "$py"; then
             say "image $py present"
         else
             t=$(date +%s%N)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # Make sure gitolite3 and sshd are installed, for tests/gitolite_fixtures.py (tests and CI). Idempotent.
 #
 #   scripts/gitolite-server.sh        # as root; progress and timings on stderr; does nothing when both exist
@@ -15,11 +16,9 @@ _reconciler_gitolite_server() (
 
     local t_all
     t_all=$(date +%s%N)
-    say() { echo "gitolite-server: $*" >&2; }
-    since() { # milliseconds since $1 (date +%s%N) as seconds with one decimal
-        local ms=$((($(date +%s%N) - $1) / 1000000))
-        printf '%d.%ds' $((ms / 1000)) $((ms % 1000 / 100))
-    }
+    local RECONCILER_SCRIPT=gitolite-server
+    # shellcheck source=lib.sh
+    . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
     has_gitolite() { command -v gitolite >/dev/null 2>&1 || [ -x /usr/share/gitolite3/gitolite ]; }
     has_sshd() { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; }
 
@@ -30,7 +29,7 @@ _reconciler_gitolite_server() (
         say "gitolite and sshd already installed; nothing to do"
         return 0
     fi
-    [ "$(id -u)" = 0 ] || { say "error: installing ${pkgs[*]} needs root (run this script as root once)"; exit 1; }
+    need_root "installing ${pkgs[*]}"
 
     export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
     if [[ " ${pkgs[*]} " == *" gitolite3 "* ]]; then

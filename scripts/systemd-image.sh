@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # Make sure the image reconciler-test/systemd:1 exists: Debian bookworm with a real systemd as PID 1
 # (tests/systemd_fixtures.py runs it; nothing is pulled). Idempotent: does nothing when it exists.
 #
@@ -32,25 +33,9 @@ _reconciler_systemd_image() (
     here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
     t_all=$(date +%s%N)
 
-    say() { echo "systemd-image: $*" >&2; }
-    since() { # milliseconds since $1 (date +%s%N) as seconds with one decimal
-        local ms=$((($(date +%s%N) - $1) / 1000000))
-        printf '%d.%ds' $((ms / 1000)) $((ms % 1000 / 100))
-    }
-    answers() { timeout 15 docker -H "$1" info >/dev/null 2>&1; }
-    need_root() {
-        [ "$(id -u)" = 0 ] || { say "error: $1 needs root (run this script as root once)"; exit 1; }
-    }
-    apt_install() { # apt_install PKG...: apt-get update + install, waiting for a concurrent apt
-        need_root "apt-get install $*"
-        local t
-        t=$(date +%s%N)
-        say "apt-get install $* ..."
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
-        apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "$@" >&2
-        say "apt-get install $*: $(since "$t")"
-    }
+    local RECONCILER_SCRIPT=systemd-image
+    # shellcheck source=lib.sh
+    . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
     # --- 1. the engine -------------------------------------------------------------------------
     t=$(date +%s%N)
@@ -64,22 +49,21 @@ _reconciler_systemd_image() (
     fi
     if [ -z "$host" ]; then
         say "no engine answers on ${DOCKER_HOST:-the default socket}; scripts/docker-engine.sh ..."
-        # shellcheck source=docker-engine.sh
+        # shellcheck source=/dev/null # its helpers and locals live in its own subshell
         RECONCILER_SKIP_IMAGES=1 . "$here/docker-engine.sh" 3>&- # exports DOCKER_HOST
         host=$DOCKER_HOST
     fi
     export DOCKER_HOST=$host
     say "engine answers on $host ($(since "$t"))"
 
-    have() { docker image inspect "$1" >/dev/null 2>&1; }
-    if have "$image"; then
+    if have_image "$image"; then
         say "image $image present ($(since "$t_all"))"
         echo "export DOCKER_HOST=$host" >&3
         return 0
     fi
     exec 8>>"${TMPDIR:-/tmp}/reconciler-systemd-image.$(id -u).lock"
     flock 8 # one builder at a time (parallel test sessions)
-    if have "$image"; then
+    if have_image "$image"; then
         say "image $image present (built meanwhile by another process; $(since "$t_all"))"
         echo "export DOCKER_HOST=$host" >&3
         return 0
