@@ -380,9 +380,12 @@ class Ledger:
         rec = self.record(commit)
         return rec.verdict if rec else None
 
-    def settle(self, report: Report, *, proof: Proof | None = None, root_id: str = "") -> None:
+    def settle(self, report: Report, *, proof: Proof | None = None, root_id: str = "",
+               converged: Mapping[str, str] | None = None) -> None:
         """A run's outcome for its commit: the verdict moves (if the table allows it), the results
-        and events are kept, and the note is due. Raises ``IllegalTransition`` otherwise."""
+        and events are kept, and the note is due. Raises ``IllegalTransition`` otherwise.
+        ``converged`` (service -> hash, for an applied commit): the no-op fast path's marker,
+        in the same transaction, so a pass that finds it also finds the verdict (and its note due)."""
         old = self.record(report.commit)
         new = report.state
         self._check(report.commit, old, new, proof)
@@ -411,6 +414,11 @@ class Ledger:
             for seq, v in enumerate(report.verdicts):
                 db.execute("INSERT INTO trust_verdicts(commit_id, seq, body) VALUES (?,?,?)",
                            (report.commit, seq, json.dumps(dict(v), sort_keys=True)))
+            if converged is not None:
+                db.execute("INSERT OR REPLACE INTO converged(id, commit_id, hashes) VALUES (1,?,?)",
+                           (report.commit, json.dumps(dict(sorted(converged.items())))))
+            db.execute("INSERT INTO runs(time, commit_id, state, reason) VALUES (?,?,?,?)",
+                       (time.time(), report.commit, str(new), report.reason))
 
     @staticmethod
     def _check(commit: str, old: CommitRecord | None, new: Verdict, proof: Proof | None) -> None:
@@ -545,11 +553,6 @@ class Ledger:
         row = self._one("SELECT commit_id, hashes FROM converged WHERE id=1")
         return None if row is None else (str(row[0]), dict(json.loads(row[1])))
 
-    def set_converged(self, commit: str, hashes: Mapping[str, str]) -> None:
-        with self._tx(f"converged {commit[:12]}") as db:
-            db.execute("INSERT OR REPLACE INTO converged(id, commit_id, hashes) VALUES (1,?,?)",
-                       (commit, json.dumps(dict(sorted(hashes.items())))))
-
     def clear_converged(self) -> None:
         if self.converged() is not None:
             with self._tx("converged cleared") as db:
@@ -597,11 +600,6 @@ class Ledger:
         return [HistoryRow(*r) for r in self._all(q, *args, limit)]
 
     # runs --------------------------------------------------------------------------------
-    def run(self, commit: str, state: str, reason: str) -> None:
-        with self._tx(f"run {commit[:12]} {state}") as db:
-            db.execute("INSERT INTO runs(time, commit_id, state, reason) VALUES (?,?,?,?)",
-                       (time.time(), commit, state, reason))
-
     def last_run(self) -> dict[str, Any] | None:
         row = self._one("SELECT time, commit_id, state, reason FROM runs ORDER BY id DESC LIMIT 1")
         if row is None:

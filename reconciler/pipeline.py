@@ -172,6 +172,9 @@ def unchanged(agent: Agent, commit: str) -> bool:
     done = agent.ledger.converged()
     if done is None or done[0] != commit or agent.ledger.mark().commit != commit:
         return False
+    rec = agent.ledger.record(commit)
+    if rec is None or rec.verdict is not Verdict.APPLIED or not rec.noted:
+        return False
     hashes = done[1]
     seen = observe(agent.cfg.node, agent.drivers(None)).by_name()
     if set(seen) != set(hashes):
@@ -294,9 +297,8 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
         agent.say_once(("failed", run.commit, detail), logging.ERROR, "%s: %s failed at %s: %s%s [APPLY_FAILED]",
                        agent.cfg.node, run.commit[:12], failed[0].service, failed[0].detail,
                        f" | last output: {output}" if output else "")
-    if verdict is Verdict.APPLIED:
-        agent.ledger.set_converged(run.commit, {s.name: s.hash for s in desired.services})
-    result = settle(agent, run, report, proof)
+    hashes = {s.name: s.hash for s in desired.services} if verdict is Verdict.APPLIED else None
+    result = settle(agent, run, report, proof, converged=hashes)
     return replace(result, plan=the_plan)
 
 
@@ -378,10 +380,10 @@ def rolled_back(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceRes
                      error=error, operation=what)
 
 
-def settle(agent: Agent, run: Run, report: Report, proof: Proof | None, root_id: str = "") -> RunResult:
-    """The verdict into the ledger, the run into the runs table, the note written and pushed."""
-    agent.ledger.run(report.commit, str(report.state), report.reason)
-    agent.ledger.settle(report, proof=proof, root_id=root_id)
+def settle(agent: Agent, run: Run, report: Report, proof: Proof | None, root_id: str = "",
+           converged: Mapping[str, str] | None = None) -> RunResult:
+    """The verdict into the ledger (one transaction), then the note written and pushed."""
+    agent.ledger.settle(report, proof=proof, root_id=root_id, converged=converged)
     write_note(agent, report.commit)
     return RunResult(agent.cfg.node, report.commit, run.fetched, report=report, pushed=agent.reporter.push(),
                      interrupted=run.interrupted)
