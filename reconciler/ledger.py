@@ -432,6 +432,13 @@ class Ledger:
         if was is Verdict.FAILED and new in (Verdict.STAGED, Verdict.REBOOTING) and proof is not Proof.HEALTHY_RUN:
             raise IllegalTransition(f"{commit[:12]}: failed here; only a healthy run of it can make it {new}")
 
+    def recover_failure(self, commit: str, reason: str, error: str) -> None:
+        """After the state dir was lost: this node's own note says ``commit`` failed here. Kept as
+        the failure it was (noted already), so the new ledger does not try it again unasked."""
+        with self._tx(f"recover {commit[:12]}") as db:
+            db.execute("INSERT OR IGNORE INTO commits(commit_id, verdict, reason, error, noted, time)"
+                       " VALUES (?, 'failed', ?, ?, 1, ?)", (commit, reason, error, time.time()))
+
     def add_event(self, commit: str, text: str) -> None:
         """Something happened to the node while ``commit`` was its head (a rollback, an unpin): the
         note gains a line; the verdict stays what it is."""

@@ -107,7 +107,7 @@ class TrustKeeper:
         mark = self.ledger.mark().commit
         if mark:
             return mark
-        newest: tuple[str, str] | None = None
+        newest: tuple[str, str, dict[str, Any]] | None = None
         try:
             entries = list(self.repo().notes(self.notes_ref))  # type: ignore[call-arg]  # stub lacks ref
         except (KeyError, pygit2.GitError):
@@ -118,10 +118,12 @@ class TrustKeeper:
             if data is None or data.get("state") == str(Verdict.REFUSED):
                 continue
             if newest is None or str(data.get("time", "")) > newest[0]:
-                newest = (str(data.get("time", "")), str(note.annotated_id))
+                newest = (str(data.get("time", "")), str(note.annotated_id), data)
         if newest is None:
             return None
         self.ledger.advance(newest[1], None)
+        if newest[2].get("state") == str(Verdict.FAILED):
+            self.ledger.recover_failure(newest[1], str(newest[2].get("reason", "")), str(newest[2].get("error", "")))
         log.warning("%s: high-water mark %s recovered from this node's notes", self.node, newest[1][:12])
         return newest[1]
 

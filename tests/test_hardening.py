@@ -388,3 +388,25 @@ def test_on_failure_node_puts_back_every_service_the_failed_run_changed(
     assert note["state"] == "failed"
     assert any(e.startswith("on_failure node: db put back to") for e in note.get("events", [])), note  # type: ignore[union-attr]
     assert ttl(deployment, "ctl1") == 3600
+
+
+def test_a_node_that_lost_its_disk_does_not_retry_a_commit_its_own_note_says_failed(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    import shutil
+
+    ctl1 = agents("ctl1", deployment.url)
+    assert ctl1.reconcile_once().exit_code == 0
+    bad = break_identity(deployment)
+    assert ctl1.reconcile_once().exit_code == 1
+    ctl1.close()
+    shutil.rmtree(ctl1.cfg.state_dir / "mirror.git")
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        (ctl1.cfg.state_dir / name).unlink(missing_ok=True)
+
+    fresh = agents("ctl1", deployment.url)
+    result = fresh.reconcile_once()
+
+    assert result.report is None and result.skipped.startswith("failed here before"), result
+    assert (deployment.note("ctl1", bad) or {})["state"] == "failed"
+    assert fresh.retry() == bad
