@@ -39,18 +39,31 @@ class FileSpec:
         return {"path": self.path, "mode": f"{self.mode:04o}", "sha256": self.sha256}
 
 
+# Long enough for a program that cannot bind its port or read its config to have exited (a
+# Python or Go program does within a tenth of that); slow starters set more in service.yaml.
+MIN_HEALTHY = 0.5
+
+
 @dataclass(frozen=True)
 class Health:
     """How to tell that a started service works: ``tcp`` host:port, ``http`` URL, ``command``
     (a shell command run where the service runs: its container, or its config dir), or
-    ``running`` (alive after a short settle time; with docker, the image's own healthcheck too)."""
+    ``running`` (alive after a short settle time; with docker, the image's own healthcheck too).
+
+    ``min_healthy`` (Nomad's min_healthy_time): once the probe passes, the driver's own process
+    or container must stay up, passing its probe, this long. A probe alone can be answered by
+    another program on the same port; a version that dies at start must not pass."""
 
     kind: str = "running"
     target: str = ""
     timeout: float = 10.0
+    min_healthy: float = MIN_HEALTHY
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "target": self.target, "timeout": self.timeout}
+        out: dict[str, Any] = {"kind": self.kind, "target": self.target, "timeout": self.timeout}
+        if self.min_healthy != MIN_HEALTHY:  # the default hashes as before: no restart for it
+            out["min_healthy"] = self.min_healthy
+        return out
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import jinja2
 import jinja2.sandbox
 
 from .errors import RenderError
-from .model import ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
+from .model import MIN_HEALTHY, ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
 from .repo import DeploymentRepo, ServiceDef
 
 PORT = re.compile(r"((\d{1,3}\.){3}\d{1,3}:)?\d{1,5}:\d{1,5}(/(tcp|udp))?")
@@ -170,14 +170,15 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
     env_vars = tuple(sorted((k, inline(v, "env")) for k, v in svc.env.items()))
     health = Health()
     timeout = float(svc.health.get("timeout", repo.settings.get("defaults", {}).get("health_timeout", 10)))
+    min_healthy = float(svc.health.get("min_healthy", MIN_HEALTHY))
     for kind in ("http", "tcp", "command"):
         if kind in svc.health:
-            health = Health(kind, inline(str(svc.health[kind]), "health"), timeout)
+            health = Health(kind, inline(str(svc.health[kind]), "health"), timeout, min_healthy)
     if health.kind == "tcp" and not HOSTPORT.fullmatch(health.target):
         raise RenderError(f"node {node}: health: tcp {health.target!r} is not host:port", file=svc.file,
                           line=svc.lines.get("health"))
     if health.kind == "running":
-        health = Health("running", "", timeout)
+        health = Health("running", "", timeout, min_healthy)
     c = svc.container
 
     def strings(key: str, pattern: re.Pattern[str] | None = None, form: str = "") -> tuple[str, ...]:
