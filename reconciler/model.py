@@ -231,7 +231,9 @@ class ObservedService:
     pid: int | None = None
     detail: str = ""
     fingerprint: tuple[tuple[str, str], ...] = ()
-    drifted: str = ""  # a change made by hand that the driver can see: "networks", "restart policy"...
+    # A change made by hand that the driver can see: "networks", "restart policy", or one that
+    # starts with "files:" ("files: identity.conf changed, notes.txt added") for the live files.
+    drifted: str = ""
     files: tuple[FileSpec, ...] = ()  # the config files it runs with now, for key-level comparison
     drift: str = "correct"  # the policy it was applied with: "report" means hands off
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ApplyError, ReconcilerError
-from ..model import DesiredService, ObservedService
+from ..model import DesiredService, FileSpec, ObservedService
 from ..state import atomic_write, fsync_dir
 from .base import Check
 from .files import read_dir, read_record, signal_number, sync_dir, write_record
@@ -47,6 +47,23 @@ def _proc_start_time(pid: int) -> str | None:
             os.waitpid(pid, os.WNOHANG)  # reap our own child so the pid can go
         return None
     return fields[19]
+
+
+def file_drift(rec: dict[str, Any], live: tuple[FileSpec, ...]) -> str:
+    """What differs between the live files and the content hashes the record says were applied:
+    "files: identity.conf changed, notes.txt added"; empty when they match."""
+    applied = {k.removeprefix("file:"): v for k, v in rec.get("fingerprint", {}).items() if k.startswith("file:")}
+    now = {f.path: f"{f.mode:o}:{f.sha256}" for f in live}
+    changes = []
+    for path in sorted(set(applied) | set(now)):
+        if path not in now:
+            changes.append(f"{path} missing")
+        elif path not in applied:
+            changes.append(f"{path} added")
+        elif now[path] != applied[path]:
+            same_content = now[path].split(":")[1] == applied[path].split(":")[1]
+            changes.append(f"{path} {'mode changed' if same_content else 'changed'}")
+    return "files: " + ", ".join(changes) if changes else ""
 
 
 class ProcessDriver:
@@ -77,12 +94,13 @@ class ProcessDriver:
             if rec is None:
                 continue
             alive = self._alive(rec)
+            files = read_dir(Path(rec["cwd"]))
             out.append(ObservedService(
                 name=d.name, driver=self.name, running=alive, hash=rec.get("hash"),
                 commit=rec.get("commit"), pid=rec["pid"] if alive else None,
                 detail="" if alive else "not running",
                 fingerprint=tuple(sorted(rec.get("fingerprint", {}).items())),
-                files=read_dir(Path(rec["cwd"])), drift=str(rec.get("drift", "correct")),
+                files=files, drift=str(rec.get("drift", "correct")), drifted=file_drift(rec, files),
             ))
         return out
 
