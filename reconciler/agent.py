@@ -264,9 +264,10 @@ class Agent:
 
     def desired(self, commit: str, repo: DeploymentRepo | None = None) -> Desired:
         """The node's slice at ``commit``, with pinned services at their pinned commit."""
+        from .drivers.process import check_account
         from .render import render_node
 
-        desired = render_node(repo or self.load(commit), self.cfg.node, commit)
+        desired = render_node(repo or self.load(commit), self.cfg.node, commit, check_account)
         pins = self.pins()
         if not pins:
             return desired
@@ -274,7 +275,7 @@ class Agent:
         for svc in desired.services:
             pin = pins.get(svc.name)
             if pin is not None:
-                old = render_node(self.load(pin["commit"]), self.cfg.node, pin["commit"]).by_name()
+                old = render_node(self.load(pin["commit"]), self.cfg.node, pin["commit"], check_account).by_name()
                 svc = old.get(svc.name, svc)
             services.append(svc)
         return Desired(desired.node, desired.commit, tuple(services))

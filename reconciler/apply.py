@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from .drivers import Driver
-from .drivers.base import Check
+from .drivers.base import Check, clean_env
 from .errors import ApplyError, ReconcilerError
 from .model import LADDER, Action, ActionKind, DesiredService, Health, Plan, ResultState, ServiceResult, rank
 from .state import State
@@ -173,13 +173,12 @@ def _output(exc: BaseException | None) -> str:
 
 def hook(svc: DesiredService, which: str, commit: str) -> None:
     """Run a drain or undrain hook on this node; a failing drain stops the action."""
-    import os
     import subprocess
 
     command = svc.drain if which == "drain" else svc.undrain
     if not command:
         return
-    env = {**os.environ, "RECONCILER_SERVICE": svc.name, "RECONCILER_COMMIT": commit}
+    env = {**clean_env(), "RECONCILER_SERVICE": svc.name, "RECONCILER_COMMIT": commit}
     try:
         done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=1800)
     except subprocess.TimeoutExpired as exc:

@@ -79,7 +79,8 @@ class Runtime:
     networks: tuple[str, ...] = ()  # networks the agent creates and owns
     network_mode: str = ""  # "host": share the node's network stack (no ports, no networks)
     restart: str = ""  # no | always | unless-stopped | on-failure[:N]
-    user: str = ""
+    user: str = ""  # docker: user[:group]; process: a user on the node (root's agent starts it as that user)
+    group: str = ""  # process: a group on the node [the user's own]; supplementary groups are dropped
     healthcheck: tuple[tuple[str, str], ...] = ()  # the container's own: test, interval, timeout, retries
     config_dir: str = ""  # where the rendered files appear inside the container
 
@@ -88,7 +89,7 @@ class Runtime:
         extra: dict[str, Any] = {
             "image": self.image, "ports": list(self.ports), "volumes": list(self.volumes),
             "networks": list(self.networks) if networks else [], "network_mode": self.network_mode,
-            "restart": self.restart, "user": self.user,
+            "restart": self.restart, "user": self.user, "group": self.group,
             "healthcheck": dict(self.healthcheck), "config_dir": self.config_dir,
         }
         out.update({k: v for k, v in extra.items() if v})  # process specs hash as they always did

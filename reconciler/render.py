@@ -145,7 +145,14 @@ def _environment_for(svc: ServiceDef) -> jinja2.Environment:
     return env
 
 
-def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredService:
+# (kind, name) -> why this node cannot run a process as that "user" or "group", or None.
+Accounts = Callable[[str, str], str | None]
+
+
+def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef,
+                   accounts: Accounts | None = None) -> DesiredService:
+    """``accounts``: given on the node itself (the agent), which checks the process driver's
+    users and groups there; a reviewer's machine renders without it."""
     env = _environment_for(svc)
     ctx = context(repo, node, svc)
 
@@ -202,9 +209,15 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
         networks=tuple(sorted(strings("networks", NAME, "a network name"))),
         network_mode=str(c.get("network_mode", "")),
         restart=str(c.get("restart", "")), user=inline(str(c.get("user", "")), "runtime"),
+        group=inline(str(c.get("group", "")), "runtime"),
         healthcheck=tuple(sorted((k, inline(str(v), "runtime")) for k, v in c.get("healthcheck", {}).items())),
         config_dir=str(c.get("config_dir", f"/etc/{svc.name}" if driver == "docker" else "")),
     )
+    for kind, name in (("user", runtime.user), ("group", runtime.group)):
+        problem = accounts(kind, name) if accounts is not None and name and driver == "process" else None
+        if problem:
+            raise RenderError(f"node {node}: service {svc.name}: runtime.{kind}: {problem}", file=svc.file,
+                              line=svc.lines.get("runtime"))
     node_services = set(repo.services_of(node))
     return DesiredService(
         name=svc.name,
@@ -224,8 +237,8 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
     )
 
 
-def render_node(repo: DeploymentRepo, node: str, commit: str) -> Desired:
+def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts | None = None) -> Desired:
     """The node's whole slice. Same repo and node, same bytes."""
     repo.node(node)  # UnknownNode before anything else
-    services = tuple(render_service(repo, node, repo.services[s]) for s in repo.services_of(node))
+    services = tuple(render_service(repo, node, repo.services[s], accounts) for s in repo.services_of(node))
     return Desired(node=node, commit=commit, services=services)

@@ -116,14 +116,17 @@ class State:
     def __init__(self, root: Path) -> None:
         self.root = root
         try:
-            root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            root.chmod(0o700)  # records hold service environments; notes are the public part
+            # Search, not read, for others: a service that runs as its own user reaches its
+            # files by path. What is private (records, the database, logs) is 0600 inside.
+            root.mkdir(parents=True, exist_ok=True, mode=0o711)
+            root.chmod(0o711)
         except OSError as exc:
             from .errors import ConfigError
 
             raise ConfigError(f"state dir {root}: {exc.strerror or exc}") from exc
         # The daemon runs its jobs in scheduler threads; they are serialised by the run lock.
         self.db = sqlite3.connect(root / "state.db", timeout=30, isolation_level=None, check_same_thread=False)
+        (root / "state.db").chmod(0o600)  # its -wal and -shm files take the same mode
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
