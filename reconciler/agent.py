@@ -142,17 +142,18 @@ class Agent:
         by trust again); each service knows the commit it was rendered from."""
         from dataclasses import replace
 
+        from .drivers.process import check_account
         from .render import render_node
 
         commit = rev.commit
-        desired = render_node(repo or self.load(commit), self.cfg.node, commit)
+        desired = render_node(repo or self.load(commit), self.cfg.node, commit, check_account)
         pins = {p.service: p for p in self.ledger.pins()}
         services = []
         for svc in desired.services:
             pin = pins.get(svc.name)
             if pin is not None:
                 pinned = self.keeper.vouch(self.revision(pin.commit))
-                old = render_node(self.load(pinned.commit), self.cfg.node, pinned.commit).by_name()
+                old = render_node(self.load(pinned.commit), self.cfg.node, pinned.commit, check_account).by_name()
                 if svc.name in old:
                     services.append(replace(old[svc.name], origin=pin.commit))
                     continue

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from .drivers import Driver
-from .drivers.base import Check
+from .drivers.base import Check, clean_env
 from .errors import ApplyError, ReconcilerError
 from .ledger import Ledger, Version
 from .model import LADDER, Action, ActionKind, DesiredService, Health, Plan, ResultState, ServiceResult, rank
@@ -54,24 +54,50 @@ def _probe(health: Health, driver: Driver, name: str) -> bool:
 
 
 def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Return when the service passes its health check; ``ApplyError`` on exit or timeout."""
+    """Return once the service has passed its check without a break for ``min_healthy`` seconds
+    and its own process (container) is still the one running; ``ApplyError`` on exit, on an
+    unhealthy verdict, when it never passes within ``timeout``, or when it keeps flapping."""
     h = svc.health
+    # Without a probe, surviving a short settle time is the only sign of life we have.
+    hold = max(h.min_healthy, min(SETTLE, h.timeout)) if h.kind == "running" else h.min_healthy
     start = time.monotonic()
-    deadline = start + h.timeout
+    since: float | None = None  # when the check last started passing
     while True:
         if not driver.running(svc.name):
-            raise ApplyError(f"service {svc.name} exited at once", output=driver.last_output(svc.name))
-        # Without a probe, surviving a short settle time is the only sign of life we have.
-        settled = h.kind != "running" or time.monotonic() - start >= min(SETTLE, h.timeout)
+            raise _exited(driver, svc, since)
         native = driver.native_health(svc.name)
         if native == "unhealthy":
             raise ApplyError(f"service {svc.name} reports unhealthy (its own healthcheck)")
-        if settled and native in (None, "healthy") and _probe(h, driver, svc.name):
-            return
-        if time.monotonic() >= deadline:
-            what = f"{h.kind} {h.target}".strip()
-            raise ApplyError(f"service {svc.name} not healthy after {h.timeout:g}s ({what})")
+        passing = native in (None, "healthy") and _probe(h, driver, svc.name)
+        now = time.monotonic()
+        if passing:
+            since = now if since is None else since
+            if now - since >= hold:
+                # Another program on the same port can answer the probe: only our own process counts.
+                if not driver.running(svc.name):
+                    raise _exited(driver, svc, since)
+                return
+        else:
+            since = None
+            if now >= start + h.timeout:
+                what = f"{h.kind} {h.target}".strip()
+                raise ApplyError(f"service {svc.name} not healthy after {h.timeout:g}s ({what})")
+        if now >= start + h.timeout + hold:
+            raise ApplyError(f"service {svc.name} did not stay healthy for {hold:g}s in a row "
+                             f"within {h.timeout + hold:g}s (its check keeps failing and passing)")
         sleep(0.1)
+
+
+def _exited(driver: Driver, svc: DesiredService, since: float | None) -> ApplyError:
+    if since is None:
+        text = f"service {svc.name} exited at once"
+    elif svc.health.kind == "running":
+        text = f"service {svc.name} exited {time.monotonic() - since:.1f}s after it started (min_healthy " \
+               f"{svc.health.min_healthy:g}s)"
+    else:
+        text = (f"service {svc.name} exited {time.monotonic() - since:.1f}s after its health check passed "
+                f"(min_healthy {svc.health.min_healthy:g}s): the check may be answered by another program")
+    return ApplyError(text, output=driver.last_output(svc.name))
 
 
 def apply_plan(
@@ -160,13 +186,12 @@ def _output(exc: BaseException | None) -> str:
 
 def hook(svc: DesiredService, which: str, commit: str) -> None:
     """Run a drain or undrain hook on this node; a failing drain stops the action."""
-    import os
     import subprocess
 
     command = svc.drain if which == "drain" else svc.undrain
     if not command:
         return
-    env = {**os.environ, "RECONCILER_SERVICE": svc.name, "RECONCILER_COMMIT": commit}
+    env = {**clean_env(), "RECONCILER_SERVICE": svc.name, "RECONCILER_COMMIT": commit}
     try:
         done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=1800)
     except subprocess.TimeoutExpired as exc:

@@ -258,6 +258,7 @@ class Ledger:
             raise StateMissing(f"state dir {root}: no node state there (state.db does not exist)")
         try:
             db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            path.chmod(0o600)  # its -wal and -shm files take the same mode
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             ledger = Ledger(path, db)

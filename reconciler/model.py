@@ -68,18 +68,31 @@ class FileSpec:
         return {"path": self.path, "mode": f"{self.mode:04o}", "sha256": self.sha256}
 
 
+# Long enough for a program that cannot bind its port or read its config to have exited (a
+# Python or Go program does within a tenth of that); slow starters set more in service.yaml.
+MIN_HEALTHY = 0.5
+
+
 @dataclass(frozen=True)
 class Health:
     """How to tell that a started service works: ``tcp`` host:port, ``http`` URL, ``command``
     (a shell command run where the service runs: its container, or its config dir), or
-    ``running`` (alive after a short settle time; with docker, the image's own healthcheck too)."""
+    ``running`` (alive after a short settle time; with docker, the image's own healthcheck too).
+
+    ``min_healthy`` (Nomad's min_healthy_time): once the probe passes, the driver's own process
+    or container must stay up, passing its probe, this long. A probe alone can be answered by
+    another program on the same port; a version that dies at start must not pass."""
 
     kind: str = "running"
     target: str = ""
     timeout: float = 10.0
+    min_healthy: float = MIN_HEALTHY
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "target": self.target, "timeout": self.timeout}
+        out: dict[str, Any] = {"kind": self.kind, "target": self.target, "timeout": self.timeout}
+        if self.min_healthy != MIN_HEALTHY:  # the default hashes as before: no restart for it
+            out["min_healthy"] = self.min_healthy
+        return out
 
 
 @dataclass(frozen=True)
@@ -95,7 +108,8 @@ class Runtime:
     networks: tuple[str, ...] = ()  # networks the agent creates and owns
     network_mode: str = ""  # "host": share the node's network stack (no ports, no networks)
     restart: str = ""  # no | always | unless-stopped | on-failure[:N]
-    user: str = ""
+    user: str = ""  # docker: user[:group]; process: a user on the node (root's agent starts it as that user)
+    group: str = ""  # process: a group on the node [the user's own]; supplementary groups are dropped
     healthcheck: tuple[tuple[str, str], ...] = ()  # the container's own: test, interval, timeout, retries
     config_dir: str = ""  # where the rendered files appear inside the container
 
@@ -104,7 +118,7 @@ class Runtime:
         extra: dict[str, Any] = {
             "image": self.image, "ports": list(self.ports), "volumes": list(self.volumes),
             "networks": list(self.networks) if networks else [], "network_mode": self.network_mode,
-            "restart": self.restart, "user": self.user,
+            "restart": self.restart, "user": self.user, "group": self.group,
             "healthcheck": dict(self.healthcheck), "config_dir": self.config_dir,
         }
         out.update({k: v for k, v in extra.items() if v})  # process specs hash as they always did
@@ -248,7 +262,9 @@ class ObservedService:
     pid: int | None = None
     detail: str = ""
     fingerprint: tuple[tuple[str, str], ...] = ()
-    drifted: str = ""  # a change made by hand that the driver can see: "networks", "restart policy"...
+    # A change made by hand that the driver can see: "networks", "restart policy", or one that
+    # starts with "files:" ("files: identity.conf changed, notes.txt added") for the live files.
+    drifted: str = ""
     files: tuple[FileSpec, ...] = ()  # the config files it runs with now, for key-level comparison
     drift: str = "correct"  # the policy it was applied with: "report" means hands off
 

@@ -9,7 +9,8 @@ Per service, the least that makes observed match desired:
   ``on_change`` rules say per file and key (``none``, ``reload``, ``restart``...), ``restart``
   where no rule says; ``connect`` if only networks changed;
 - same slice but not running: ``start`` (it crashed or was stopped by hand);
-- same slice, changed by hand (drift): put back, or only noted under ``drift: report``;
+- same slice, changed by hand (drift): put back, or only noted under ``drift: report``; live
+  files changed by hand take what the ``on_change`` rules give the same change from the repo;
 - same slice, running: ``none``, said explicitly;
 - observed but no longer desired: ``stop`` (drivers only report what they started).
 
@@ -97,6 +98,18 @@ def stage(plan: Plan) -> Plan:
     return Plan(plan.node, plan.commit, tuple(held))
 
 
+def _put_back(svc: DesiredService, o: ObservedService, what: str) -> Action:
+    """Live files changed by hand: the repo's files go back, and the program is brought back onto
+    them with what the ``on_change`` rules ask for the same change made through the repo (the
+    program may have read the hand edit: a reload rule re-reads, a restart rule restarts)."""
+    default = ActionKind.REBOOT if svc.runtime.driver == "host" else ActionKind.RESTART
+    kind, why = decide({"file"}, o.files, svc.files, svc.rules, default)
+    if kind is ActionKind.NONE:
+        return Action(kind, svc.name, f"{what}; put back, nothing restarted ({why})", svc, svc.runtime.driver,
+                      sync=True)
+    return Action(kind, svc.name, f"{what}; {kind} puts the repo's version back ({why})", svc, svc.runtime.driver)
+
+
 def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
     drv = svc.runtime.driver
     if o is None or o.driver != drv:
@@ -111,10 +124,16 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
             return Action(kind, svc.name, f"{reason}: files updated, nothing restarted", svc, drv, sync=True)
         return Action(kind, svc.name, reason, svc, drv)
     if o.drifted or not o.running:
-        what = f"{o.drifted} changed by hand" if o.drifted else f"not running ({o.detail or 'stopped'})"
+        stopped = f"not running ({o.detail or 'stopped'})"
+        if o.drifted.startswith("files:"):  # a start writes the repo's files anyway
+            what = f"{o.drifted} by hand" if o.running else f"{stopped}, {o.drifted} by hand"
+        else:
+            what = f"{o.drifted} changed by hand" if o.drifted else stopped
         if svc.drift == "report":
             return Action(ActionKind.NONE, svc.name, f"drift not corrected (policy report): {what}", svc, drv)
-        if o.drifted:
+        if o.drifted.startswith("files:") and o.running:
+            return _put_back(svc, o, what)
+        if o.drifted and not o.drifted.startswith("files:"):
             kind = ActionKind.CONNECT if o.drifted == "networks" else ActionKind.RECREATE
             return Action(kind, svc.name, what, svc, drv)
         return Action(ActionKind.START, svc.name, f"{what}; same slice as {_short(o.commit)}", svc, drv)

@@ -27,7 +27,7 @@ import jinja2
 import jinja2.sandbox
 
 from .errors import RenderError
-from .model import ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
+from .model import MIN_HEALTHY, ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
 from .repo import DeploymentRepo, ServiceDef
 
 PORT = re.compile(r"((\d{1,3}\.){3}\d{1,3}:)?\d{1,5}:\d{1,5}(/(tcp|udp))?")
@@ -145,7 +145,14 @@ def _environment_for(svc: ServiceDef) -> jinja2.Environment:
     return env
 
 
-def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredService:
+# (kind, name) -> why this node cannot run a process as that "user" or "group", or None.
+Accounts = Callable[[str, str], str | None]
+
+
+def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef,
+                   accounts: Accounts | None = None) -> DesiredService:
+    """``accounts``: given on the node itself (the agent), which checks the process driver's
+    users and groups there; a reviewer's machine renders without it."""
     env = _environment_for(svc)
     ctx = context(repo, node, svc)
 
@@ -170,14 +177,15 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
     env_vars = tuple(sorted((k, inline(v, "env")) for k, v in svc.env.items()))
     health = Health()
     timeout = float(svc.health.get("timeout", repo.settings.get("defaults", {}).get("health_timeout", 10)))
+    min_healthy = float(svc.health.get("min_healthy", MIN_HEALTHY))
     for kind in ("http", "tcp", "command"):
         if kind in svc.health:
-            health = Health(kind, inline(str(svc.health[kind]), "health"), timeout)
+            health = Health(kind, inline(str(svc.health[kind]), "health"), timeout, min_healthy)
     if health.kind == "tcp" and not HOSTPORT.fullmatch(health.target):
         raise RenderError(f"node {node}: health: tcp {health.target!r} is not host:port", file=svc.file,
                           line=svc.lines.get("health"))
     if health.kind == "running":
-        health = Health("running", "", timeout)
+        health = Health("running", "", timeout, min_healthy)
     c = svc.container
 
     def strings(key: str, pattern: re.Pattern[str] | None = None, form: str = "") -> tuple[str, ...]:
@@ -201,9 +209,15 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
         networks=tuple(sorted(strings("networks", NAME, "a network name"))),
         network_mode=str(c.get("network_mode", "")),
         restart=str(c.get("restart", "")), user=inline(str(c.get("user", "")), "runtime"),
+        group=inline(str(c.get("group", "")), "runtime"),
         healthcheck=tuple(sorted((k, inline(str(v), "runtime")) for k, v in c.get("healthcheck", {}).items())),
         config_dir=str(c.get("config_dir", f"/etc/{svc.name}" if driver == "docker" else "")),
     )
+    for kind, name in (("user", runtime.user), ("group", runtime.group)):
+        problem = accounts(kind, name) if accounts is not None and name and driver == "process" else None
+        if problem:
+            raise RenderError(f"node {node}: service {svc.name}: runtime.{kind}: {problem}", file=svc.file,
+                              line=svc.lines.get("runtime"))
     node_services = set(repo.services_of(node))
     return DesiredService(
         name=svc.name,
@@ -223,8 +237,8 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredS
     )
 
 
-def render_node(repo: DeploymentRepo, node: str, commit: str) -> Desired:
+def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts | None = None) -> Desired:
     """The node's whole slice. Same repo and node, same bytes."""
     repo.node(node)  # UnknownNode before anything else
-    services = tuple(render_service(repo, node, repo.services[s]) for s in repo.services_of(node))
+    services = tuple(render_service(repo, node, repo.services[s], accounts) for s in repo.services_of(node))
     return Desired(node=node, commit=commit, services=services)

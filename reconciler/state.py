@@ -43,8 +43,10 @@ class State:
                 raise StateMissing(f"state dir {root} does not exist (is --state-dir right?)")
             return
         try:
-            root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            root.chmod(0o700)  # records hold service environments; notes are the public part
+            # Search, not read, for others: a service that runs as its own user reaches its
+            # files by path. What is private (records, the ledger, logs) is 0600 inside.
+            root.mkdir(parents=True, exist_ok=True, mode=0o711)
+            root.chmod(0o711)
         except OSError as exc:
             raise ConfigError(f"state dir {root}: {exc.strerror or exc}") from exc
 

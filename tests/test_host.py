@@ -32,7 +32,8 @@ def host_repo(tmp_path: Path, key: SigningKey) -> Deployment:
         "reconciler.yaml": "format: 1\nname: hosts\n",
         "inventory.yaml": ("vars: {swappiness: 60, hugepages: 0}\ngroups:\n  hv: {services: [host]}\n"
                            "nodes:\n  hv1: {groups: [hv]}\n"),
-        "services/host/service.yaml": HOST,
+        # Hooks start from a clean environment: they name the test root, not $ROOT.
+        "services/host/service.yaml": HOST.replace("$ROOT/hooks.log", f"{tmp_path / 'hostroot'}/hooks.log"),
         "services/host/templates/sysctl.conf.j2": "vm.swappiness = {{ swappiness }}\n",
         "services/host/templates/kernel.cfg.j2": "GRUB_CMDLINE_LINUX=\"hugepages={{ hugepages }}\"\n",
     }

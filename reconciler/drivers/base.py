@@ -3,16 +3,37 @@
 Changes take a ``check`` (the health check, raising ``ApplyError``): a driver that cannot make
 the new version healthy puts the previous one back before it raises, so a failed change never
 leaves a service down that was up.
+
+Whatever a driver starts on the node (a service, a reload command, a drain hook) starts from
+``clean_env``, never from the agent's own environment: the agent's venv first on PATH, its
+credentials and settings are none of a service's business.
 """
 
 from __future__ import annotations
 
+import os
+import pwd
 from collections.abc import Callable
 from typing import Protocol
 
 from ..model import DesiredService, ObservedService
 
 Check = Callable[[], None]
+
+SERVICE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def clean_env(home: str | None = None, user: str | None = None) -> dict[str, str]:
+    """A fixed PATH and locale, and the HOME and name of the user it runs as (the agent's own
+    unless given); what service.yaml declares goes on top."""
+    if home is None or user is None:
+        try:
+            me = pwd.getpwuid(os.getuid())
+            home, user = home or me.pw_dir, user or me.pw_name
+        except KeyError:  # a uid with no name (a container's): still a usable environment
+            home, user = home or "/", user or str(os.getuid())
+    return {"PATH": SERVICE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "USER": user,
+            "LOGNAME": user}
 
 
 class Driver(Protocol):

@@ -4,40 +4,71 @@ Per service, under ``<state>/services/<name>/``::
 
     live/           the files the program reads (its cwd), changed in place file by file
     rev/<hash>/     the rendered files of each recent slice, written once: restores, rollback
-    record.json     what runs: pid, process start time, hash, commit, command, env
-    data/           persistent, writable ($RECONCILER_DATA_DIR); kept when the service goes
-    service.log     stdout and stderr, appended
+    record.json     what runs: state, pid, process start time, hash, commit, command, env, user
+    data/           persistent, writable ($RECONCILER_DATA_DIR), owned by the service's user
+    service.log     stdout and stderr, appended; private (a program may print its secrets)
 
 Processes run in their own session (process group), so they outlive the run that started them
 and a stop reaches their children. A pid alone is not proof: the record also holds the
 process's start time from /proc, so a recycled pid is never mistaken for the service.
+
+A process is findable before its record names it. The record is written first (state
+"starting", no pid), and every process carries ``RECONCILER_INSTANCE=<root>|<node>|<service>|
+<hash>`` in its environment. A run killed between the spawn and the record leaves a process
+that the next observe finds in /proc and adopts (the record is for the same hash and names no
+live process) or stops: never a second copy, never an orphan.
+
+A service starts from a clean environment (``clean_env``: fixed PATH, C.UTF-8, its user's
+HOME) plus what service.yaml declares and the RECONCILER_* variables, as the ``user`` and
+``group`` it names; its reload and check commands too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
+import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import faults
 from ..atomic import TEMP_PREFIX, atomic_write, fsync_dir
 from ..errors import ApplyError, ReconcilerError
-from ..model import DesiredService, ObservedService
-from .base import Check
+from ..model import DesiredService, FileSpec, ObservedService
+from .base import Check, clean_env
 from .files import read_dir, read_record, signal_number, sync_dir, write_record
 
 STOP_TIMEOUT = 10.0
 KEEP_REVISIONS = 5
 
 
-def _proc_start_time(pid: int) -> str | None:
-    """Start time of a live (non-zombie) process, in clock ticks since boot; None if gone."""
+MARKER = "RECONCILER_INSTANCE"
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A live process as /proc shows it."""
+
+    pid: int
+    ppid: int
+    pgrp: int
+    session: int
+    start_time: str  # clock ticks since boot: with the pid, one process for ever
+
+    @property
+    def leader(self) -> bool:
+        return self.pid == self.pgrp
+
+
+def _proc(pid: int) -> Proc | None:
+    """The process, None if it is gone or a zombie (reaped here when it is our own child)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -47,14 +78,106 @@ def _proc_start_time(pid: int) -> str | None:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)  # reap our own child so the pid can go
         return None
-    return fields[19]
+    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[3]), fields[19])
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Start time of a live (non-zombie) process, in clock ticks since boot; None if gone."""
+    p = _proc(pid)
+    return p.start_time if p else None
+
+
+def _descends(p: Proc, ancestor: int) -> bool:
+    """Whether ``p`` is ``ancestor``, in its group or session, or below it in the process tree."""
+    seen: Proc | None = p
+    for _ in range(64):
+        if seen is None or seen.pid <= 1:
+            return False
+        if ancestor in (seen.pid, seen.pgrp, seen.session):
+            return True
+        seen = _proc(seen.ppid)
+    return False
+
+
+def _started_at(start_time: str) -> float:
+    """A /proc start time as a Unix time."""
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    return boot + int(start_time) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Account:
+    """Who a service runs as; None keeps the agent's own uid or gid."""
+
+    uid: int | None
+    gid: int | None
+    name: str
+    home: str
+
+    @property
+    def switched(self) -> bool:
+        return self.uid is not None or self.gid is not None
+
+
+def account(user: str, group: str) -> Account:
+    """Resolve ``user`` and ``group`` (names, or numeric ids) on this node. No group: the user's
+    own. ``LookupError`` says which name the node does not know."""
+    pw: pwd.struct_passwd | None = None
+    uid: int | None = None
+    if user:
+        try:
+            pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        except KeyError:
+            if not user.isdigit():  # a bare uid with no name is usable, as in a container
+                raise LookupError(f"no user {user!r} on this node") from None
+        uid = pw.pw_uid if pw else int(user)
+    gid = pw.pw_gid if pw else None
+    if group:
+        try:
+            gid = grp.getgrgid(int(group)).gr_gid if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            if not group.isdigit():
+                raise LookupError(f"no group {group!r} on this node") from None
+            gid = int(group)
+    if not user:
+        env = clean_env()
+        return Account(uid, gid, env["USER"], env["HOME"])
+    return Account(uid, gid, pw.pw_name if pw else user, pw.pw_dir if pw else "/")
+
+
+def check_account(kind: str, name: str) -> str | None:
+    """For rendering on the node: why it cannot run a process as this ``user`` or ``group``."""
+    try:
+        account(name if kind == "user" else "", name if kind == "group" else "")
+    except LookupError as exc:
+        return str(exc)
+    return None
+
+
+def file_drift(rec: dict[str, Any], live: tuple[FileSpec, ...]) -> str:
+    """What differs between the live files and the content hashes the record says were applied:
+    "files: identity.conf changed, notes.txt added"; empty when they match."""
+    applied = {k.removeprefix("file:"): v for k, v in rec.get("fingerprint", {}).items() if k.startswith("file:")}
+    now = {f.path: f"{f.mode:o}:{f.sha256}" for f in live}
+    changes = []
+    for path in sorted(set(applied) | set(now)):
+        if path not in now:
+            changes.append(f"{path} missing")
+        elif path not in applied:
+            changes.append(f"{path} added")
+        elif now[path] != applied[path]:
+            same_content = now[path].split(":")[1] == applied[path].split(":")[1]
+            changes.append(f"{path} {'mode changed' if same_content else 'changed'}")
+    return "files: " + ", ".join(changes) if changes else ""
 
 
 class ProcessDriver:
     name = "process"
 
     def __init__(self, root: Path, node: str) -> None:
-        self.root = root
+        # Absolute: the marker and $RECONCILER_DATA_DIR must mean the same from any directory.
+        self.root = root.absolute()
         self.node = node
 
     def _dir(self, name: str) -> Path:
@@ -68,22 +191,76 @@ class ProcessDriver:
         return bool(rec and rec.get("pid") and rec.get("start_time") is not None
                     and _proc_start_time(rec["pid"]) == rec["start_time"])
 
+    # finding processes -----------------------------------------------------------------
+    def _marker(self, name: str, hash_: str) -> str:
+        return f"{self.root}|{self.node}|{name}|{hash_}"
+
+    def _marked(self) -> dict[str, list[tuple[Proc, str]]]:
+        """Every live process of this driver's services, by service, with the hash it was started
+        for: the marker in its environment, which its children inherit too."""
+        prefix = f"{MARKER}={self.root}|{self.node}|".encode()
+        found: dict[str, list[tuple[Proc, str]]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/environ", "rb") as f:
+                    env = f.read()
+            except OSError:  # gone, or not ours to read
+                continue
+            if prefix not in env:
+                continue
+            value = next((v for v in env.split(b"\0") if v.startswith(prefix)), None)
+            p = _proc(int(entry.name)) if value else None
+            if value is None or p is None:
+                continue
+            service, _, hash_ = value[len(prefix):].decode(errors="replace").rpartition("|")
+            found.setdefault(service, []).append((p, hash_))
+        return found
+
+    def _sweep(self, name: str, marked: list[tuple[Proc, str]] | None = None) -> dict[str, Any] | None:
+        """The service's processes that its record does not name: a run was killed between the
+        spawn and the record. One started for the record's hash, when the record names no live
+        process, is adopted (its pid goes into the record); every other one is stopped. Returns
+        the record as it is now."""
+        rec = self._record(name)
+        procs = self._marked().get(name, []) if marked is None else marked
+        owner = int(rec["pid"]) if rec is not None and self._alive(rec) else None
+        strays = [(p, h) for p, h in procs if owner is None or not _descends(p, owner)]
+        if not strays:
+            return rec
+        if rec is not None and owner is None:
+            same = sorted((p for p, h in strays if p.leader and h == rec.get("hash")),
+                          key=lambda p: int(p.start_time))
+            if same:
+                adopted = same[-1]  # the newest: the spawn the record was written for
+                rec = {**rec, "state": "running", "pid": adopted.pid, "start_time": adopted.start_time,
+                       "started": _started_at(adopted.start_time)}
+                write_record(self._dir(name), rec)
+                strays = [(p, h) for p, h in strays if not _descends(p, adopted.pid)]
+        self._terminate(name, _targets(p for p, _ in strays))
+        return rec
+
     # observe ---------------------------------------------------------------------------
     def observe(self) -> list[ObservedService]:
         out: list[ObservedService] = []
         if not self.root.is_dir():
             return out
+        marked = self._marked()
         for d in sorted(self.root.iterdir()):
-            rec = self._record(d.name)
+            rec = self._sweep(d.name, marked.get(d.name, []))
             if rec is None:
                 continue
             alive = self._alive(rec)
+            files = read_dir(Path(rec["cwd"]))
+            detail = "" if alive else "not running"
+            if not alive and rec.get("state") == "starting":
+                detail = "never seen running: a run stopped while starting it"
             out.append(ObservedService(
                 name=d.name, driver=self.name, running=alive, hash=rec.get("hash"),
-                commit=rec.get("commit"), pid=rec["pid"] if alive else None,
-                detail="" if alive else "not running",
+                commit=rec.get("commit"), pid=rec["pid"] if alive else None, detail=detail,
                 fingerprint=tuple(sorted(rec.get("fingerprint", {}).items())),
-                files=read_dir(Path(rec["cwd"])), drift=str(rec.get("drift", "correct")),
+                files=files, drift=str(rec.get("drift", "correct")), drifted=file_drift(rec, files),
             ))
         return out
 
@@ -109,6 +286,17 @@ class ProcessDriver:
     def _live(self, name: str) -> Path:
         return self._dir(name) / "live"
 
+    def _sync(self, name: str, files: Iterable[FileSpec], rec: dict[str, Any]) -> None:
+        """The live files as given, owned by the service's user when it has one (a 0600 file
+        holds a secret only it may read); the directory stays the agent's."""
+        live = self._live(name)
+        sync_dir(live, files)
+        acct = _account_of(rec)
+        if acct.switched:
+            for path in live.rglob("*"):
+                if path.is_file() and not path.name.startswith("."):
+                    os.chown(path, -1 if acct.uid is None else acct.uid, -1 if acct.gid is None else acct.gid)
+
     def _new_record(self, svc: DesiredService, commit: str, rev: Path) -> dict[str, Any]:
         return {
             "service": svc.name,
@@ -119,6 +307,8 @@ class ProcessDriver:
             "rev": str(rev),
             "command": list(svc.runtime.command),
             "env": dict(svc.runtime.env),
+            "user": svc.runtime.user,
+            "group": svc.runtime.group,
             "reload": {"signal": svc.reload.signal, "command": svc.reload.command},
             "drift": svc.drift,
         }
@@ -139,10 +329,11 @@ class ProcessDriver:
         """Stop the old process, start the new one, check it; on failure start the old one again."""
         previous = self._record(svc.name) if restore else None
         rev = self.materialise(svc)  # before the stop: a full disk fails here, with the old one still up
-        self.stop(svc.name)
-        sync_dir(self._live(svc.name), svc.files)
+        self.stop(svc.name)  # and any copy a killed run left behind
+        new = self._new_record(svc, commit, rev)
+        self._sync(svc.name, svc.files, new)
         try:
-            pid = self._spawn(self._new_record(svc, commit, rev))
+            pid = self._spawn(new)
             check()
         except ReconcilerError as exc:
             self.stop(svc.name)
@@ -151,7 +342,7 @@ class ProcessDriver:
                 # revive it and the next run starts it afresh.
                 (self._dir(svc.name) / "record.json").unlink(missing_ok=True)
                 raise
-            sync_dir(self._live(svc.name), read_dir(Path(previous["rev"])))
+            self._sync(svc.name, read_dir(Path(previous["rev"])), previous)
             old = self._spawn(previous)
             try:
                 check()  # the same probe; a version whose probe moved is judged by the new one
@@ -166,9 +357,10 @@ class ProcessDriver:
         """New files and record; the process is not touched."""
         rec = self._record(svc.name) or {}
         rev = self.materialise(svc)
-        sync_dir(self._live(svc.name), svc.files)
-        keep: dict[str, Any] = {k: rec[k] for k in ("pid", "start_time", "started") if k in rec}
-        write_record(self._dir(svc.name), {**self._new_record(svc, commit, rev), **keep})
+        new = self._new_record(svc, commit, rev)
+        self._sync(svc.name, svc.files, new)
+        keep: dict[str, Any] = {k: rec[k] for k in ("state", "pid", "start_time", "started") if k in rec}
+        write_record(self._dir(svc.name), {**new, **keep})
 
     def reload(self, svc: DesiredService, commit: str, check: Check) -> int | None:
         rec = self._record(svc.name)
@@ -180,7 +372,7 @@ class ProcessDriver:
             self._signal_reload(svc.name)
             check()
         except ReconcilerError as exc:
-            sync_dir(self._live(svc.name), before)
+            self._sync(svc.name, before, rec)
             write_record(self._dir(svc.name), rec)
             with contextlib.suppress(ReconcilerError):
                 self._signal_reload(svc.name)
@@ -192,18 +384,17 @@ class ProcessDriver:
         assert rec is not None
         how = rec.get("reload") or {}
         if how.get("command"):
-            env = {**os.environ, "RECONCILER_PID": str(rec["pid"])}
-            try:
-                done = subprocess.run(["/bin/sh", "-c", how["command"]], cwd=rec["cwd"], env=env,
-                                      capture_output=True, timeout=30)
-            except subprocess.TimeoutExpired as exc:
-                raise ApplyError(f"service {name}: reload command timed out") from exc
+            done = self._run(rec, how["command"], 30, {"RECONCILER_PID": str(rec["pid"])})
+            if done is None:
+                raise ApplyError(f"service {name}: reload command timed out")
             if done.returncode != 0:
                 err = done.stderr.decode(errors="replace")[-200:]
                 raise ApplyError(f"service {name}: reload command failed: {err}")
             return
+        sig = signal_number(how.get("signal") or "SIGHUP")
+        faults.point("signal", f"{name} {signal.Signals(sig).name}")
         try:
-            os.kill(int(rec["pid"]), signal_number(how.get("signal") or "SIGHUP"))
+            os.kill(int(rec["pid"]), sig)
         except ProcessLookupError as exc:
             raise ApplyError(f"service {name}: exited before its reload") from exc
 
@@ -215,46 +406,75 @@ class ProcessDriver:
         rec = self._record(name)
         if rec is None:
             return False
+        done = self._run(rec, command, 10)
+        return done is not None and done.returncode == 0
+
+    def _run(self, rec: dict[str, Any], command: str, timeout: float,
+             extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes] | None:
+        """A shell command where the service runs: its directory, its user, its environment
+        (without the marker: it is the agent's, not one of the service's processes). None when
+        it timed out."""
+        acct = _account_of(rec)
+        env = {k: v for k, v in self._env(rec, acct).items() if k != MARKER}
         try:
-            done = subprocess.run(["/bin/sh", "-c", command], cwd=rec["cwd"], capture_output=True, timeout=10)
+            return subprocess.run(["/bin/sh", "-c", command], cwd=rec["cwd"], env={**env, **(extra or {})},
+                                  capture_output=True, timeout=timeout, **_as(acct))
         except subprocess.TimeoutExpired:
-            return False
-        return done.returncode == 0
+            return None
+        except OSError as exc:
+            raise ApplyError(f"service {rec['service']}: cannot run {command!r}: {exc.strerror}") from exc
 
     def revive(self, name: str) -> int | None:
-        rec = self._record(name)
+        rec = self._sweep(name)  # a copy a killed run started is the one to keep
         if rec is None:
             raise ApplyError(f"service {name}: no record to restart from")
         if self._alive(rec):
             return int(rec["pid"])
         return self._spawn(rec)
 
+    def _env(self, rec: dict[str, Any], acct: Account) -> dict[str, str]:
+        env = clean_env(acct.home, acct.name)
+        env.update(rec["env"])
+        env.update({
+            "RECONCILER_NODE": self.node, "RECONCILER_SERVICE": rec["service"],
+            "RECONCILER_COMMIT": rec["commit"], "RECONCILER_DATA_DIR": str(self._dir(rec["service"]) / "data"),
+            MARKER: self._marker(rec["service"], rec["hash"]),
+        })
+        return env
+
     def _spawn(self, rec: dict[str, Any]) -> int:
         name = rec["service"]
         d = self._dir(name)
+        try:
+            acct = _account_of(rec)
+        except LookupError as exc:  # it existed at render time; gone since
+            raise ApplyError(f"service {name}: {exc}") from exc
         data = d / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        # Services written in Python find the agent's interpreter first (a venv, say).
-        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-        env.update(rec["env"])
-        env.update(
-            RECONCILER_NODE=self.node, RECONCILER_SERVICE=name,
-            RECONCILER_COMMIT=rec["commit"], RECONCILER_DATA_DIR=str(data),
-        )
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if acct.switched:
+            _own(data, acct)
+        env = self._env(rec, acct)
         argv = list(rec["command"])
         if "/" not in argv[0]:
             found = shutil.which(argv[0], path=env["PATH"])
             if found is None:
-                raise ApplyError(f"service {name}: command {argv[0]!r} not found on PATH")
+                raise ApplyError(f"service {name}: command {argv[0]!r} not found on PATH ({env['PATH']})")
             argv[0] = found
-        with open(d / "service.log", "ab") as log:
+        # A trace before the process exists: a run killed right after the spawn leaves a record
+        # that says what was being started, and the next run adopts the process it finds.
+        rec = {k: v for k, v in rec.items() if k not in ("pid", "start_time", "started")}
+        rec["state"] = "starting"
+        write_record(d, rec)
+        fd = os.open(d / "service.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # a log written before logs were private
+        with open(fd, "ab") as log:
             log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start {' '.join(argv)}\n".encode())
             log.flush()
+            faults.point("spawn", name)
             try:
                 proc = subprocess.Popen(
                     argv, cwd=rec["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **_as(acct),
                 )
             except OSError as exc:
                 raise ApplyError(f"service {name}: cannot start {argv[0]}: {exc.strerror}") from exc
@@ -264,25 +484,34 @@ class ProcessDriver:
             if start_time is not None or proc.poll() is not None:
                 break
             time.sleep(0.01)
-        rec = {**rec, "pid": proc.pid, "start_time": start_time, "started": time.time()}
+        rec = {**rec, "state": "running", "pid": proc.pid, "start_time": start_time, "started": time.time()}
         write_record(d, rec)
         return proc.pid
 
     def stop(self, name: str) -> None:
+        """Stop the service's process group, and every other process carrying its marker."""
         rec = self._record(name)
-        if not self._alive(rec):
-            return
-        assert rec is not None
-        pid = int(rec["pid"])
+        recorded = (int(rec["pid"]), str(rec["start_time"])) if rec is not None and self._alive(rec) else None
+        procs = [p for p, _ in self._marked().get(name, [])]
+        self._terminate(name, _targets(procs, recorded))
+
+    def _terminate(self, name: str, targets: list[tuple[int, str, bool]]) -> None:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT, to each (pid, start time, whole group?) until
+        every one is gone."""
         for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, sig)
+            for pid, start_time, group in targets:
+                if _proc_start_time(pid) != start_time:
+                    continue
+                faults.point("signal", f"{name} {sig.name}")
+                with contextlib.suppress(ProcessLookupError):
+                    (os.killpg if group else os.kill)(pid, sig)
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
-                if _proc_start_time(pid) != rec["start_time"]:
+                if all(_proc_start_time(pid) != start_time for pid, start_time, _ in targets):
                     return
                 time.sleep(0.05)
-        raise ApplyError(f"service {name}: pid {pid} did not stop")
+        left = [pid for pid, start_time, _ in targets if _proc_start_time(pid) == start_time]
+        raise ApplyError(f"service {name}: pid {', '.join(map(str, left))} did not stop")
 
     def remove(self, name: str) -> None:
         self.stop(name)
@@ -308,3 +537,42 @@ class ProcessDriver:
             return ""
         since_start = text.rsplit("\n--- ", 1)[-1].split("\n", 1)[-1]  # this start's output only
         return " | ".join(t.strip() for t in since_start.splitlines()[-lines:] if t.strip())
+
+
+def _targets(procs: Iterable[Proc], recorded: tuple[int, str] | None = None) -> list[tuple[int, str, bool]]:
+    """(pid, start time, whole group?) to signal so that each process goes: a group leader takes
+    its group along; a process whose group is not being stopped is signalled alone (its group
+    may not be the service's)."""
+    procs = list(procs)
+    out: dict[int, tuple[str, bool]] = {}
+    if recorded is not None:
+        out[recorded[0]] = (recorded[1], True)
+    leaders = set(out) | {p.pid for p in procs if p.leader}
+    for p in procs:
+        if p.leader:
+            out.setdefault(p.pid, (p.start_time, True))
+        elif p.pgrp not in leaders:
+            out[p.pid] = (p.start_time, False)
+    return [(pid, start_time, group) for pid, (start_time, group) in sorted(out.items())]
+
+
+def _account_of(rec: dict[str, Any]) -> Account:
+    return account(str(rec.get("user", "")), str(rec.get("group", "")))
+
+
+def _as(acct: Account) -> dict[str, Any]:
+    """subprocess arguments that start a process as the account, with no supplementary groups."""
+    if not acct.switched:
+        return {}
+    return {"user": acct.uid, "group": acct.gid, "extra_groups": []}
+
+
+def _own(path: Path, acct: Account) -> None:
+    """Give a data dir to the service's user; all of it when it belonged to another one before."""
+    uid = -1 if acct.uid is None else acct.uid
+    gid = -1 if acct.gid is None else acct.gid
+    st = path.stat()
+    if (uid in (-1, st.st_uid)) and (gid in (-1, st.st_gid)):
+        return
+    for sub in [path, *path.rglob("*")]:
+        os.lchown(sub, uid, gid)
