@@ -65,9 +65,9 @@ _reconciler_docker_engine() (
                 mkdir -p "$data_root" "$exec_root"
                 rm -f "${sock#unix://}"
                 # Own exec root and pidfile, so it never collides with a system dockerd. Close fd 3 (the
-                # caller's stdout: a pipe would never end) and fd 9 (the lock) in the daemon.
+                # caller's stdout: a pipe would never end) and fds 8 and 9 (the locks) in the daemon.
                 nohup setsid dockerd --host "$sock" --data-root "$data_root" --exec-root "$exec_root" \
-                    --pidfile "$pidfile" </dev/null >>"$log" 2>&1 3>&- 9>&- &
+                    --pidfile "$pidfile" </dev/null >>"$log" 2>&1 3>&- 8>&- 9>&- &
             fi
             local i
             for ((i = 0; i < 120; i++)); do
@@ -165,6 +165,25 @@ _reconciler_docker_engine() (
                 >"$tmp/pyver" || { say "error: $py cannot run python3 with the needed stdlib modules"; exit 1; }
             say "built $py, python $(cat "$tmp/pyver") ($(since "$t"))"
         fi
+    fi
+    # --- 3. a container starts: an engine can answer and still have lost its bridge -------------
+    local smoke
+    if [ -z "${RECONCILER_SKIP_IMAGES:-}" ] && ! smoke=$(docker run --rm reconciler-test/busybox:1 /bin/sh -c : 2>&1); then
+        if [ "$host" = "$sock" ] && [ -z "${RECONCILER_ENGINE_RESTARTED:-}" ] && [ -f "$pidfile" ]; then
+            say "containers cannot start (${smoke//$'\n'/ }); restarting the private dockerd"
+            local old j
+            old=$(cat "$pidfile")
+            kill "$old" 2>/dev/null || true
+            for ((j = 0; j < 60; j++)); do
+                kill -0 "$old" 2>/dev/null || break
+                sleep 0.5
+            done
+            exec 8>&- # the image builders' lock: the second round takes it again
+            RECONCILER_ENGINE_RESTARTED=1 _reconciler_docker_engine >&3
+            exit $?
+        fi
+        say "error: containers cannot start on $host: $smoke"
+        exit 1
     fi
     say "ready in $(since "$t_all")"
     echo "export DOCKER_HOST=$host" >&3
