@@ -25,9 +25,57 @@ from .errors import RemoteError
 GIT_TIMEOUT = 120.0
 
 
+CAUSE_MAX = 400
+"""Characters of git's own words kept in a message: enough for a cause, never a screenful."""
+
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^@/\s]*@", re.IGNORECASE)
+_NOISE = re.compile(r"^(hint: |remote: (Enumerating|Counting|Compressing|Total)|(Receiving|Resolving) objects|"
+                    r"Looking up .* done\.$)")
+# With --progress git writes "Connecting to host (port 9418) ... fatal: ..." on one line.
+_CAUSE = re.compile(r"(?:^|\.\.\. )(fatal|error): ", re.IGNORECASE)
+
+
 def safe_url(url: str) -> str:
     """The URL without credentials, for messages and notes."""
-    return re.sub(r"^([a-z+]+://)[^@/]*@", r"\1", url)
+    return _USERINFO.sub(r"\1", url)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` with no credential of ``url`` left in it: git echoes a URL's user part back
+    where it takes it for a host name (``git://user:pw@host``), with no scheme in front."""
+    text = safe_url(text)
+    userinfo = url.partition("://")[2].split("/", 1)[0].rpartition("@")[0]
+    if userinfo:
+        text = text.replace(userinfo + "@", "")
+        secret = userinfo.partition(":")[2]
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def git_cause(stderr: str) -> str:
+    """What git said went wrong, on one line: its first paragraph and every ``fatal:`` and
+    ``error:`` line with the lines that continue it, without hints and progress."""
+    kept: list[str] = []
+    first_paragraph, continuing = True, False
+    for raw in stderr.replace("\r", "\n").splitlines():
+        line = raw.strip()
+        if not line:
+            first_paragraph = continuing = False
+            continue
+        if _NOISE.match(line):
+            continue
+        cause = _CAUSE.search(line)
+        if cause or continuing or first_paragraph:
+            line = line[cause.end():] if cause else line
+            if line not in kept:
+                kept.append(line)
+            continuing = continuing or bool(cause)
+    text = ""
+    for line in kept:
+        # "unable to connect to host:" continues on the next line with the socket's error
+        text += (" " if text.endswith(":") else "; " if text else "") + line
+    return text if len(text) <= CAUSE_MAX else text[: CAUSE_MAX - 3] + "..."
 
 
 def git_env(ssh_command: str | None = None) -> dict[str, str]:
@@ -99,9 +147,18 @@ class Source:
             )
             return out
         except git.GitCommandError as exc:
-            detail = (exc.stderr or "").strip().splitlines()
-            last = detail[-1].strip().removeprefix("stderr: '").rstrip("'") if detail else str(exc.status)
-            raise RemoteError(f"{what} {safe_url(self.url)} failed: {last}") from None
+            raise self.error(what, exc) from None
+
+    def error(self, what: str, exc: git.GitCommandError, progress: _Progress | None = None) -> RemoteError:
+        """``what URL failed: <git's cause>``, free of credentials."""
+        # With a progress handler GitPython keeps only the lines after the first "fatal:" as
+        # stderr; the handler saw them all.
+        stderr = "\n".join(progress.other_lines + progress.error_lines) if progress else exc.stderr.strip()
+        # GitPython wraps git's stderr as "stderr: '...'"; unwrap to git's own lines
+        if stderr.startswith("stderr: '") and stderr.endswith("'"):
+            stderr = stderr[len("stderr: '"):-1]
+        cause = git_cause(stderr) or f"git exited with {exc.status}"
+        return RemoteError(scrub(f"{what} {safe_url(self.url)} failed: {cause}", self.url))
 
     def local_head(self) -> str | None:
         try:
@@ -125,18 +182,17 @@ class Source:
     def fetch(self) -> str:
         """Fetch the branch into the mirror; return its new head."""
         refspec = f"+{self.ref}:{self.ref}"
-        try:
-            if self.progress:
-                repo = git.Repo(str(self.path))
+        if self.progress:
+            progress = _Progress()
+            repo = git.Repo(str(self.path))
+            try:
                 with repo.git.custom_environment(**self.env):
                     remote = self._origin(repo)
-                    remote.fetch(refspec, progress=_Progress(), no_tags=True,
-                                 kill_after_timeout=GIT_TIMEOUT)
-            else:
-                self.run("fetch", "--no-tags", self.url, refspec, what="fetch from")
-        except git.GitCommandError as exc:
-            lines = (exc.stderr or "").strip().splitlines()
-            raise RemoteError(f"fetch from {safe_url(self.url)} failed: {lines[-1] if lines else exc.status}") from None
+                    remote.fetch(refspec, progress=progress, no_tags=True, kill_after_timeout=GIT_TIMEOUT)
+            except git.GitCommandError as exc:
+                raise self.error("fetch from", exc, progress) from None
+        else:
+            self.run("fetch", "--no-tags", self.url, refspec, what="fetch from")
         self.repo = pygit2.Repository(str(self.path))
         head = self.local_head()
         if head is None:
