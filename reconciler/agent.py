@@ -24,7 +24,7 @@ import pygit2
 from .apply import apply_plan
 from .config import AgentConfig
 from .drivers import Driver, HostAccess, drivers_in_use, make_driver
-from .errors import BadInput, Busy, ReconcilerError
+from .errors import BadInput, Busy, CorruptMirror, ReconcilerError
 from .model import ActionKind, Desired, Plan, Report, ResultState, RunState
 from .observe import observe
 from .plan import plan as make_plan
@@ -410,7 +410,12 @@ class Agent:
                        only: set[str] | None = None) -> RunResult:
         """One pass. ``instantiate``: an operator's `reconciler apply`, which also applies what
         ``apply: manual`` staged (``only``: just these services)."""
-        return self._reconcile(fetch=fetch, rev=rev, only=only, instantiate=instantiate)
+        try:
+            return self._reconcile(fetch=fetch, rev=rev, only=only, instantiate=instantiate)
+        except CorruptMirror as exc:  # the mirror is a cache: re-clone it and go once more
+            with self.state.lock(wait=30):
+                self.source.repair(exc)
+            return self._reconcile(fetch=fetch, rev=rev, only=only, instantiate=instantiate)
 
     def _reconcile(self, *, fetch: bool, rev: str | None, only: set[str] | None, instantiate: bool) -> RunResult:
         with self.state.lock(wait=30 if rev else 0):

@@ -33,6 +33,7 @@ import pygit2
 
 from . import sshsig
 from .errors import ConfigError, ReconcilerError
+from .tree import corrupt, reading
 
 TRUST_DIR = "trust"
 
@@ -125,9 +126,19 @@ def _committer_email(commit: pygit2.Commit) -> str:
     return commit.committer.email or ""
 
 
+def _commit(repo: pygit2.Repository, commit_id: str) -> pygit2.Commit:
+    """A commit a ref or a walk of the mirror named: if it cannot be read, the mirror is damaged."""
+    try:
+        commit = repo[commit_id]
+    except (KeyError, pygit2.GitError) as exc:
+        raise corrupt(repo, exc) from exc
+    if not isinstance(commit, pygit2.Commit):
+        raise corrupt(repo, ValueError(f"{commit_id} is a {commit.type_str}, not a commit"))
+    return commit
+
+
 def verify_commit(repo: pygit2.Repository, commit_id: str, root: TrustRoot, now: datetime) -> Verdict:
-    commit = repo.get(commit_id)
-    assert isinstance(commit, pygit2.Commit)
+    commit = _commit(repo, commit_id)
     try:
         signature, payload = commit.gpg_signature
     except (TypeError, ValueError):
@@ -198,32 +209,38 @@ def commits_to_verify(repo: pygit2.Repository, head: str, base: str | None, poli
     if base is None or policy is Policy.HEAD:
         return [head]
     flags = pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE
-    walker = repo.walk(pygit2.Oid(hex=head), flags)
-    walker.hide(pygit2.Oid(hex=base))
-    if policy is Policy.FIRST_PARENT:
-        walker.simplify_first_parent()
-    return [str(c.id) for c in walker]
+    with reading(repo):
+        walker = repo.walk(pygit2.Oid(hex=head), flags)
+        walker.hide(pygit2.Oid(hex=base))
+        if policy is Policy.FIRST_PARENT:
+            walker.simplify_first_parent()
+        return [str(c.id) for c in walker]
 
 
 def is_descendant(repo: pygit2.Repository, head: str, base: str) -> bool:
     if head == base:
         return True
-    try:
-        return bool(repo.descendant_of(head, base))
-    except (KeyError, ValueError, pygit2.GitError):
+    if pygit2.Oid(hex=base) not in repo or pygit2.Oid(hex=head) not in repo:
         return False  # the base is not in the mirror: the branch no longer contains it
+    # Both ends are here: an object between them that cannot be read is damage, not an answer
+    # (a "no" would be a permanent NOT_DESCENDANT refusal).
+    with reading(repo):
+        return bool(repo.descendant_of(head, base))
 
 
 def tree_file(repo: pygit2.Repository, commit_id: str, path: str) -> bytes | None:
     """A file's bytes at a commit, or None."""
-    commit = repo.get(commit_id)
-    if not isinstance(commit, pygit2.Commit):
+    if pygit2.Oid(hex=commit_id) not in repo:
         return None
+    commit = _commit(repo, commit_id)
     try:
         obj = commit.tree[path]
+    except pygit2.GitError as exc:  # "not found" is a KeyError too: test it first
+        raise corrupt(repo, exc) from exc
     except KeyError:
         return None
-    return bytes(obj.data) if isinstance(obj, pygit2.Blob) else None
+    with reading(repo):
+        return bytes(obj.data) if isinstance(obj, pygit2.Blob) else None
 
 
 def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_revoked: frozenset[str]) -> TrustRoot:
@@ -233,8 +250,7 @@ def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_
     signers_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers")
     if signers_raw is None:
         return root
-    commit = repo.get(commit_id)
-    parents: list[pygit2.Oid] = list(commit.parent_ids) if isinstance(commit, pygit2.Commit) else []
+    parents: list[pygit2.Oid] = list(_commit(repo, commit_id).parent_ids)
     if parents:
         parent = str(parents[0])
         unchanged = all(tree_file(repo, commit_id, f"{TRUST_DIR}/{n}") == tree_file(repo, parent, f"{TRUST_DIR}/{n}")
@@ -283,6 +299,7 @@ class Gate:
         self, repo: pygit2.Repository, head: str, base: str | None, repo_policy: Policy | None = None
     ) -> Decision:
         policy = Policy.strictest(self.policy, repo_policy or Policy.HEAD)
+        _commit(repo, head)  # a head the mirror lost is damage, never "not a descendant"
         if base is not None and not is_descendant(repo, head, base):
             raise TrustError(
                 f"{head[:12]} does not descend from {base[:12]}, the last commit this node applied "

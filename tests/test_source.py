@@ -6,11 +6,14 @@ an http:// port nothing listens on, a real bare repo behind ``file://``.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Deployment, free_port
+from conftest import Deployment, free_port, git
 
+from reconciler.agent import Agent
 from reconciler.errors import RemoteError
 from reconciler.source import Source
 
@@ -81,3 +84,132 @@ def test_a_fetch_of_a_branch_the_remote_lacks_keeps_gits_words(deployment: Deplo
 
     assert "couldn't find remote ref refs/heads/no-such-branch" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------ a damaged mirror
+# History in these tests:  C1 (applied) --- C2 (pushed after the node's mirror was damaged)
+
+
+def mirror_object(agent: Agent, oid: str) -> Path:
+    return agent.source.path / "objects" / oid[:2] / oid[2:]
+
+
+def flip_bytes(path: Path, start: int, count: int = 8) -> None:
+    """Damage bytes inside a zlib stream, as a bad disk block or a torn write would."""
+    data = bytearray(path.read_bytes())
+    for i in range(start, start + count):
+        data[i] ^= 0xFF
+    path.chmod(0o644)  # git writes objects and packs read-only
+    path.write_bytes(bytes(data))
+
+
+def damage_loose(agent: Agent, oid: str) -> None:
+    path = mirror_object(agent, oid)
+    flip_bytes(path, len(path.read_bytes()) // 2)
+
+
+def damage_packed(agent: Agent, oid: str) -> None:
+    """Pack the mirror, then damage the middle of ``oid``'s compressed data in the pack."""
+    mirror = agent.source.path
+    git("-C", str(mirror), "repack", "-adq")
+    [idx] = (mirror / "objects" / "pack").glob("*.idx")
+    for line in git("verify-pack", "-v", str(idx)).splitlines():
+        fields = line.split()
+        if fields and fields[0] == oid:
+            size_in_pack, offset = int(fields[3]), int(fields[4])
+            break
+    else:
+        raise AssertionError(f"{oid} is not in {idx}")
+    flip_bytes(idx.with_suffix(".pack"), offset + size_in_pack // 2, 4)
+
+
+def test_a_damaged_object_in_the_mirror_is_healed_by_a_fresh_clone(
+    deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture,
+    damage: Callable[[Agent, str], None],
+) -> None:
+    node = agents("cmp1", deployment.url)
+    c1 = node.reconcile_once().commit
+    # reconciler.yaml is read on every commit: the next run cannot avoid the damaged blob.
+    damage(node, git("rev-parse", f"{c1}:reconciler.yaml", cwd=deployment.work))
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    c2 = deployment.commit("kvm")
+
+    with caplog.at_level(logging.WARNING):
+        result = node.reconcile_once()
+
+    assert result.exit_code == 0 and result.commit == c2
+    assert result.report is not None and result.report.state == "applied"
+    assert "re-cloned" in caplog.text and "kept notes refs/notes/reconciler/cmp1" in caplog.text
+    # The notes the node wrote before stay in its mirror; nothing of the broken copy is left.
+    assert (node.reporter.read(c1) or {}).get("state") == "applied"
+    git("-C", str(node.source.path), "fsck", "--no-dangling")
+    assert sorted(p.name for p in node.source.path.parent.glob("mirror.git*")) == ["mirror.git"]
+
+
+@pytest.fixture(params=["loose", "packed"])
+def damage(request: pytest.FixtureRequest) -> Callable[[Agent, str], None]:
+    return damage_loose if request.param == "loose" else damage_packed
+
+
+def test_a_damaged_head_commit_is_healed_on_the_next_poll(
+    deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture,
+) -> None:
+    node = agents("cmp1", deployment.url)
+    c1 = node.reconcile_once().commit
+    damage_loose(node, c1)  # git cannot even negotiate a fetch from this mirror now
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    c2 = deployment.commit("kvm")
+
+    with caplog.at_level(logging.WARNING):
+        result = node.reconcile_once()
+
+    assert result.exit_code == 0 and result.commit == c2
+    assert result.report is not None and result.report.state == "applied"
+    assert "re-cloned" in caplog.text
+    assert (node.reporter.read(c1) or {}).get("state") == "applied"
+
+    # The same damage with nothing new on the remote: the poll itself finds it and heals.
+    caplog.clear()
+    damage_loose(node, c2)
+    with caplog.at_level(logging.WARNING):
+        again = node.reconcile_once()
+    assert again.exit_code == 0 and again.report is None
+    assert "re-cloned" in caplog.text
+    git("-C", str(node.source.path), "fsck", "--no-dangling")
+
+
+def test_notes_that_do_not_read_back_come_again_from_the_remote(
+    deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture,
+) -> None:
+    node = agents("cmp1", deployment.url)
+    c1 = node.reconcile_once().commit
+    note_blob = git("-C", str(node.source.path), "notes", "--ref=reconciler/cmp1", "list", c1)
+    damage_loose(node, note_blob)
+    damage_loose(node, git("rev-parse", f"{c1}:reconciler.yaml", cwd=deployment.work))
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    c2 = deployment.commit("kvm")
+
+    with caplog.at_level(logging.WARNING):
+        assert node.reconcile_once().exit_code == 0
+
+    assert "notes refs/notes/reconciler/cmp1 unreadable, fetched again from the remote" in caplog.text
+    assert (node.reporter.read(c1) or {}).get("state") == "applied"
+    assert (deployment.note("cmp1", c2) or {}).get("state") == "applied"
+    assert (deployment.note("cmp1", c1) or {}).get("state") == "applied"
+
+
+def test_a_mirror_that_cannot_even_be_opened_is_started_again(
+    deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture,
+) -> None:
+    node = agents("cmp1", deployment.url)
+    c1 = node.reconcile_once().commit
+    node.close()
+    (node.source.path / "config").write_text("[[[ half-written\n")
+
+    with caplog.at_level(logging.WARNING):
+        again = agents("cmp1", deployment.url)
+        result = again.reconcile_once()
+
+    assert "cannot be opened" in caplog.text
+    assert result.exit_code == 0 and result.commit == c1 and result.fetched
+    assert (again.reporter.read(c1) or {}).get("state") == "applied"  # recovered from the remote
