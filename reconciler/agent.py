@@ -116,14 +116,15 @@ class Agent:
 
     def __post_init__(self) -> None:
         t = self.cfg.trust
-        node_root = load_root(t.allowed_signers, t.gpg_home, t.revoked)
+        node_root = load_root(t.allowed_signers, t.gpg_home, t.revoked, t.sealers)
         if node_root.empty:
             from .errors import ConfigError
 
             raise ConfigError("no trust root: set trust.allowed_signers and/or trust.gpg_home "
                               "(--allowed-signers / --gpg-home); the agent applies only signed commits")
         self.state = State(self.cfg.state_dir)
-        self.gate = Gate(self._adopted_root(node_root), Policy(t.policy), self.clock, node_root.revoked)
+        self.gate = Gate(self._adopted_root(node_root), Policy(t.policy), self.clock, node_root.revoked,
+                         self.cfg.branch, t.require_branch_binding)
         self.source = Source(
             self.cfg.remote, self.cfg.branch, self.state.mirror,
             ssh_command=self.cfg.ssh_command, progress=self.progress,
@@ -141,7 +142,8 @@ class Agent:
     def _root_id(self) -> str:
         r = self.gate.root
         return hashlib.sha256(repr((r.signers, sorted(r.revoked), str(r.gpg_home), r.origin,
-                                    str(self.gate.policy))).encode()).hexdigest()[:16]
+                                    str(self.gate.policy), sorted(r.sealers),
+                                    self.gate.require_branch_binding)).encode()).hexdigest()[:16]
 
     def _adopted_root(self, node_root: TrustRoot) -> TrustRoot:
         """A root rotated through the repo earlier, kept in the state dir; else the node's own."""
@@ -155,7 +157,7 @@ class Agent:
         return TrustRoot(
             parse_allowed_signers(signers.read_text(), str(signers)),
             (parse_revoked(revoked.read_text()) if revoked.exists() else frozenset()) | node_root.revoked,
-            node_root.gpg_home, origin,
+            node_root.gpg_home, origin, node_root.sealers,
         )
 
     def _adopt(self, decision: Decision) -> None:
@@ -251,8 +253,11 @@ class Agent:
         return None
 
     def decide(self, commit: str) -> Decision:
+        from .trust import repo_requires_binding
+
         base = self.high_water()
-        return self.gate.decide(self.source.repo, commit, base, self._repo_policy(base, commit))
+        return self.gate.decide(self.source.repo, commit, base, self._repo_policy(base, commit),
+                                repo_requires_binding(self.source.repo, base, commit))
 
     # stages --------------------------------------------------------------------------
     def load(self, commit: str) -> DeploymentRepo:
