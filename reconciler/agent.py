@@ -18,7 +18,7 @@ import pygit2
 
 from .config import AgentConfig
 from .drivers import Driver, HostAccess, drivers_in_use, make_driver
-from .errors import BadInput
+from .errors import BadInput, CorruptMirror
 from .ledger import Ledger
 from .model import Desired, Plan, Revision, VerifiedRevision
 from .observe import observe
@@ -73,7 +73,7 @@ class Agent:
             ssh_command=self.cfg.ssh_command, progress=self.progress,
         )
         self.keeper = TrustKeeper(self.cfg.trust, self.cfg.state_dir, self.ledger, lambda: self.source.repo,
-                                  notes_ref(self.cfg.node), self.clock, self.cfg.node)
+                                  notes_ref(self.cfg.node), self.clock, self.cfg.node, self.cfg.branch)
         self.reporter = Reporter(self.source, self.ledger, self.cfg.node)
 
     def close(self) -> None:
@@ -124,10 +124,14 @@ class Agent:
 
     def revision(self, commit: str) -> Revision:
         """What the mirror holds for ``commit``; nothing trusted yet."""
+        from .tree import corrupt
+
         try:
             c = self.source.repo.revparse_single(commit).peel(pygit2.Commit)
-        except (KeyError, ValueError, pygit2.GitError) as exc:
+        except (KeyError, ValueError) as exc:
             raise BadInput(f"commit {commit!r} is not in the node's mirror") from exc
+        except pygit2.GitError as exc:
+            raise corrupt(self.source.repo, exc) from exc
         return Revision(str(c.id), str(c.tree_id), f"{c.author.name} <{c.author.email}>", int(c.commit_time))
 
     def load(self, commit: str) -> DeploymentRepo:
@@ -202,7 +206,12 @@ class Agent:
                        only: set[str] | None = None) -> RunResult:
         """One pass. ``instantiate``: an operator's `reconciler apply`, which also applies what
         ``apply: manual`` staged (``only``: just these services)."""
-        return reconcile(self, fetch=fetch, rev=rev, only=only, instantiate=instantiate)
+        try:
+            return reconcile(self, fetch=fetch, rev=rev, only=only, instantiate=instantiate)
+        except CorruptMirror as exc:  # the mirror is a cache: cloned again, and the pass once more
+            with self.state.lock(wait=30):
+                self.source.repair(exc)
+            return reconcile(self, fetch=fetch, rev=rev, only=only, instantiate=instantiate)
 
     # operations ------------------------------------------------------------------------
     def rollback(self, service: str, to: str | None = None, by: str = "an operator") -> RunResult:

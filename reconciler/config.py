@@ -30,6 +30,12 @@ class TrustConfig:
     """Revoked key fingerprints, one per line (SHA256:... for SSH, hex for OpenPGP)."""
     policy: str = "every-commit"
     """every-commit | first-parent | head. The repo may make it stricter, never looser."""
+    sealers: Path | None = None
+    """Who may seal unsigned commits (``Reconciler-Seal:`` trailer): SSH principals or key
+    fingerprints, one per line."""
+    require_branch_binding: bool = False
+    """Apply only heads whose message names this node's branch (``Reconciler-Branch:`` trailer).
+    The repo may require it too."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
@@ -111,13 +117,15 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     if not isinstance(trust_values, dict):
         raise ConfigError("trust must be a mapping", file=file)
     trust_values = {str(k).replace("-", "_"): v for k, v in trust_values.items()}
-    for key in ("allowed_signers", "gpg_home", "revoked", "policy"):
+    for key in ("allowed_signers", "gpg_home", "revoked", "policy", "sealers", "require_branch_binding"):
         flag = overrides.pop(f"trust_{key}", None)
         if flag is not None:
             trust_values[key] = flag
     unknown = set(trust_values) - {f.name for f in fields(TrustConfig)}
     if unknown:
         raise ConfigError(f"unknown trust setting {sorted(unknown)[0]!r}", file=file)
+    if not isinstance(trust_values.get("require_branch_binding", False), bool):
+        raise ConfigError("trust.require_branch_binding must be true or false", file=file)
     values.update({k: v for k, v in overrides.items() if v is not None})
     for required in ("node", "remote"):
         if not values.get(required):
@@ -146,6 +154,8 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
                 gpg_home=_path(trust_values.get("gpg_home")),
                 revoked=_path(trust_values.get("revoked")),
                 policy=str(trust_values.get("policy", "every-commit")),
+                sealers=_path(trust_values.get("sealers")),
+                require_branch_binding=trust_values.get("require_branch_binding", False),
             ),
             host=HostConfig(
                 root=Path(str(host_values.get("root", "/"))),

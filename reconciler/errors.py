@@ -7,7 +7,7 @@ fixed config), temporary ones are retried with backoff.
 - ``BadInput``: the deployment repo, the agent config or a command line is wrong. Permanent
   for this commit: nothing is applied, exit code 2, wait for a new commit.
 - ``RemoteError``: the git remote did not answer or refused a push. Temporary: retry on the
-  next poll, exit code 1.
+  next poll, exit code 1. ``CorruptMirror``: the node's own copy is damaged; re-clone it.
 - ``ApplyError``: a driver could not bring a service to its desired state. Exit code 1.
 - ``Busy``: another run holds the node's lock.
 """
@@ -74,6 +74,13 @@ class RemoteError(ReconcilerError):
     reason = "REMOTE_UNREACHABLE"
     exit_code = 1
     temporary = True
+
+
+class CorruptMirror(RemoteError):
+    """The node's mirror holds an object that cannot be read (damaged or missing). The mirror
+    is a cache: ``Source.repair()`` re-clones it, and the run goes once more."""
+
+    reason = "MIRROR_CORRUPT"
 
 
 class ApplyError(ReconcilerError):

@@ -6,12 +6,19 @@ behave as they do for the operator's own git. Objects are read with pygit2 (see 
 A poll is one ``ls-remote --heads`` of the one branch with protocol v2: the client sends
 ``ref-prefix refs/heads/`` so the server lists branches only, and the cost stays flat however
 many other refs (tags, review refs, other nodes' notes) the remote has.
+
+The mirror is a cache. The node's memory (high-water mark, verdicts) lives in its state db and
+its notes, so a mirror with a damaged or missing object is re-cloned (``repair``), keeping the
+node's own notes refs when they still read.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +27,67 @@ from typing import Any
 import git
 import pygit2
 
-from .errors import RemoteError
+from . import faults
+from .errors import CorruptMirror, RemoteError
+from .tree import corrupt
+
+log = logging.getLogger("reconciler.source")
 
 GIT_TIMEOUT = 120.0
+NOTES_PREFIX = "refs/notes/reconciler/"  # the nodes' notes (report.NOTES_PREFIX; report imports us)
+
+
+CAUSE_MAX = 400
+"""Characters of git's own words kept in a message: enough for a cause, never a screenful."""
+
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^@/\s]*@", re.IGNORECASE)
+_NOISE = re.compile(r"^(hint: |remote: (Enumerating|Counting|Compressing|Total)|(Receiving|Resolving) objects|"
+                    r"Looking up .* done\.$)")
+# With --progress git writes "Connecting to host (port 9418) ... fatal: ..." on one line.
+_CAUSE = re.compile(r"(?:^|\.\.\. )(fatal|error): ", re.IGNORECASE)
 
 
 def safe_url(url: str) -> str:
     """The URL without credentials, for messages and notes."""
-    return re.sub(r"^([a-z+]+://)[^@/]*@", r"\1", url)
+    return _USERINFO.sub(r"\1", url)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` with no credential of ``url`` left in it: git echoes a URL's user part back
+    where it takes it for a host name (``git://user:pw@host``), with no scheme in front."""
+    text = safe_url(text)
+    userinfo = url.partition("://")[2].split("/", 1)[0].rpartition("@")[0]
+    if userinfo:
+        text = text.replace(userinfo + "@", "")
+        secret = userinfo.partition(":")[2]
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def git_cause(stderr: str) -> str:
+    """What git said went wrong, on one line: its first paragraph and every ``fatal:`` and
+    ``error:`` line with the lines that continue it, without hints and progress."""
+    kept: list[str] = []
+    first_paragraph, continuing = True, False
+    for raw in stderr.replace("\r", "\n").splitlines():
+        line = raw.strip()
+        if not line:
+            first_paragraph = continuing = False
+            continue
+        if _NOISE.match(line):
+            continue
+        cause = _CAUSE.search(line)
+        if cause or continuing or first_paragraph:
+            line = line[cause.end():] if cause else line
+            if line not in kept:
+                kept.append(line)
+            continuing = continuing or bool(cause)
+    text = ""
+    for line in kept:
+        # "unable to connect to host:" continues on the next line with the socket's error
+        text += (" " if text.endswith(":") else "; " if text else "") + line
+    return text if len(text) <= CAUSE_MAX else text[: CAUSE_MAX - 3] + "..."
 
 
 def git_env(ssh_command: str | None = None) -> dict[str, str]:
@@ -83,25 +143,43 @@ class Source:
             pygit2.init_repository(str(mirror), bare=True)
         self._git = git.Git(str(mirror))
         self._git.update_environment(**self.env)
-        self.repo = pygit2.Repository(str(mirror))
+        try:
+            self.repo = pygit2.Repository(str(mirror))
+        except pygit2.GitError as exc:
+            # HEAD or config unreadable: start empty; the next poll finds no head and clones.
+            log.warning("mirror %s cannot be opened (%s): replaced by an empty one, re-cloned on the next poll",
+                        mirror, exc)
+            fresh = self._sibling(".new")
+            faults.point("clone", str(fresh))
+            pygit2.init_repository(str(fresh), bare=True)
+            self._swap(fresh)
 
     @property
     def ref(self) -> str:
         return f"refs/heads/{self.branch}"
 
-    def run(self, *args: str, what: str) -> str:
+    def run(self, *args: str, what: str, cwd: Path | None = None) -> str:
         """A git command against the remote; its failure is a ``RemoteError`` with git's words."""
         try:
-            out: str = self._git.execute(
+            out: str = (git.Git(str(cwd)) if cwd else self._git).execute(
                 ["git", "-c", "protocol.version=2", *args],
                 kill_after_timeout=GIT_TIMEOUT,
                 env={**os.environ, **self.env},
             )
             return out
         except git.GitCommandError as exc:
-            detail = (exc.stderr or "").strip().splitlines()
-            last = detail[-1].strip().removeprefix("stderr: '").rstrip("'") if detail else str(exc.status)
-            raise RemoteError(f"{what} {safe_url(self.url)} failed: {last}") from None
+            raise self.error(what, exc) from None
+
+    def error(self, what: str, exc: git.GitCommandError, progress: _Progress | None = None) -> RemoteError:
+        """``what URL failed: <git's cause>``, free of credentials."""
+        # With a progress handler GitPython keeps only the lines after the first "fatal:" as
+        # stderr; the handler saw them all.
+        stderr = "\n".join(progress.other_lines + progress.error_lines) if progress else exc.stderr.strip()
+        # GitPython wraps git's stderr as "stderr: '...'"; unwrap to git's own lines
+        if stderr.startswith("stderr: '") and stderr.endswith("'"):
+            stderr = stderr[len("stderr: '"):-1]
+        cause = git_cause(stderr) or f"git exited with {exc.status}"
+        return RemoteError(scrub(f"{what} {safe_url(self.url)} failed: {cause}", self.url))
 
     def local_head(self) -> str | None:
         try:
@@ -123,20 +201,25 @@ class Source:
         return Poll(self.remote_head(), self.local_head())
 
     def fetch(self) -> str:
-        """Fetch the branch into the mirror; return its new head."""
+        """Fetch the branch into the mirror; return its new head. ``CorruptMirror`` when the
+        fetch failed on our side (git walks the mirror's commits to negotiate)."""
         refspec = f"+{self.ref}:{self.ref}"
         try:
             if self.progress:
+                progress = _Progress()
                 repo = git.Repo(str(self.path))
-                with repo.git.custom_environment(**self.env):
-                    remote = self._origin(repo)
-                    remote.fetch(refspec, progress=_Progress(), no_tags=True,
-                                 kill_after_timeout=GIT_TIMEOUT)
+                try:
+                    with repo.git.custom_environment(**self.env):
+                        remote = self._origin(repo)
+                        remote.fetch(refspec, progress=progress, no_tags=True, kill_after_timeout=GIT_TIMEOUT)
+                except git.GitCommandError as exc:
+                    raise self.error("fetch from", exc, progress) from None
             else:
                 self.run("fetch", "--no-tags", self.url, refspec, what="fetch from")
-        except git.GitCommandError as exc:
-            lines = (exc.stderr or "").strip().splitlines()
-            raise RemoteError(f"fetch from {safe_url(self.url)} failed: {lines[-1] if lines else exc.status}") from None
+        except RemoteError as exc:
+            if self.damaged():
+                raise CorruptMirror(f"{exc}; git fsck finds {self.path} damaged") from exc
+            raise
         self.repo = pygit2.Repository(str(self.path))
         head = self.local_head()
         if head is None:
@@ -152,8 +235,103 @@ class Source:
         return origin
 
     def update(self) -> tuple[str, bool]:
-        """One poll; fetch only if the branch moved. Returns (head, fetched)."""
+        """One poll; fetch only if the branch moved. Returns (head, fetched). A damaged mirror
+        met on the way (its head unreadable, a fetch failing on our side) is re-cloned."""
+        self._sweep()
         p = self.poll()
-        if not p.moved:
-            return p.remote_head, False
-        return self.fetch(), True
+        try:
+            if not p.moved:
+                self.check(p.local_head)
+                return p.remote_head, False
+            return self.fetch(), True
+        except CorruptMirror as exc:
+            return self.repair(exc), True
+
+    # a damaged mirror ------------------------------------------------------------------
+    def check(self, head: str | None) -> None:
+        """``CorruptMirror`` unless the head commit and its root tree read back: two object
+        reads, so every poll notices a damaged head without waiting for a new commit."""
+        if head is None:
+            return
+        try:
+            # A fresh handle: the long-lived one caches objects it read before the damage.
+            pygit2.Repository(str(self.path))[head].peel(pygit2.Tree)
+        except (KeyError, pygit2.GitError) as exc:
+            raise corrupt(self.repo, exc) from exc
+
+    def damaged(self) -> bool:
+        """Does the mirror fail git's connectivity check (every reachable commit and tree
+        parsed, blobs looked up)? Asked only when a fetch failed, to tell our damage from the
+        remote's trouble."""
+        proc = _local_git(self.path, "fsck", "--connectivity-only", "--no-dangling", "--no-progress")
+        return proc.returncode != 0
+
+    def repair(self, cause: object = "") -> str:
+        """Re-clone the mirror from the remote and return the branch head. The clone is made
+        beside the damaged mirror and swapped in once complete, so a remote that fails now
+        leaves things as they were; the node's notes refs come along when they read."""
+        self._sweep()
+        fresh = self._sibling(".new")
+        faults.point("clone", str(fresh))
+        pygit2.init_repository(str(fresh), bare=True)
+        try:
+            self.run("fetch", "--no-tags", self.url, f"+{self.ref}:{self.ref}", what="re-clone from", cwd=fresh)
+            kept, lost = self._carry_notes(fresh)
+        except BaseException:
+            shutil.rmtree(fresh, ignore_errors=True)
+            raise
+        self._swap(fresh)
+        log.warning("mirror %s was damaged: re-cloned from %s%s%s; the damage: %s", self.path, safe_url(self.url),
+                    f"; kept notes {', '.join(kept)}" if kept else "",
+                    f"; notes {', '.join(lost)} unreadable, fetched again from the remote" if lost else "", cause)
+        head = self.local_head()
+        if head is None:
+            raise RemoteError(f"re-clone from {safe_url(self.url)} brought no {self.ref}")
+        return head
+
+    def _carry_notes(self, fresh: Path) -> tuple[list[str], list[str]]:
+        """Copy the notes refs from the damaged mirror: a note whose push failed is nowhere
+        else. One that cannot be read is left behind; the reporter fetches the node's own from
+        the remote when it finds none (``Reporter.recover``)."""
+        try:
+            refs = sorted(r for r in self.repo.references if r.startswith(NOTES_PREFIX))
+        except pygit2.GitError:
+            return [], [NOTES_PREFIX + "*"]
+        kept: list[str] = []
+        lost: list[str] = []
+        for ref in refs:
+            # A real fetch, not a copy of files: index-pack inflates every object it receives.
+            # No "have"s: the damaged side would have to read the commits they name.
+            copied = _local_git(fresh, "-c", "fetch.negotiationAlgorithm=noop", "fetch", "--no-tags",
+                                str(self.path), f"+{ref}:{ref}").returncode == 0
+            (kept if copied else lost).append(ref)
+        return kept, lost
+
+    def _sibling(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
+
+    def _swap(self, fresh: Path) -> None:
+        """Put ``fresh`` where the mirror is; the old one is moved aside, then deleted."""
+        aside = self._sibling(".broken")
+        if self.path.exists():
+            faults.point("rename", f"{self.path} -> {aside}")
+            os.rename(self.path, aside)
+        faults.point("rename", f"{fresh} -> {self.path}")
+        os.rename(fresh, self.path)
+        faults.point("remove", str(aside))
+        shutil.rmtree(aside, ignore_errors=True)
+        self.repo = pygit2.Repository(str(self.path))
+
+    def _sweep(self) -> None:
+        """Remove what a repair killed half-way left: a partial clone, a damaged copy."""
+        for suffix in (".new", ".broken"):
+            left = self._sibling(suffix)
+            if left.exists():
+                faults.point("remove", str(left))
+                shutil.rmtree(left, ignore_errors=True)
+
+
+def _local_git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """git on local repositories only (no remote, no credentials): its result, never raised."""
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT,
+                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})

@@ -6,12 +6,14 @@ come from: a node reads a verified commit from its mirror, a developer validates
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 import pygit2
 
-from .errors import BadInput
+from .errors import BadInput, CorruptMirror
 
 
 class Tree(Protocol):
@@ -24,21 +26,40 @@ class Tree(Protocol):
     def listdir(self, path: str) -> list[str]: ...
 
 
+def corrupt(repo: pygit2.Repository, exc: Exception) -> CorruptMirror:
+    return CorruptMirror(f"{repo.path.rstrip('/')}: cannot read an object ({exc})")
+
+
+@contextmanager
+def reading(repo: pygit2.Repository) -> Iterator[None]:
+    """Loading objects already named (a tree, a blob's data): any GitError there, "not found"
+    included, is the object store failing, not a wrong name."""
+    try:
+        yield
+    except pygit2.GitError as exc:
+        raise corrupt(repo, exc) from exc
+
+
 class GitTree:
     """The tree of one commit in a (bare) repository."""
 
     def __init__(self, repo: pygit2.Repository, commit: str) -> None:
+        self._repo = repo
         try:
-            obj = repo.revparse_single(commit)
-            self.commit = obj.peel(pygit2.Commit)
-        except (KeyError, ValueError, pygit2.GitError) as exc:
+            self.commit = repo.revparse_single(commit).peel(pygit2.Commit)
+        except (KeyError, ValueError) as exc:  # pygit2's NotFound and InvalidSpec errors are these
             raise BadInput(f"unknown revision {commit!r} in {repo.path}") from exc
+        except pygit2.GitError as exc:
+            raise corrupt(repo, exc) from exc
         self.label = str(self.commit.id)
-        self._tree = self.commit.tree
+        with reading(repo):
+            self._tree = self.commit.tree
 
     def _entry(self, path: str) -> pygit2.Object | None:
         try:
             return self._tree[path] if path not in ("", ".") else self._tree
+        except pygit2.GitError as exc:  # a subtree's object is missing or damaged (also a KeyError)
+            raise corrupt(self._repo, exc) from exc
         except KeyError:
             return None
 
@@ -46,7 +67,8 @@ class GitTree:
         obj = self._entry(path)
         if not isinstance(obj, pygit2.Blob):
             raise FileNotFoundError(path)
-        return obj.data
+        with reading(self._repo):
+            return obj.data
 
     def exists(self, path: str) -> bool:
         return self._entry(path) is not None
@@ -55,7 +77,8 @@ class GitTree:
         obj = self._entry(path)
         if not isinstance(obj, pygit2.Tree):
             return []
-        return sorted(e.name for e in obj if e.name is not None)
+        with reading(self._repo):
+            return sorted(e.name for e in obj if e.name is not None)
 
 
 class DirTree:

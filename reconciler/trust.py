@@ -14,12 +14,23 @@ Which commits must be signed (policy, strictest wins between the node and the re
 
 Anti-rollback: the new head must descend from the high-water mark (the last commit this node
 acted on). Key validity is judged by the agent's clock, never by a date inside the commit.
+
+Two trailers in a signed message (git's trailer format; the message is under the signature):
+
+- ``Reconciler-Branch: NAME`` binds a head to the branch it was signed for: a head bound to
+  another branch is always refused, and a node or repo may require every head to be bound
+  (a signature alone names no branch, so whoever can move a branch could move it onto a
+  signed commit made for another);
+- ``Reconciler-Seal: REASON``, from a principal in the node's ``sealers`` file, vouches for the
+  unsigned (or badly signed) commits before it, so an accident on the branch is recovered
+  without rewriting history. Never for a revoked key, a change of ``trust/``, or a commit after it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -33,8 +44,13 @@ import pygit2
 
 from . import sshsig
 from .errors import ConfigError, ReconcilerError
+from .tree import corrupt, reading
 
 TRUST_DIR = "trust"
+BRANCH_TRAILER = "Reconciler-Branch"
+SEAL_TRAILER = "Reconciler-Seal"
+UNSEALABLE = frozenset({"KEY_REVOKED"})
+"""Failures no seal covers: a revoked key may have signed anything, reviewed or not."""
 
 
 class Policy(StrEnum):
@@ -85,23 +101,38 @@ class TrustRoot:
     revoked: frozenset[str] = frozenset()
     gpg_home: Path | None = None
     origin: str = "node"  # "node", or "repo@<commit>" after a rotation
+    sealers: frozenset[str] = frozenset()
+    """Who may seal: SSH principals, or key fingerprints (SSH ``SHA256:...``, OpenPGP hex).
+    The node's own, never rotated through the repo."""
 
     @property
     def empty(self) -> bool:
         return not self.signers and self.gpg_home is None
 
+    def may_seal(self, verdict: Verdict) -> bool:
+        # An OpenPGP user id is whatever the key's owner wrote: only its fingerprint names it.
+        by_principal = verdict.format == "ssh" and verdict.principal in self.sealers
+        by_key = bool(verdict.fingerprint) and _fingerprint(verdict.fingerprint) in map(_fingerprint, self.sealers)
+        return verdict.ok and (by_principal or by_key)
+
+
+def _fingerprint(text: str) -> str:
+    """SSH fingerprints are base64 (case matters); OpenPGP ones hex, written in either case."""
+    return text if text.startswith("SHA256:") else text.upper()
+
 
 def parse_revoked(text: str) -> frozenset[str]:
     """One fingerprint per line (SHA256:... for SSH keys, hex for OpenPGP); # comments."""
-    out = set()
-    for line in text.splitlines():
-        entry = line.split("#", 1)[0].strip()
-        if entry:
-            out.add(entry.upper() if not entry.startswith("SHA256:") else entry)
-    return frozenset(out)
+    return frozenset(_fingerprint(e) for line in text.splitlines() if (e := line.split("#", 1)[0].strip()))
 
 
-def load_root(allowed_signers: Path | None, gpg_home: Path | None, revoked: Path | None) -> TrustRoot:
+def parse_sealers(text: str) -> frozenset[str]:
+    """One principal or fingerprint per line; # comments."""
+    return frozenset(e for line in text.splitlines() if (e := line.split("#", 1)[0].strip()))
+
+
+def load_root(allowed_signers: Path | None, gpg_home: Path | None, revoked: Path | None,
+              sealers: Path | None = None) -> TrustRoot:
     signers: tuple[sshsig.AllowedSigner, ...] = ()
     if allowed_signers is not None:
         try:
@@ -117,7 +148,62 @@ def load_root(allowed_signers: Path | None, gpg_home: Path | None, revoked: Path
             raise ConfigError(f"cannot read revocation list: {exc.strerror}", file=str(revoked)) from exc
     if gpg_home is not None and not gpg_home.is_dir():
         raise ConfigError("OpenPGP home is not a directory", file=str(gpg_home))
-    return TrustRoot(signers, rev, gpg_home)
+    seal: frozenset[str] = frozenset()
+    if sealers is not None:
+        try:
+            seal = parse_sealers(sealers.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read sealers: {exc.strerror}", file=str(sealers)) from exc
+    return TrustRoot(signers, rev, gpg_home, sealers=seal)
+
+
+# ------------------------------------------------------------------ trailers
+_TRAILER = re.compile(r"([A-Za-z0-9-]+)[ \t]*:(.*)")
+_GIT_GENERATED = ("Signed-off-by: ", "(cherry picked from commit ")
+
+
+def trailers(message: str) -> list[tuple[str, str]]:
+    """``(key, value)`` of a commit message's trailers, as ``git interpret-trailers --parse
+    --no-divider`` reads them: the last paragraph (never the subject's), if all its lines are
+    trailers, or a quarter of them with one git itself writes (Signed-off-by); indented lines
+    continue the one above."""
+    lines = [line for line in message.split("\n") if not line.startswith("#")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    start = len(lines)
+    while start > 0 and lines[start - 1].strip():
+        start -= 1
+    if start == 0:
+        return []  # one paragraph: the subject
+    found: list[list[str]] = []
+    trailer_lines = other_lines = 0
+    recognised = last_was_trailer = False
+    for line in lines[start:]:
+        if line[:1].isspace():
+            if last_was_trailer:
+                trailer_lines += 1
+                if found:
+                    found[-1][1] += " " + line.strip()
+            else:
+                other_lines += 1
+            continue
+        match = _TRAILER.fullmatch(line)
+        generated = line.startswith(_GIT_GENERATED)
+        recognised = recognised or generated
+        last_was_trailer = bool(match) or generated
+        if match:
+            found.append([match.group(1), match.group(2).strip()])
+        if last_was_trailer:
+            trailer_lines += 1
+        else:
+            other_lines += 1
+    if not trailer_lines or (other_lines and not (recognised and trailer_lines * 3 >= other_lines)):
+        return []
+    return [(key, value) for key, value in found]
+
+
+def trailer_values(message: str, key: str) -> list[str]:
+    return [v for k, v in trailers(message) if k.lower() == key.lower()]
 
 
 # ------------------------------------------------------------------ one commit
@@ -125,9 +211,19 @@ def _committer_email(commit: pygit2.Commit) -> str:
     return commit.committer.email or ""
 
 
+def _commit(repo: pygit2.Repository, commit_id: str) -> pygit2.Commit:
+    """A commit a ref or a walk of the mirror named: if it cannot be read, the mirror is damaged."""
+    try:
+        commit = repo[commit_id]
+    except (KeyError, pygit2.GitError) as exc:
+        raise corrupt(repo, exc) from exc
+    if not isinstance(commit, pygit2.Commit):
+        raise corrupt(repo, ValueError(f"{commit_id} is a {commit.type_str}, not a commit"))
+    return commit
+
+
 def verify_commit(repo: pygit2.Repository, commit_id: str, root: TrustRoot, now: datetime) -> Verdict:
-    commit = repo.get(commit_id)
-    assert isinstance(commit, pygit2.Commit)
+    commit = _commit(repo, commit_id)
     try:
         signature, payload = commit.gpg_signature
     except (TypeError, ValueError):
@@ -198,32 +294,47 @@ def commits_to_verify(repo: pygit2.Repository, head: str, base: str | None, poli
     if base is None or policy is Policy.HEAD:
         return [head]
     flags = pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE
-    walker = repo.walk(pygit2.Oid(hex=head), flags)
-    walker.hide(pygit2.Oid(hex=base))
-    if policy is Policy.FIRST_PARENT:
-        walker.simplify_first_parent()
-    return [str(c.id) for c in walker]
+    with reading(repo):
+        walker = repo.walk(pygit2.Oid(hex=head), flags)
+        walker.hide(pygit2.Oid(hex=base))
+        if policy is Policy.FIRST_PARENT:
+            walker.simplify_first_parent()
+        return [str(c.id) for c in walker]
 
 
 def is_descendant(repo: pygit2.Repository, head: str, base: str) -> bool:
     if head == base:
         return True
-    try:
-        return bool(repo.descendant_of(head, base))
-    except (KeyError, ValueError, pygit2.GitError):
+    if pygit2.Oid(hex=base) not in repo or pygit2.Oid(hex=head) not in repo:
         return False  # the base is not in the mirror: the branch no longer contains it
+    # Both ends are here: an object between them that cannot be read is damage, not an answer
+    # (a "no" would be a permanent NOT_DESCENDANT refusal).
+    with reading(repo):
+        return bool(repo.descendant_of(head, base))
 
 
 def tree_file(repo: pygit2.Repository, commit_id: str, path: str) -> bytes | None:
     """A file's bytes at a commit, or None."""
-    commit = repo.get(commit_id)
-    if not isinstance(commit, pygit2.Commit):
+    if pygit2.Oid(hex=commit_id) not in repo:
         return None
+    commit = _commit(repo, commit_id)
     try:
         obj = commit.tree[path]
+    except pygit2.GitError as exc:  # "not found" is a KeyError too: test it first
+        raise corrupt(repo, exc) from exc
     except KeyError:
         return None
-    return bytes(obj.data) if isinstance(obj, pygit2.Blob) else None
+    with reading(repo):
+        return bytes(obj.data) if isinstance(obj, pygit2.Blob) else None
+
+
+def changes_trust(repo: pygit2.Repository, commit_id: str) -> bool:
+    """Does the commit change the repo's ``trust/`` files against its first parent?"""
+    parents = _commit(repo, commit_id).parent_ids
+    parent = str(parents[0]) if parents else None
+    return any(tree_file(repo, commit_id, f"{TRUST_DIR}/{n}") != (tree_file(repo, parent, f"{TRUST_DIR}/{n}")
+                                                                  if parent else None)
+               for n in ("allowed_signers", "revoked"))
 
 
 def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_revoked: frozenset[str]) -> TrustRoot:
@@ -233,14 +344,8 @@ def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_
     signers_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers")
     if signers_raw is None:
         return root
-    commit = repo.get(commit_id)
-    parents: list[pygit2.Oid] = list(commit.parent_ids) if isinstance(commit, pygit2.Commit) else []
-    if parents:
-        parent = str(parents[0])
-        unchanged = all(tree_file(repo, commit_id, f"{TRUST_DIR}/{n}") == tree_file(repo, parent, f"{TRUST_DIR}/{n}")
-                        for n in ("allowed_signers", "revoked"))
-        if unchanged:
-            return root
+    if _commit(repo, commit_id).parent_ids and not changes_trust(repo, commit_id):
+        return root
     revoked_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/revoked") or b""
     file = f"{TRUST_DIR}/allowed_signers@{commit_id[:12]}"
     try:
@@ -248,7 +353,7 @@ def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_
     except (UnicodeDecodeError, ReconcilerError) as exc:
         raise TrustError(f"rotation refused: {exc}", "BAD_TRUST_ROOT") from exc
     new = TrustRoot(signers, parse_revoked(revoked_raw.decode(errors="replace")) | node_revoked,
-                    root.gpg_home, f"repo@{commit_id}")
+                    root.gpg_home, f"repo@{commit_id}", root.sealers)
     if (new.signers, new.revoked) == (root.signers, root.revoked):
         return root
     return new
@@ -269,6 +374,43 @@ class Decision:
         return self.verdicts[-1] if self.verdicts else None
 
 
+def _sealed(repo: pygit2.Repository, verdicts: list[Verdict], seal: Verdict, root: TrustRoot) -> list[Verdict]:
+    """``verdicts`` with the failures that ``seal`` (a valid signature under ``root``) seals
+    marked ok: its ancestors, when its signer is a sealer and its message carries the trailer."""
+    failed = [v for v in verdicts if not v.ok and v.reason not in UNSEALABLE]
+    if not failed or not root.may_seal(seal):
+        return verdicts
+    reasons = trailer_values(_commit(repo, seal.commit).message, SEAL_TRAILER)
+    if not reasons:
+        return verdicts
+    out = []
+    for v in verdicts:
+        if v in failed and is_descendant(repo, seal.commit, v.commit):
+            if changes_trust(repo, v.commit):
+                # The root rotates only through commits verified under the root before them.
+                v = replace(v, message=f"{v.message.rstrip('.')}; it changes {TRUST_DIR}/, which no seal vouches for")
+            else:
+                v = replace(v, ok=True, reason="SEALED", message=f"sealed by {seal.commit} ({'; '.join(reasons)})")
+        out.append(v)
+    return out
+
+
+def _judge(repo: pygit2.Repository, commits: Sequence[str], root: TrustRoot, now: datetime,
+           node_revoked: frozenset[str], *, stop: bool) -> tuple[list[Verdict], TrustRoot]:
+    """Verdicts oldest first, and the root in force after them. The root rotates only through
+    commits that verified. ``stop``: return at the first failure no later seal could cover."""
+    verdicts: list[Verdict] = []
+    for commit in commits:
+        verdict = verify_commit(repo, commit, root, now)
+        if verdict.ok:
+            verdicts = _sealed(repo, verdicts, verdict, root)
+            root = rotated_root(repo, commit, root, node_revoked)
+        verdicts.append(verdict)
+        if stop and not verdict.ok and (not root.sealers or verdict.reason in UNSEALABLE):
+            break
+    return verdicts, root
+
+
 @dataclass
 class Gate:
     """Decides whether a node may act on a new head."""
@@ -278,11 +420,17 @@ class Gate:
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     node_revoked: frozenset[str] = frozenset()
     """The node's own revocation list: stays in force whatever the repo rotates to."""
+    branch: str | None = None
+    """The branch the node follows; a head bound to another is refused (None: not checked)."""
+    require_branch_binding: bool = False
+    """Refuse a head that names no branch (the repo may require it too, per decision)."""
 
     def decide(
-        self, repo: pygit2.Repository, head: str, base: str | None, repo_policy: Policy | None = None
+        self, repo: pygit2.Repository, head: str, base: str | None, repo_policy: Policy | None = None,
+        require_binding: bool = False,
     ) -> Decision:
         policy = Policy.strictest(self.policy, repo_policy or Policy.HEAD)
+        _commit(repo, head)  # a head the mirror lost is damage, never "not a descendant"
         if base is not None and not is_descendant(repo, head, base):
             raise TrustError(
                 f"{head[:12]} does not descend from {base[:12]}, the last commit this node applied "
@@ -293,24 +441,56 @@ class Gate:
             return Decision(head, (), self.root, policy)
         if self.root.empty:
             raise TrustError("the node has no trust root (allowed signers or OpenPGP keyring)", "NO_TRUST_ROOT")
-        now = self.clock()
-        root = self.root
-        verdicts = []
-        for commit in commits_to_verify(repo, head, base, policy):
-            verdict = verify_commit(repo, commit, root, now)
-            verdicts.append(verdict)
-            if not verdict.ok:
-                raise TrustError(f"commit {commit[:12]}: {verdict.message}", verdict.reason, verdicts)
-            root = rotated_root(repo, commit, root, self.node_revoked)
+        verdicts, root = _judge(repo, commits_to_verify(repo, head, base, policy), self.root, self.clock(),
+                                self.node_revoked, stop=True)
+        bad = next((v for v in verdicts if not v.ok), None)
+        if bad is not None:
+            raise TrustError(f"commit {bad.commit[:12]}: {bad.message}", bad.reason, verdicts)
+        unbound = self._binding(repo, verdicts[-1], self.require_branch_binding or require_binding)
+        if unbound is not None:
+            raise TrustError(f"commit {head[:12]}: {unbound.message}", unbound.reason, [*verdicts[:-1], unbound])
         return Decision(head, tuple(verdicts), root, policy)
+
+    def _binding(self, repo: pygit2.Repository, head: Verdict, required: bool) -> Verdict | None:
+        """The head's verdict turned into a refusal when its branch binding fails, else None."""
+        if self.branch is None:
+            return None
+        named = [b.removeprefix("refs/heads/") for b in trailer_values(_commit(repo, head.commit).message,
+                                                                       BRANCH_TRAILER)]
+        if named and self.branch not in named:
+            signed_for = ", ".join(repr(b) for b in named)
+            return replace(head, ok=False, reason="WRONG_BRANCH",
+                           message=f"signed for branch {signed_for}, not {self.branch!r}")
+        if required and not named:
+            return replace(head, ok=False, reason="BRANCH_UNBOUND",
+                           message=f"names no branch: a '{BRANCH_TRAILER}: {self.branch}' trailer is required")
+        return None
 
     def with_root(self, root: TrustRoot) -> Gate:
         return replace(self, root=root)
 
 
+def repo_requires_binding(repo: pygit2.Repository, *commits: str | None) -> bool:
+    """Does reconciler.yaml ask for branch bindings at any of these commits? (It can only
+    tighten: a file that does not parse asks for nothing, and validation reports it.)"""
+    import yaml
+
+    for commit in commits:
+        raw = tree_file(repo, commit, "reconciler.yaml") if commit else None
+        try:
+            data = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError:
+            continue
+        trust = data.get("trust") if isinstance(data, dict) else None
+        if isinstance(trust, dict) and trust.get("require_branch_binding") is True:
+            return True
+    return False
+
+
 def verify_range(repo: pygit2.Repository, spec: str, gate: Gate) -> list[Verdict]:
-    """Verdicts for ``REV`` or every commit of ``A..B`` (oldest first), rotating the root as
-    a node would, but going on past a bad commit so the whole range is reported."""
+    """Verdicts for ``REV`` or every commit of ``A..B`` (oldest first), rotating the root and
+    honouring seals as a node would, but going on past a bad commit so the whole range is
+    reported."""
     def resolve(rev: str) -> str:
         try:
             return str(repo.revparse_single(rev).peel(pygit2.Commit).id)
@@ -324,12 +504,4 @@ def verify_range(repo: pygit2.Repository, spec: str, gate: Gate) -> list[Verdict
         commits = commits_to_verify(repo, resolve(b or "HEAD"), resolve(a), Policy.EVERY_COMMIT)
     else:
         commits = [resolve(spec)]
-    now = gate.clock()
-    root = gate.root
-    out = []
-    for commit in commits:
-        verdict = verify_commit(repo, commit, root, now)
-        out.append(verdict)
-        if verdict.ok:
-            root = rotated_root(repo, commit, root, gate.node_revoked)
-    return out
+    return _judge(repo, commits, gate.root, gate.clock(), gate.node_revoked, stop=False)[0]

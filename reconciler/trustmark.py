@@ -22,7 +22,18 @@ from .config import TrustConfig
 from .errors import ConfigError
 from .ledger import Ledger
 from .model import Revision, Verdict, VerifiedRevision
-from .trust import Decision, Gate, Policy, TrustError, TrustRoot, load_root, parse_revoked, tree_file, verify_commit
+from .trust import (
+    Decision,
+    Gate,
+    Policy,
+    TrustError,
+    TrustRoot,
+    load_root,
+    parse_revoked,
+    repo_requires_binding,
+    tree_file,
+    verify_commit,
+)
 
 log = logging.getLogger("reconciler.trust")
 
@@ -31,8 +42,8 @@ class TrustKeeper:
     """The node's trust state over its ledger and mirror."""
 
     def __init__(self, cfg: TrustConfig, state_root: Path, ledger: Ledger, repo: Callable[[], pygit2.Repository],
-                 notes_ref: str, clock: Callable[[], datetime], node: str) -> None:
-        node_root = load_root(cfg.allowed_signers, cfg.gpg_home, cfg.revoked)
+                 notes_ref: str, clock: Callable[[], datetime], node: str, branch: str) -> None:
+        node_root = load_root(cfg.allowed_signers, cfg.gpg_home, cfg.revoked, cfg.sealers)
         if node_root.empty:
             raise ConfigError("no trust root: set trust.allowed_signers and/or trust.gpg_home "
                               "(--allowed-signers / --gpg-home); the agent applies only signed commits")
@@ -41,7 +52,8 @@ class TrustKeeper:
         self.repo = repo
         self.notes_ref = notes_ref
         self.node = node
-        self.gate = Gate(self._adopted(node_root), Policy(cfg.policy), clock, node_root.revoked)
+        self.gate = Gate(self._adopted(node_root), Policy(cfg.policy), clock, node_root.revoked, branch,
+                         cfg.require_branch_binding)
 
     def _adopted(self, node_root: TrustRoot) -> TrustRoot:
         """A root rotated through the repo earlier, kept in the state dir; else the node's own."""
@@ -55,18 +67,19 @@ class TrustKeeper:
         return TrustRoot(
             parse_allowed_signers(signers.read_text(), str(signers)),
             (parse_revoked(revoked.read_text()) if revoked.exists() else frozenset()) | node_root.revoked,
-            node_root.gpg_home, origin,
+            node_root.gpg_home, origin, node_root.sealers,
         )
 
     def root_id(self) -> str:
         """Names the root and policy a refusal was judged under: a new root judges again."""
         r = self.gate.root
-        return hashlib.sha256(repr((r.signers, sorted(r.revoked), str(r.gpg_home), r.origin,
-                                    str(self.gate.policy))).encode()).hexdigest()[:16]
+        return hashlib.sha256(repr((r.signers, sorted(r.revoked), str(r.gpg_home), r.origin, sorted(r.sealers),
+                                    str(self.gate.policy), self.gate.require_branch_binding)).encode()).hexdigest()[:16]
 
     def decide(self, commit: str) -> Decision:
         base = self.high_water()
-        return self.gate.decide(self.repo(), commit, base, self.repo_policy(base, commit))
+        return self.gate.decide(self.repo(), commit, base, self.repo_policy(base, commit),
+                                repo_requires_binding(self.repo(), base, commit))
 
     def verify(self, rev: Revision) -> VerifiedRevision:
         """The head, judged against the mark and the root (``TrustError`` if refused); what it
@@ -110,8 +123,12 @@ class TrustKeeper:
         newest: tuple[str, str, dict[str, Any]] | None = None
         try:
             entries = list(self.repo().notes(self.notes_ref))  # type: ignore[call-arg]  # stub lacks ref
-        except (KeyError, pygit2.GitError):
+        except KeyError:
             return None
+        except pygit2.GitError as exc:  # a damaged mirror must not read as "no mark": that would be a first run
+            from .tree import corrupt
+
+            raise corrupt(self.repo(), exc) from exc
         for note in entries:
             data = notes.decode(note.message)
             # The mark moves for every verified commit the node acted on, whatever came of it.

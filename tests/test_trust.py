@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from reconciler.agent import Agent
 from reconciler.config import TrustConfig
-from reconciler.trust import Gate, Policy, TrustError, load_root, verify_commit
+from reconciler.trust import Gate, Policy, TrustError, load_root, verify_commit, verify_range
 
 
 def ssh_keygen_agrees(repo_dir: Path, commit: str, allowed: Path, accepted: bool) -> None:
@@ -361,3 +361,233 @@ def test_cli_verify_prints_each_commit_and_signer(deployment: Deployment, merge_
     assert proc.returncode == 0
     [v] = json.loads(proc.stdout)
     assert (v["principal"], v["fingerprint"], v["format"]) == ("merge@example.org", merge_key.fingerprint, "ssh")
+
+
+# -------------------------------------------------------------------- branch binding
+def bound(subject: str, branch: str) -> str:
+    return f"{subject}\n\nReviewed-on: https://review.example.org/c/cloud/+/4711\nReconciler-Branch: {branch}\n"
+
+
+def test_main_moved_onto_a_commit_signed_for_another_branch_is_refused(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    # main:        C1
+    #                \
+    # experiment:     E  (signed, "Reconciler-Branch: experiment")
+    # Someone who can move main on the server, and holds no key, points main at E.
+    node = agents("cmp1", deployment.url)
+    assert node.reconcile_once().exit_code == 0
+    git("checkout", "-q", "-b", "experiment", cwd=deployment.work)
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    experiment = deployment.commit(bound("try kvm", "experiment"), push=False)
+    deployment.push(experiment)
+
+    assert refusal(node) == "WRONG_BRANCH"  # even though this node does not require bindings
+    note = deployment.note("cmp1", experiment)
+    assert note is not None and "signed for branch 'experiment', not 'main'" in str(note["error"])
+
+
+def test_a_node_that_requires_bindings_applies_only_heads_bound_to_its_branch(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    node = agents("cmp1", deployment.url, trust=TrustConfig(allowed_signers=merge_key.allowed_signers,
+                                                            require_branch_binding=True))
+    assert refusal(node) == "BRANCH_UNBOUND"  # the initial commit names no branch
+
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    main = deployment.commit(bound("kvm", "main"))
+
+    result = node.reconcile_once()
+    assert result.exit_code == 0 and result.commit == main
+    assert result.report is not None and result.report.state == "applied"
+
+
+def test_the_repo_can_require_bindings_and_cannot_drop_the_requirement_unbound(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    node = agents("cmp1", deployment.url)
+    deployment.edit("reconciler.yaml", "format: 1\n", "format: 1\ntrust:\n  require_branch_binding: true\n")
+    deployment.commit(bound("bind every head to its branch", "main"))
+    assert node.reconcile_once().exit_code == 0
+
+    deployment.edit("reconciler.yaml", "require_branch_binding: true", "require_branch_binding: false")
+    deployment.commit("drop the binding requirement")  # signed, but names no branch
+
+    assert refusal(node) == "BRANCH_UNBOUND"  # the requirement in force before it still holds
+
+
+@pytest.mark.parametrize("message", [
+    "subject only: Reconciler-Branch: main",
+    "subject\n\nReconciler-Branch: main\n",
+    "subject\n\nbody text\n\nReconciler-Branch:main\nreconciler-branch : experiment\n",
+    "subject\n\nReconciler-Branch: main\nthis line is prose, so the paragraph holds no trailers\n",
+    "subject\n\nSigned-off-by: A <a@example.org>\nprose\nReconciler-Branch: main\n",
+    "subject\n\nReconciler-Seal: pushed by mistake,\n  reviewed in CHG-1234\nReconciler-Branch: main\n",
+    "subject\n\nReconciler-Branch: main\n\nlast paragraph is prose\n",
+])
+def test_trailers_are_read_as_git_reads_them(message: str, tmp_path: Path) -> None:
+    from reconciler.trust import trailers
+
+    out = subprocess.run(["git", "interpret-trailers", "--parse", "--no-divider"], input=message,
+                         capture_output=True, text=True, check=True).stdout
+    expected = [tuple(part.strip() for part in line.split(":", 1)) for line in out.splitlines()]
+    assert trailers(message) == expected
+
+
+# -------------------------------------------------------------------- seals
+def sealers_file(tmp_path: Path, *principals: str) -> Path:
+    path = tmp_path / "sealers"
+    path.write_text("# who may seal unsigned commits\n" + "".join(f"{p}\n" for p in principals))
+    return path
+
+
+@pytest.mark.parametrize("sealer", ["merge@example.org", "security@example.org"], ids=["sealer", "not-a-sealer"])
+def test_an_unsigned_commit_is_accepted_once_a_sealer_seals_it(
+    sealer: str, deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path
+) -> None:
+    # main:  C1 --- U (unsigned, pushed by mistake) --- S (signed: "Reconciler-Seal: ...")
+    trust = TrustConfig(allowed_signers=merge_key.allowed_signers, sealers=sealers_file(tmp_path, sealer))
+    node = agents("cmp1", deployment.url, trust=trust)
+    c1 = node.reconcile_once().commit
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    unsigned = deployment.commit("kvm, pushed without review", key=None)
+    assert refusal(node) == "UNSIGNED"
+    # The README's recipe, as a sealer runs it.
+    git("-c", "gpg.format=ssh", "-c", f"user.signingkey={merge_key.key}", "commit", "-S", "-q", "--allow-empty",
+        "-m", "Seal the unsigned kvm change", "--trailer", "Reconciler-Seal: reviewed in CHG-1234", cwd=deployment.work)
+    deployment.push()
+    seal = git("rev-parse", "HEAD", cwd=deployment.work)
+
+    if sealer != "merge@example.org":
+        assert refusal(node) == "UNSIGNED"
+        return
+    result = node.reconcile_once()
+    assert result.exit_code == 0 and result.commit == seal
+    assert result.report is not None and result.report.state == "applied"
+    [u, s] = verify_range(node.source.repo, f"{c1}..{seal}", node.gate)  # what `reconciler verify` prints
+    assert (u.commit, u.ok, u.reason) == (unsigned, True, "SEALED")
+    assert u.message == f"sealed by {seal} (reviewed in CHG-1234)"
+    assert (s.commit, s.ok, s.principal) == (seal, True, "merge@example.org")
+
+
+@pytest.mark.parametrize("case", ["after-the-seal", "revoked-key", "seal-without-trailer", "changes-trust"])
+def test_what_a_seal_never_vouches_for(case: str, tmp_path: Path, merge_key: SigningKey) -> None:
+    work = tmp_path / "repo"
+    git("init", "-q", "-b", "main", str(work))
+    leaked = make_key(tmp_path / "k", "leaked")
+    both = tmp_path / "allowed"
+    both.write_text(merge_key.allowed_signers.read_text() + leaked.allowed_signers.read_text())
+    revoked = tmp_path / "revoked"
+    revoked.write_text(f"{leaked.fingerprint}\n")
+
+    def commit(message: str, key: SigningKey | None) -> str:
+        (work / "log").write_text((work / "log").read_text() + message if (work / "log").exists() else message)
+        git("add", "-A", cwd=work)
+        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key.key}", "commit", "-S"] if key else ["commit"]
+        git(*sign, "-q", "-m", message, cwd=work)
+        return git("rev-parse", "HEAD", cwd=work)
+
+    base = commit("base", merge_key)
+    seal = "\n\nReconciler-Seal: reviewed after the fact"
+    if case == "after-the-seal":
+        # base --- U1 --- S (seals U1) --- U2 --- T (signed, no seal)
+        commit("u1", None)
+        commit("s" + seal, merge_key)
+        bad = commit("u2", None)
+        commit("t", merge_key)
+        expected = "UNSIGNED"
+    elif case == "revoked-key":
+        bad = commit("signed with the leaked key", leaked)
+        commit("s" + seal, merge_key)
+        expected = "KEY_REVOKED"
+    elif case == "seal-without-trailer":
+        bad = commit("u1", None)
+        commit("s\n\nReviewed-on: CHG-1234", merge_key)
+        expected = "UNSIGNED"
+    else:
+        (work / "trust").mkdir()
+        (work / "trust" / "allowed_signers").write_text(leaked.allowed_signers.read_text())
+        bad = commit("u1 hands the root to another key", None)
+        commit("s" + seal, merge_key)
+        expected = "UNSIGNED"
+    head = git("rev-parse", "HEAD", cwd=work)
+    gate = Gate(load_root(both, None, revoked, sealers_file(tmp_path, "merge@example.org")))
+
+    with pytest.raises(TrustError) as info:
+        gate.decide(pygit2.Repository(str(work)), head, base)
+
+    assert info.value.reason == expected
+    assert [v.commit for v in info.value.verdicts if not v.ok] == [bad]
+
+
+SEAL_OPS = st.lists(st.sampled_from(["signed", "unsigned", "seal", "seal-by-non-sealer", "rewind"]),
+                   min_size=1, max_size=8)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=SEAL_OPS)
+def test_a_range_is_accepted_exactly_when_every_unsigned_commit_has_a_seal_after_it(
+    ops: list[str], merge_key: SigningKey, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Linear histories: the gate accepts a new head iff it is signed and each unsigned commit
+    since the last accepted one has, later in the range, a commit signed by a sealer (named here
+    by key fingerprint) that carries Reconciler-Seal."""
+    keys = tmp_path_factory.mktemp("seal-keys")
+    dev = make_key(keys, "dev")  # a trusted signer, but not a sealer
+    allowed = keys / "allowed"
+    allowed.write_text(merge_key.allowed_signers.read_text() + dev.allowed_signers.read_text())
+    sealers = keys / "sealers"
+    sealers.write_text(f"{merge_key.fingerprint}\n")
+    gate = Gate(load_root(allowed, None, None, sealers))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        git("init", "-q", "-b", "main", cwd=work)
+
+        def commit(message: str, key: SigningKey | None) -> None:
+            sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key.key}", "commit", "-S"] if key else ["commit"]
+            git(*sign, "-q", "--allow-empty", "-m", message, cwd=work)
+
+        commit("root", merge_key)
+        repo = pygit2.Repository(str(work))
+        accepted = git("rev-parse", "HEAD", cwd=work)
+        kinds = {accepted: "signed"}
+        for i, op in enumerate(ops):
+            if op == "rewind":
+                if git("rev-list", "--count", "HEAD", cwd=work) != "1":
+                    git("reset", "-q", "--hard", "HEAD~1", cwd=work)
+                continue
+            key = {"signed": merge_key, "unsigned": None, "seal": merge_key, "seal-by-non-sealer": dev}[op]
+            commit(f"c{i}" + ("\n\nReconciler-Seal: reviewed" if op.startswith("seal") else ""), key)
+            head = git("rev-parse", "HEAD", cwd=work)
+            kinds[head] = op
+            if not repo.descendant_of(head, accepted):
+                continue
+            span = git("rev-list", "--reverse", f"{accepted}..{head}", cwd=work).split()
+            sealed_up_to = max((n for n, c in enumerate(span) if kinds[c] == "seal"), default=-1)
+            expected = kinds[head] != "unsigned" and all(
+                kinds[c] != "unsigned" or n < sealed_up_to for n, c in enumerate(span))
+            try:
+                gate.decide(repo, head, accepted)
+                ok = True
+            except TrustError:
+                ok = False
+            assert ok == expected, f"{[kinds[c] for c in span]}: accepted={ok}"
+            if ok:
+                accepted = head
+
+
+def test_trust_settings_for_seals_and_bindings_are_read_and_checked(tmp_path: Path) -> None:
+    from reconciler.config import load_config
+    from reconciler.errors import ConfigError
+
+    cfg_file = tmp_path / "agent.yaml"
+    cfg_file.write_text("node: cmp1\nremote: /srv/cloud.git\ntrust:\n  allowed_signers: /etc/r/allowed\n"
+                        "  sealers: /etc/r/sealers\n  require-branch-binding: true\n")
+    cfg = load_config(cfg_file, {})
+    assert cfg.trust.sealers == Path("/etc/r/sealers") and cfg.trust.require_branch_binding is True
+    cfg_file.write_text("node: cmp1\nremote: /srv/cloud.git\ntrust:\n  require_branch_binding: sometimes\n")
+    with pytest.raises(ConfigError, match="require_branch_binding must be true or false"):
+        load_config(cfg_file, {})
+    missing = tmp_path / "no-such-sealers"
+    with pytest.raises(ConfigError, match="cannot read sealers"):
+        load_root(None, None, None, missing)
