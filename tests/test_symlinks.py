@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 from conftest import git
 
+from reconciler.errors import RenderError
+from reconciler.render import render_node
+from reconciler.repo import load_repo
+from reconciler.tree import DirTree
+
 SMALL = {
     "reconciler.yaml": "format: 1\nname: small\n",
     "inventory.yaml": "groups:\n  web:\n    services: [api]\nnodes:\n  n1:\n    groups: [web]\n",
@@ -115,3 +120,30 @@ def test_a_committed_symlink_is_refused_at_that_commit(tmp_path: Path) -> None:
         "services/api/files/app.py: a symlink (to '/etc/passwd'): not allowed in a deployment repo",
         "services/api/templates: a symlink (to '../../shared'): not allowed in a deployment repo",
     ]
+
+
+@pytest.mark.parametrize("statement", [
+    "{% include '../files/app.py' %}",
+    "{% include '../../../inventory.yaml' %}",
+    "{% include '/etc/passwd' %}",
+    "{% import '../../../reconciler.yaml' as settings %}",
+    "{% from '/etc/passwd' import root %}",
+    "{% extends '../service.yaml' %}",
+])
+def test_includes_stay_inside_the_services_templates(tmp_path: Path, statement: str) -> None:
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2": f"a = 1\n{statement}\n"})
+    with pytest.raises(RenderError) as info:
+        render_node(load_repo(DirTree(repo)), "n1", "x")
+    name = statement.split("'")[1]
+    assert str(info.value) == (f"services/api/templates/api.conf.j2:2: node n1, service api: template not found: "
+                               f"{name} (outside services/api/templates/)")
+
+
+def test_templates_include_and_import_their_neighbours(tmp_path: Path) -> None:
+    repo = make(tmp_path, {
+        "services/api/templates/api.conf.j2": "{% import 'lib/macros.j2' as m %}{% include 'head.j2' %}{{ m.kv('port', 1) }}",
+        "services/api/templates/head.j2": "# {{ node }}\n",
+        "services/api/templates/lib/macros.j2": "{% macro kv(k, v) %}{{ k }} = {{ v }}\n{% endmacro %}",
+    })
+    files = render_node(load_repo(DirTree(repo)), "n1", "x").services[0].files
+    assert files[0].content == b"# n1\nport = 1\n"
