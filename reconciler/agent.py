@@ -208,17 +208,17 @@ class Agent:
 
     def _repo_policy(self, *commits: str | None) -> Policy:
         """The strictest policy the repo asks for at these commits (it can only tighten)."""
-        import yaml
+        from .yamlfile import safe_load  # bounded like every YAML read from a commit
 
         policies = [Policy.HEAD]
         for commit in commits:
             raw = self._tree_file(commit, "reconciler.yaml") if commit else None
             try:
-                data = yaml.safe_load(raw) if raw else None
+                data = safe_load(raw, "reconciler.yaml") if raw else None
                 wanted = data.get("trust", {}).get("policy") if isinstance(data, dict) else None
                 if wanted:
                     policies.append(Policy(wanted))
-            except (yaml.YAMLError, ValueError, AttributeError):
+            except (BadInput, ValueError, AttributeError):
                 continue  # a bad file is reported by validation; it cannot loosen anything
         return Policy.strictest(*policies)
 

@@ -200,7 +200,9 @@ def test_a_repo_file_over_the_size_limit_is_not_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("changes", "reason"), [
     ({"services/api/templates/api.conf.j2": NESTED_LOOPS}, "RENDER_LIMIT"),
     ({"inventory.yaml": billion_laughs()}, "YAML_LIMIT"),
-], ids=["nested-loops", "billion-laughs"])
+    # Read before anything else, for the commit's trust policy: once a RecursionError in the agent.
+    ({"reconciler.yaml": "format: 1\nname: x\ntrust: " + "[" * 3000 + "]" * 3000 + "\n"}, "INVALID_REPO"),
+], ids=["nested-loops", "billion-laughs", "deep-nesting"])
 def test_the_agent_notes_a_hostile_commit_as_an_error(
     tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent], changes: dict[str, str], reason: str
 ) -> None:
