@@ -79,8 +79,8 @@ def _ini(text: str) -> dict[str, str]:
             continue
         elif key and indent > key_indent:
             values[key][-1] += "\n" + stripped
-        elif stripped.startswith("[") and stripped.endswith("]"):
-            section, key = stripped[1:-1].strip(), ""
+        elif stripped.startswith("[") and "]" in stripped:
+            section, key = stripped[1:stripped.rindex("]")].strip(), ""
         else:
             cut = min((i for i in (stripped.find("="), stripped.find(":")) if i >= 0), default=-1)
             name = stripped[:cut].strip()

@@ -24,7 +24,7 @@ import functools
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextvars import ContextVar
 from types import FrameType
 from typing import Any
@@ -33,7 +33,6 @@ import jinja2
 import jinja2.sandbox
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
-from jinja2.utils import _PassArg
 
 from .errors import RenderLimit
 from .limits import Limits, size
@@ -141,7 +140,7 @@ def _result_size(name: str, value: Any, args: Sequence[Any], kwargs: dict[str, A
 
 
 def _paced_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
-    skip = 1 if _PassArg.from_obj(func) is not None else 0  # context or environment first
+    skip = 1 if hasattr(func, "jinja_pass_arg") else 0  # @pass_context and kin take that first
 
     @functools.wraps(func)  # keeps jinja_pass_arg, so Jinja passes the same arguments
     def paced(*args: Any, **kwargs: Any) -> Any:
@@ -195,8 +194,10 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         self.over_limit: MutableMapping[str, str] = {}  # template -> first node it passed a limit for
 
     @property
-    def sources(self) -> dict[str, str]:
-        return dict(getattr(self.loader, "sources", {}))
+    def sources(self) -> Mapping[str, str]:
+        """Repo path -> text of every template this environment can load."""
+        loaded: Mapping[str, str] = getattr(self.loader, "sources", {})
+        return loaded
 
     def paced(self, iterable: Iterable[Any]) -> Iterator[Any]:
         budget = _BUDGET.get()
@@ -286,7 +287,7 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if budget is not None:
             # Called from a running template for include, import and extends: each template
             # nested on the stack runs in a frame of its compiled ``root`` function.
-            sources = getattr(self.loader, "sources", {})
+            sources = self.sources
             depth = 0
             frame: FrameType | None = sys._getframe(1)
             while frame is not None:

@@ -13,6 +13,7 @@ read is refused too.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path, PurePosixPath
@@ -144,7 +145,9 @@ class DirTree:
                         is_link = False
                     if is_link:
                         raise _symlink(walked, os.readlink(part, dir_fd=fd)) from None
-                    raise FileNotFoundError(walked) from exc
+                    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                        raise FileNotFoundError(walked) from exc
+                    raise BadInput(f"cannot read: {exc.strerror}", file=walked) from exc
                 os.close(fd)
                 fd = inner
         except BaseException:
