@@ -203,7 +203,7 @@ def _environment_for(svc: ServiceDef) -> Sandbox:
     return env
 
 
-def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, budget: Budget | None = None) -> DesiredService:
+def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, *, budget: Budget | None = None) -> DesiredService:
     """One service of a node; ``budget``: what the node's render may still spend (a fresh one
     from the repo's limits when this service is rendered alone)."""
     env = _environment_for(svc)
@@ -292,10 +292,10 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, budget: Bud
     )
 
 
-def render_node(repo: DeploymentRepo, node: str, commit: str, limits: Limits | None = None) -> Desired:
+def render_node(repo: DeploymentRepo, node: str, commit: str, *, limits: Limits | None = None) -> Desired:
     """The node's whole slice. Same repo and node, same bytes. Bounded by ``limits`` (the repo's
     by default): time and output for the whole node, output per file (see ``sandbox``)."""
     repo.node(node)  # UnknownNode before anything else
     budget = Budget(limits or repo.limits)
-    services = tuple(render_service(repo, node, repo.services[s], budget) for s in repo.services_of(node))
+    services = tuple(render_service(repo, node, repo.services[s], budget=budget) for s in repo.services_of(node))
     return Desired(node=node, commit=commit, services=services)
