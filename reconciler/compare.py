@@ -11,7 +11,6 @@ the whole file can make it less than the default.
 
 from __future__ import annotations
 
-import configparser
 import json
 import tomllib
 from collections.abc import Iterable
@@ -19,9 +18,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-import yaml
-
+from .errors import BadInput
 from .model import ActionKind, FileSpec, Rule, rank
+from .yamlfile import safe_load
 
 DEFAULT = ActionKind.RESTART
 TOP = "\0top"  # the section of an INI-like file that has none
@@ -62,25 +61,49 @@ def _walk(value: Any, prefix: str, out: dict[str, str]) -> None:
         out[prefix] = json.dumps(value, sort_keys=True, default=str)
 
 
+def _ini(text: str) -> dict[str, str]:
+    """``section.key`` -> every value it has, in order (as JSON), the way oslo.config reads a
+    file: a key may repeat (multi-valued options such as ``transport_url``) and so may a section
+    (``[filter:x]`` blocks), so nothing is collapsed into its last occurrence. Lines indented
+    below a key continue its value; ``#`` and ``;`` start comment lines; a file with no section
+    header (sysctl.d, env files) has bare keys. Raises ValueError for a line that is none of these.
+    """
+    values: dict[str, list[str]] = {}
+    section, key, key_indent = TOP, "", 0
+    for line in text.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if not stripped:
+            key = ""  # a blank line ends a value
+        elif stripped[0] in "#;":
+            continue
+        elif key and indent > key_indent:
+            values[key][-1] += "\n" + stripped
+        elif stripped.startswith("[") and "]" in stripped:
+            section, key = stripped[1:stripped.rindex("]")].strip(), ""
+        else:
+            cut = min((i for i in (stripped.find("="), stripped.find(":")) if i >= 0), default=-1)
+            name = stripped[:cut].strip()
+            if cut < 0 or not name:
+                raise ValueError(f"not an option: {stripped!r}")
+            key, key_indent = (name if section == TOP else f"{section}.{name}"), indent
+            values.setdefault(key, []).append(stripped[cut + 1:].strip())
+    return {k: json.dumps(v) for k, v in values.items()}
+
+
 def flatten(path: str, content: bytes) -> dict[str, str] | None:
     """Leaf values by key, or None when the file is not a structured config or does not parse."""
     kind = _format(path)
     if kind is None:
         return None
     try:
-        text = content.decode("utf-8")
         if kind == "ini":
-            parser = configparser.RawConfigParser(default_section="\0", strict=False, interpolation=None)
-            parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
-            try:
-                parser.read_string(text)
-            except configparser.MissingSectionHeaderError:
-                # key = value files with no sections (sysctl.d, env files): the keys alone
-                parser.read_string(f"[{TOP}]\n" + text)
-            return {(k if s == TOP else f"{s}.{k}"): v for s in parser.sections() for k, v in parser.items(s)}
-        data = (yaml.safe_load(text) if kind == "yaml" else json.loads(text) if kind == "json"
-                else tomllib.loads(text))
-    except (UnicodeDecodeError, configparser.Error, yaml.YAMLError, ValueError, tomllib.TOMLDecodeError):
+            return _ini(content.decode("utf-8"))
+        # A rendered YAML file is loaded with the repo's bounds: ten lines of aliases must not
+        # expand to gigabytes in the walk below.
+        data = (safe_load(content, path) if kind == "yaml" else json.loads(content) if kind == "json"
+                else tomllib.loads(content.decode("utf-8")))
+    except (BadInput, UnicodeDecodeError, ValueError, RecursionError):
         return None
     out: dict[str, str] = {}
     _walk(data, "", out)

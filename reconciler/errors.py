@@ -58,8 +58,33 @@ class InvalidRepo(BadInput):
     reason = "INVALID_REPO"
 
 
+class RepoLimit(InvalidRepo):
+    """A repo file larger than ``Limits.file_bytes``: not read at all."""
+
+    reason = "REPO_LIMIT"
+
+
+class YamlLimit(RepoLimit):
+    """A YAML document with more values than ``Limits.yaml_nodes`` once its aliases expand."""
+
+    reason = "YAML_LIMIT"
+
+
+class RepoSymlink(InvalidRepo):
+    """A symlink where the loader reads: it would put bytes from outside the reviewed tree
+    (``/etc/passwd``, another checkout) into a node's files or a review comment."""
+
+    reason = "REPO_SYMLINK"
+
+
 class RenderError(BadInput):
     reason = "RENDER_FAILED"
+
+
+class RenderLimit(RenderError):
+    """A template ran past a bound of ``Limits``: output size, time, value size, include depth."""
+
+    reason = "RENDER_LIMIT"
 
 
 class UnknownNode(BadInput):

@@ -1,8 +1,11 @@
-"""Templates + inventory -> ``Desired`` for one node. Pure: no I/O, no clock, no driver.
+"""Templates + inventory -> ``Desired`` for one node. Pure: no I/O, no driver; the one clock
+read is the render deadline.
 
 Templates run in Jinja2's immutable sandbox with ``StrictUndefined``: a template cannot call
 unsafe attributes or mutate its inputs, and a missing variable is an error naming the file and
-line, never an empty string on a production node.
+line, never an empty string on a production node. The sandbox also holds each node to
+``Limits`` (time, output, value sizes, include depth; see ``sandbox``): past one, the node's
+render is a ``RenderLimit`` naming template, line, node and service.
 
 Context of every template, runtime string and health target:
 
@@ -19,16 +22,19 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
+from pathlib import PurePosixPath
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 import jinja2.sandbox
 
-from .errors import RenderError
+from .errors import RenderError, RenderLimit
+from .limits import Limits
 from .model import MIN_HEALTHY, ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
 from .repo import DeploymentRepo, ServiceDef
+from .sandbox import Budget, Sandbox, budget_in_use
 
 PORT = re.compile(r"((\d{1,3}\.){3}\d{1,3}:)?\d{1,5}:\d{1,5}(/(tcp|udp))?")
 HOSTPORT = re.compile(r"[^:\s]+:\d{1,5}")
@@ -37,22 +43,32 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class _RepoLoader(jinja2.BaseLoader):
-    """Templates by their repo path, so errors name ``services/x/templates/y.j2``."""
+    """Templates by their repo path, so errors name ``services/x/templates/y.j2``. An include or
+    import names a template relative to the service's templates/ (or by its repo path); a name
+    with ``..`` or a leading ``/`` is not found: a template reads only its own service's
+    templates, already loaded (no symlink among them, see ``tree``), never the disk."""
 
-    def __init__(self, sources: Mapping[str, str]) -> None:
+    def __init__(self, sources: Mapping[str, str], base: str) -> None:
         self.sources = sources
+        self.base = base
 
     def get_source(
         self, environment: jinja2.Environment, template: str
     ) -> tuple[str, str | None, Callable[[], bool] | None]:
+        path = template
         if template not in self.sources:
+            rel = PurePosixPath(template)
+            if rel.is_absolute() or ".." in rel.parts:
+                raise jinja2.TemplateNotFound(template, f"{template} (outside {self.base}/)")
+            path = f"{self.base}/{rel}"
+        if path not in self.sources:
             raise jinja2.TemplateNotFound(template)
-        return self.sources[template], template, lambda: True
+        return self.sources[path], path, lambda: True
 
 
-def _environment(templates: Mapping[str, str]) -> jinja2.Environment:
-    return jinja2.sandbox.ImmutableSandboxedEnvironment(
-        loader=_RepoLoader(templates),
+def _environment(templates: Mapping[str, str], base: str) -> Sandbox:
+    return Sandbox(
+        loader=_RepoLoader(templates, base),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -74,18 +90,43 @@ def _inline_template(env: jinja2.Environment, text: str) -> jinja2.Template:
     return tpl
 
 
-def _template_line(tb: TracebackType | None, filename: str) -> int | None:
-    """Jinja rewrites tracebacks so template frames carry the template's file and line."""
-    line = None
+def _template_where(tb: TracebackType | None, templates: Mapping[str, str]) -> tuple[str, int] | None:
+    """The innermost template frame: Jinja rewrites tracebacks so template frames carry the
+    template's file and line (an included template's own, not the include statement's)."""
+    where = None
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename == filename:
-            line = tb.tb_lineno
+        if tb.tb_frame.f_code.co_filename in templates:
+            where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
         tb = tb.tb_next
-    return line
+    return where
+
+
+def _stream(tpl: jinja2.Template, ctx: Mapping[str, Any], budget: Budget, what: str) -> str:
+    """Render while counting: output past a limit stops the template where it is, so a loop
+    that prints gigabytes fails after ``file_bytes``, not after allocating them."""
+    chunks: list[str] = []
+    size, counted = 0, 0
+    # Output is often one character per chunk: count it here, and let the budget judge it only
+    # every so many bytes or once this file passes its limit.
+    batch = min(64 * 1024, budget.limits.file_bytes)
+    gen = cast(Generator[str, None, None], tpl.generate(ctx))
+    for chunk in gen:
+        size += len(chunk)
+        if size - counted >= batch or size > budget.limits.file_bytes:
+            over = budget.output(size - counted, size, what)
+            counted = size
+            if over is not None:
+                # Thrown into the template, so the error carries the line that was printing.
+                gen.throw(RenderLimit(over))
+        chunks.append(chunk)
+    over = budget.output(size - counted, size, what)
+    if over is not None:
+        raise RenderLimit(over)
+    return "".join(chunks)
 
 
 def _render(
-    env: jinja2.Environment,
+    env: Sandbox,
     ctx: Mapping[str, Any],
     *,
     name: str | None,
@@ -93,27 +134,44 @@ def _render(
     file: str,
     line: int | None,
     node: str,
+    service: str,
+    what: str,
+    budget: Budget,
 ) -> str:
     """Render a template by ``name``, or an inline ``text`` from ``file`` at ``line``."""
     if name is None and text is not None and "{" not in text:
         return text  # most runtime strings are plain: no need to compile them
+    if name is not None and name in env.over_limit:
+        raise RenderLimit(f"node {node}, service {service}: not rendered: it passed a render limit for node "
+                          f"{env.over_limit[name]}", file=name)
+    sources = env.sources
     try:
-        tpl = env.get_template(name) if name else _inline_template(env, text or "")
-        return tpl.render(ctx)
+        with budget_in_use(budget):
+            tpl = env.get_template(name) if name else _inline_template(env, text or "")
+            return _stream(tpl, ctx, budget, what)
+    except RenderLimit as exc:
+        # A loop that ran too long for one node runs as long for the next: the others of a
+        # `validate` over the fleet are refused at once, naming the node it was measured on.
+        if name is not None:
+            env.over_limit.setdefault(name, node)
+        where, at = _template_where(exc.__traceback__, sources) or ((name, None) if name else (file, line))
+        raise RenderLimit(f"node {node}, service {service}: {exc}", file=where, line=at) from exc
     except jinja2.TemplateSyntaxError as exc:
         where, at = (exc.filename or file, exc.lineno) if name else (file, line)
         raise RenderError(f"node {node}: template syntax error: {exc.message}", file=where, line=at) from exc
     except jinja2.TemplateNotFound as exc:
-        raise RenderError(f"node {node}: template not found: {exc.name}", file=file, line=line) from exc
+        where, at = _template_where(exc.__traceback__, sources) or (file, line)
+        raise RenderError(f"node {node}, service {service}: template not found: {exc.message}", file=where,
+                          line=at) from exc
     except jinja2.UndefinedError as exc:
-        at = _template_line(exc.__traceback__, name) if name else line
-        raise RenderError(f"node {node}: {exc.message}", file=name or file, line=at) from exc
+        where, at = _template_where(exc.__traceback__, sources) or (name or file, None if name else line)
+        raise RenderError(f"node {node}: {exc.message}", file=where, line=at) from exc
     except jinja2.exceptions.SecurityError as exc:
-        at = _template_line(exc.__traceback__, name) if name else line
-        raise RenderError(f"node {node}: unsafe template: {exc}", file=name or file, line=at) from exc
+        where, at = _template_where(exc.__traceback__, sources) or (name or file, None if name else line)
+        raise RenderError(f"node {node}: unsafe template: {exc}", file=where, line=at) from exc
     except Exception as exc:  # any error a template's expression raises (1/0, bad filter arg)
-        at = _template_line(exc.__traceback__, name) if name else line
-        raise RenderError(f"node {node}: {type(exc).__name__}: {exc}", file=name or file, line=at) from exc
+        where, at = _template_where(exc.__traceback__, sources) or (name or file, None if name else line)
+        raise RenderError(f"node {node}: {type(exc).__name__}: {exc}", file=where, line=at) from exc
 
 
 def context(repo: DeploymentRepo, node: str, svc: ServiceDef) -> dict[str, Any]:
@@ -129,10 +187,10 @@ def context(repo: DeploymentRepo, node: str, svc: ServiceDef) -> dict[str, Any]:
     return ctx
 
 
-_ENVIRONMENTS: dict[int, tuple[ServiceDef, jinja2.Environment]] = {}
+_ENVIRONMENTS: dict[int, tuple[ServiceDef, Sandbox]] = {}
 
 
-def _environment_for(svc: ServiceDef) -> jinja2.Environment:
+def _environment_for(svc: ServiceDef) -> Sandbox:
     """One sandbox per service definition, so each template compiles once however many nodes
     render it (keyed by identity; the entry keeps the definition alive so ids are not reused)."""
     hit = _ENVIRONMENTS.get(id(svc))
@@ -140,7 +198,7 @@ def _environment_for(svc: ServiceDef) -> jinja2.Environment:
         return hit[1]
     if len(_ENVIRONMENTS) > 4096:
         _ENVIRONMENTS.clear()
-    env = _environment(svc.templates)
+    env = _environment(svc.templates, svc.template_path("").rstrip("/"))
     _ENVIRONMENTS[id(svc)] = (svc, env)
     return env
 
@@ -149,28 +207,39 @@ def _environment_for(svc: ServiceDef) -> jinja2.Environment:
 Accounts = Callable[[str, str], str | None]
 
 
-def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef,
-                   accounts: Accounts | None = None) -> DesiredService:
-    """``accounts``: given on the node itself (the agent), which checks the process driver's
-    users and groups there; a reviewer's machine renders without it."""
+def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: Accounts | None = None, *,
+                   budget: Budget | None = None) -> DesiredService:
+    """One service of a node. ``accounts``: given on the node itself (the agent), which checks
+    the process driver's users and groups there; a reviewer's machine renders without it.
+    ``budget``: what the node's render may still spend (a fresh one from the repo's limits when
+    this service is rendered alone)."""
     env = _environment_for(svc)
     ctx = context(repo, node, svc)
+    budget = budget or Budget(repo.limits)
 
     def inline(text: str, key: str) -> str:
-        return _render(env, ctx, name=None, text=text, file=svc.file, line=svc.lines.get(key), node=node)
+        return _render(env, ctx, name=None, text=text, file=svc.file, line=svc.lines.get(key), node=node,
+                       service=svc.name, what=key, budget=budget)
 
     files = []
     for decl in sorted(svc.files, key=lambda d: d.path):
         if decl.template is not None:
             tpl = svc.template_path(decl.template)
-            text = _render(env, ctx, name=tpl, text=None, file=svc.file, line=decl.line, node=node)
+            text = _render(env, ctx, name=tpl, text=None, file=svc.file, line=decl.line, node=node,
+                           service=svc.name, what=decl.path, budget=budget)
             try:
                 content = text.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise RenderError(f"node {node}: rendered text is not valid UTF-8 ({exc.reason})", file=tpl) from exc
+            # Counted in characters while streaming; a file of wide characters may pass in bytes.
+            over = budget.output(len(content) - len(text), len(content), decl.path)
         else:
             assert decl.source is not None
-            content = svc.sources[svc.source_path(decl.source)]
+            tpl = svc.source_path(decl.source)
+            content = svc.sources[tpl]
+            over = budget.output(len(content), len(content), decl.path)
+        if over is not None:
+            raise RenderLimit(f"node {node}, service {svc.name}: {over}", file=tpl)
         files.append(FileSpec(decl.path, decl.mode, content))
 
     command = tuple(inline(arg, "command") for arg in svc.command)
@@ -237,8 +306,12 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef,
     )
 
 
-def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts | None = None) -> Desired:
-    """The node's whole slice. Same repo and node, same bytes."""
+def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts | None = None, *,
+                limits: Limits | None = None) -> Desired:
+    """The node's whole slice. Same repo and node, same bytes. Bounded by ``limits`` (the repo's
+    by default): time and output for the whole node, output per file (see ``sandbox``)."""
     repo.node(node)  # UnknownNode before anything else
-    services = tuple(render_service(repo, node, repo.services[s], accounts) for s in repo.services_of(node))
+    budget = Budget(limits or repo.limits)
+    services = tuple(render_service(repo, node, repo.services[s], accounts, budget=budget)
+                     for s in repo.services_of(node))
     return Desired(node=node, commit=commit, services=services)

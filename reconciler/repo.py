@@ -5,11 +5,12 @@ Layout::
     reconciler.yaml                 settings
     inventory.yaml                  groups -> services, nodes -> groups, vars
     services/<name>/service.yaml    runtime, files, health, depends_on, defaults
-    services/<name>/templates/      Jinja2 templates named by files[].template
+    services/<name>/templates/      Jinja2 templates named by files[].template, and what they include
     services/<name>/files/          files copied verbatim, named by files[].source
 
 Every problem is collected with its file and line, so ``validate`` reports all at once.
-No rendering here (see ``render``), and no I/O beyond reading the ``Tree``.
+No rendering here (see ``render``), and no I/O beyond reading the ``Tree``. What is read is
+bounded by ``Limits`` (file size, YAML nodes) and never goes through a symlink (see ``tree``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import BadInput, UnknownNode
+from .errors import BadInput, InvalidRepo, UnknownNode
+from .limits import LIMITS, Limits
 from .tree import Tree
 from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml
 
@@ -53,7 +55,7 @@ class ServiceDef:
     files: tuple[FileDecl, ...]
     health: Mapping[str, Any]
     defaults: Mapping[str, Any]
-    templates: Mapping[str, str]  # repo path -> text, for the files that name a template
+    templates: Mapping[str, str]  # repo path -> text, every file under services/<name>/templates/
     sources: Mapping[str, bytes]  # repo path -> bytes
     lines: Mapping[str, int | None] = field(default_factory=dict)
 
@@ -90,6 +92,7 @@ class DeploymentRepo:
     groups: Mapping[str, GroupDef]
     nodes: Mapping[str, NodeDef]
     services: Mapping[str, ServiceDef]
+    limits: Limits = LIMITS  # what rendering this repo may cost (see ``render``)
 
     def node(self, name: str) -> NodeDef:
         try:
@@ -159,16 +162,35 @@ class DeploymentRepo:
         return svc.driver or nd.driver or str(self.settings.get("defaults", {}).get("driver", "process"))
 
 
-def _doc(tree: Tree, path: str, schema_name: str, problems: list[Problem]) -> YamlDoc | None:
+def _problem(exc: BadInput, file: str) -> Problem:
+    """The error as a Problem, its location taken back out of the message."""
+    where = exc.file or file
+    message = str(exc).removeprefix(f"{where}:{exc.line}: " if exc.line else f"{where}: ")
+    return Problem(where, exc.line, message, exc.reason if isinstance(exc, InvalidRepo) else None)
+
+
+def _read(tree: Tree, path: str, limits: Limits, problems: list[Problem]) -> bytes | None:
+    """The file's bytes, or None with the problem noted (a symlink, too large, not a file).
+    A missing file raises FileNotFoundError: each caller says what was expected there."""
     try:
-        raw = tree.read(path)
+        return tree.read(path, limits.file_bytes)
+    except BadInput as exc:
+        problems.append(_problem(exc, path))
+        return None
+
+
+def _doc(tree: Tree, path: str, schema_name: str, problems: list[Problem], limits: Limits) -> YamlDoc | None:
+    try:
+        raw = _read(tree, path, limits, problems)
     except FileNotFoundError:
         problems.append(Problem(path, None, "missing"))
         return None
+    if raw is None:
+        return None
     try:
-        doc = load_yaml(raw, path)
+        doc = load_yaml(raw, path, limits.yaml_nodes)
     except BadInput as exc:
-        problems.append(Problem(path, exc.line, str(exc).split(": ", 1)[-1] if exc.line else str(exc)))
+        problems.append(_problem(exc, path))
         return None
     found = check_schema(doc, schema_name)
     problems.extend(found)
@@ -179,15 +201,38 @@ def _mode(text: str | None, default: int) -> int:
     return int(text, 8) if text else default
 
 
-def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef | None:
+def _templates(tree: Tree, base: str, limits: Limits, problems: list[Problem]) -> dict[str, str]:
+    """Every file under the service's templates/, so templates can include and import each other
+    (by a name relative to that folder) without the renderer ever reading from the tree."""
+    templates: dict[str, str] = {}
+    try:
+        paths = tree.files(f"{base}/templates")
+    except BadInput as exc:
+        problems.append(_problem(exc, f"{base}/templates"))
+        return templates
+    for rel in paths:
+        try:
+            raw = _read(tree, rel, limits, problems)
+        except FileNotFoundError:
+            continue  # not a file (a submodule): nothing a template can include
+        if raw is None:
+            continue
+        try:
+            templates[rel] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(Problem(rel, None, "template is not UTF-8 text"))
+    return templates
+
+
+def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits) -> ServiceDef | None:
     base = f"services/{name}"
     file = f"{base}/service.yaml"
-    doc = _doc(tree, file, "service", problems)
+    doc = _doc(tree, file, "service", problems, limits)
     if doc is None:
         return None
     data = doc.data
     files: list[FileDecl] = []
-    templates: dict[str, str] = {}
+    templates = _templates(tree, base, limits, problems)
     sources: dict[str, bytes] = {}
     seen_paths: set[str] = set()
     for i, f in enumerate(data.get("files", [])):
@@ -204,16 +249,14 @@ def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef 
         tpl, src = f.get("template"), f.get("source")
         if tpl is not None:
             rel = f"{base}/templates/{tpl}"
-            try:
-                templates[rel] = tree.read(rel).decode("utf-8")
-            except FileNotFoundError:
+            if rel not in templates and not tree.exists(rel):  # if it exists, its problem is noted
                 problems.append(Problem(file, line, f"template {tpl!r} not found at {rel}"))
-            except UnicodeDecodeError:
-                problems.append(Problem(rel, None, "template is not UTF-8 text"))
         if src is not None:
             rel = f"{base}/files/{src}"
             try:
-                sources[rel] = tree.read(rel)
+                raw = _read(tree, rel, limits, problems)
+                if raw is not None:
+                    sources[rel] = raw
             except FileNotFoundError:
                 problems.append(Problem(file, line, f"source {src!r} not found at {rel}"))
         default_mode = 0o755 if src is not None and src.endswith((".py", ".sh")) else 0o644
@@ -249,16 +292,23 @@ def _load_service(tree: Tree, name: str, problems: list[Problem]) -> ServiceDef 
     )
 
 
-def load_repo(tree: Tree) -> DeploymentRepo:
-    """Read and check the whole repo; raise ``RepoProblems`` listing everything wrong."""
+def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
+    """Read and check the whole repo; raise ``RepoProblems`` listing everything wrong.
+    ``limits`` bound what is read here and travel with the repo to ``render``."""
     problems: list[Problem] = []
-    settings = _doc(tree, "reconciler.yaml", "reconciler", problems)
-    inventory = _doc(tree, "inventory.yaml", "inventory", problems)
+    settings = _doc(tree, "reconciler.yaml", "reconciler", problems, limits)
+    inventory = _doc(tree, "inventory.yaml", "inventory", problems, limits)
 
     services: dict[str, ServiceDef] = {}
-    for name in tree.listdir("services"):
+    unreadable = False  # services/ itself is refused: no service can be called unknown
+    try:
+        names = tree.listdir("services")
+    except BadInput as exc:
+        names, unreadable = [], True
+        problems.append(_problem(exc, "services"))
+    for name in names:
         if tree.exists(f"services/{name}/service.yaml"):
-            svc = _load_service(tree, name, problems)
+            svc = _load_service(tree, name, problems, limits)
             if svc is not None:
                 services[name] = svc
         else:
@@ -271,7 +321,7 @@ def load_repo(tree: Tree) -> DeploymentRepo:
         inv = inventory.data
         for gname, g in inv["groups"].items():
             for i, s in enumerate(g.get("services", [])):
-                if s not in services and s not in broken_services:
+                if s not in services and s not in broken_services and not unreadable:
                     problems.append(Problem(
                         "inventory.yaml", inventory.line(("groups", gname, "services", i)),
                         f"group {gname!r}: unknown service {s!r} (no services/{s}/service.yaml)",
@@ -300,6 +350,7 @@ def load_repo(tree: Tree) -> DeploymentRepo:
         groups=groups,
         nodes=nodes,
         services=services,
+        limits=limits,
     )
     problems = repo.check_drivers()
     if problems:

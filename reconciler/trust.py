@@ -473,13 +473,14 @@ class Gate:
 def repo_requires_binding(repo: pygit2.Repository, *commits: str | None) -> bool:
     """Does reconciler.yaml ask for branch bindings at any of these commits? (It can only
     tighten: a file that does not parse asks for nothing, and validation reports it.)"""
-    import yaml
+    from .errors import BadInput
+    from .yamlfile import safe_load
 
     for commit in commits:
         raw = tree_file(repo, commit, "reconciler.yaml") if commit else None
         try:
-            data = yaml.safe_load(raw) if raw else None
-        except yaml.YAMLError:
+            data = safe_load(raw, "reconciler.yaml") if raw else None  # bounded: not verified yet
+        except BadInput:
             continue
         trust = data.get("trust") if isinstance(data, dict) else None
         if isinstance(trust, dict) and trust.get("require_branch_binding") is True:

@@ -146,17 +146,19 @@ class TrustKeeper:
 
     def repo_policy(self, *commits: str | None) -> Policy:
         """The strictest policy the repo asks for at these commits (it can only tighten)."""
-        import yaml
+        from .errors import BadInput
+        from .yamlfile import safe_load
 
         policies = [Policy.HEAD]
         for commit in commits:
             raw = tree_file(self.repo(), commit, "reconciler.yaml") if commit else None
             try:
-                data = yaml.safe_load(raw) if raw else None
+                # Bounded: this commit is not verified yet, and a hostile file must not exhaust the node.
+                data = safe_load(raw, "reconciler.yaml") if raw else None
                 wanted = data.get("trust", {}).get("policy") if isinstance(data, dict) else None
                 if wanted:
                     policies.append(Policy(wanted))
-            except (yaml.YAMLError, ValueError, AttributeError):
+            except (BadInput, ValueError, AttributeError):
                 continue  # a bad file is reported by validation; it cannot loosen anything
         return Policy.strictest(*policies)
 

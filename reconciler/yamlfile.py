@@ -10,18 +10,21 @@ from typing import Any
 
 import yaml
 
-from .errors import BadInput
+from .errors import BadInput, YamlLimit
+from .limits import LIMITS
 
 Path_ = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with the repo, located."""
+    """One thing wrong with the repo, located; ``reason`` when it is more than a plain mistake
+    (a limit, a symlink), so the reason code of the whole load says so."""
 
     file: str
     line: int | None
     message: str
+    reason: str | None = None
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: {self.message}" if self.line else f"{self.file}: {self.message}"
@@ -37,7 +40,7 @@ class RepoProblems(BadInput):
         first = self.problems[0]
         more = len(self.problems) - 1
         suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-        super().__init__(first.message + suffix, file=first.file, line=first.line)
+        super().__init__(first.message + suffix, file=first.file, line=first.line, reason=first.reason)
 
 
 @dataclass(frozen=True)
@@ -56,37 +59,110 @@ class YamlDoc:
         return self.lines.get((), 1)
 
 
-def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str) -> None:
-    lines[path] = node.start_mark.line + 1
+class _CountingLoader(yaml.SafeLoader):
+    """Stops composing a document once it holds more than ``max_nodes`` nodes, so a huge file
+    is refused before it is all in memory."""
+
+    def __init__(self, text: str, file: str, max_nodes: int) -> None:
+        super().__init__(text)
+        self.file, self.max_nodes, self.composed = file, max_nodes, 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self.composed += 1
+        if self.composed > self.max_nodes:
+            raise YamlLimit(f"YAML has more than {self.max_nodes} nodes", file=self.file,
+                            line=self.peek_event().start_mark.line + 1)  # type: ignore[no-untyped-call]
+        return super().compose_node(parent, index)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_expansion(root: yaml.Node, max_nodes: int, file: str) -> None:
+    """Refuse a document whose aliases expand past ``max_nodes``: whoever walks the loaded data
+    (schema checks, templates, line maps) pays the expanded size, not the composed one. An alias
+    resolves to the very node of its anchor, so sizes are memoised by node and this costs as
+    much as composing did."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if isinstance(node, yaml.ScalarNode):
+            return 1
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_:
+            raise YamlLimit("YAML alias refers to its own anchor", file=file, line=node.start_mark.line + 1)
+        open_.add(id(node))
+        total = 1
+        for child in _children(node):
+            total += size(child)
+            if total > max_nodes:
+                break  # already too big: the rest need not be counted
+        open_.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    node = root
+    if size(node) <= max_nodes:
+        return
+    # Name the collection where the count tips over: descend while one child alone is too big.
+    while True:
+        running, inner = 1, None
+        for child in _children(node):
+            if size(child) > max_nodes:
+                inner = child
+                break
+            running += size(child)
+            if running > max_nodes:
+                break
+        if inner is None:
+            break
+        node = inner
+    raise YamlLimit(f"YAML expands to more than {max_nodes} nodes (aliases count at their expanded size)",
+                    file=file, line=node.start_mark.line + 1)
+
+
+def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str, seen: set[int]) -> None:
+    lines[path] = node.start_mark.line + 1
+    if id(node) in seen:
+        return  # an alias: its anchor was walked (and checked) once; paths below it use this line
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        keys: dict[str, int] = {}
         for key_node, value_node in node.value:
             key = str(key_node.value)
             kline = key_node.start_mark.line + 1
-            if key in seen:
+            if key in keys:
                 raise BadInput(
-                    f"duplicate key {key!r} (first at line {seen[key]})", file=file, line=kline
+                    f"duplicate key {key!r} (first at line {keys[key]})", file=file, line=kline
                 )
-            seen[key] = kline
-            _walk(value_node, (*path, key), lines, file)
+            keys[key] = kline
+            _walk(value_node, (*path, key), lines, file, seen)
             # A key's own line reads better in errors than its value's (block values start below).
             lines[(*path, key)] = kline
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _walk(item, (*path, i), lines, file)
+            _walk(item, (*path, i), lines, file, seen)
 
 
-def load_yaml(text: bytes, file: str) -> YamlDoc:
+def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | None) -> Any:
+    """Compose (bounded), check the expansion, map lines (when asked), construct."""
     try:
-        loader = yaml.SafeLoader(text.decode("utf-8"))
+        loader = _CountingLoader(text.decode("utf-8"), file, max_nodes)
         try:
             node = loader.get_single_node()
-            lines: dict[Path_, int] = {}
-            if node is not None:
-                _walk(node, (), lines, file)
-            data = loader.construct_document(node) if node is not None else None
+            if node is None:
+                return None
+            _check_expansion(node, max_nodes, file)
+            if lines is not None:
+                _walk(node, (), lines, file, set())
+            return loader.construct_document(node)
         finally:
-            loader.dispose()
+            loader.dispose()  # type: ignore[no-untyped-call]
     except UnicodeDecodeError as exc:
         raise BadInput("not UTF-8 text", file=file) from exc
     except yaml.MarkedYAMLError as exc:
@@ -98,7 +174,20 @@ def load_yaml(text: bytes, file: str) -> YamlDoc:
         raise BadInput(f"invalid YAML: {exc}", file=file) from exc
     except RecursionError as exc:
         raise BadInput("YAML nested too deeply", file=file) from exc
+
+
+def load_yaml(text: bytes, file: str, max_nodes: int = LIMITS.yaml_nodes) -> YamlDoc:
+    """A repo or config file: duplicate keys refused, every value's line remembered, and no more
+    than ``max_nodes`` nodes (see ``Limits.yaml_nodes``)."""
+    lines: dict[Path_, int] = {}
+    data = _load(text, file, max_nodes, lines=lines)
     return YamlDoc(file=file, data=data, lines=lines)
+
+
+def safe_load(text: bytes, file: str, max_nodes: int = LIMITS.yaml_nodes) -> Any:
+    """Like ``yaml.safe_load`` (a later duplicate key wins) but bounded like ``load_yaml``: for
+    YAML that is data to compare or peek into, not a repo file to report on line by line."""
+    return _load(text, file, max_nodes, lines=None)
 
 
 @cache

@@ -1,0 +1,222 @@
+"""Resource limits: a hostile or careless commit fails fast with a located error, in bounded memory.
+
+Every pathological input here once ran `reconciler validate` for minutes and many GB. Subprocesses
+run under a 1.5 GB address-space limit, so a regression fails here instead of swapping the machine.
+"""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import SigningKey, git, small_deployment
+
+from reconciler.agent import Agent
+from reconciler.errors import RenderLimit, RepoLimit, YamlLimit
+from reconciler.limits import Limits
+from reconciler.render import render_node
+from reconciler.repo import load_repo
+from reconciler.tree import DirTree
+from reconciler.yamlfile import RepoProblems, load_yaml
+
+ONE_NODE = {
+    "reconciler.yaml": "format: 1\nname: small\n",
+    "inventory.yaml": "groups:\n  web:\n    services: [api]\nnodes:\n  n1:\n    groups: [web]\n",
+    "services/api/service.yaml": (
+        "runtime:\n  command: [python3, api.py]\n"
+        "files:\n  - path: api.conf\n    template: api.conf.j2\n"
+    ),
+    "services/api/templates/api.conf.j2": "port = 1\n",
+}
+NESTED_LOOPS = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
+SILENT_LOOPS = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+
+
+def billion_laughs() -> str:
+    """Nine levels of nine aliases: 9**9 strings once expanded, from a 1 KB file."""
+    lines = ["vars:", '  l0: &l0 "lol"']
+    for level in range(1, 10):
+        lines.append(f"  l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n" + ONE_NODE["inventory.yaml"]
+
+
+def make(tmp_path: Path, changes: dict[str, str]) -> Path:
+    repo = tmp_path / "repo"
+    for rel, text in {**ONE_NODE, **changes}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    return repo
+
+
+def commit_all(repo: Path) -> None:
+    git("init", "-q", "-b", "main", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "pathological", cwd=repo)
+
+
+def _bounded_memory() -> None:
+    limit = 1536 * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def validate(repo: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(repo), *extra],
+                          capture_output=True, text=True, timeout=120, preexec_fn=_bounded_memory)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.parametrize("rev", [None, "HEAD"], ids=["work-tree", "commit"])
+def test_nested_loops_that_print_stop_at_the_output_limit(tmp_path: Path, rev: str | None) -> None:
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2": "port = 1\n" + NESTED_LOOPS})
+    if rev:
+        commit_all(repo)
+
+    proc, took = validate(repo, *(["--rev", rev] if rev else []))
+
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        "services/api/templates/api.conf.j2:2: node n1, service api: api.conf is larger than 10 MiB "
+        "(render limit)"]
+    assert took < 20, f"took {took:.1f} s"
+
+
+@pytest.mark.parametrize("rev", [None, "HEAD"], ids=["work-tree", "commit"])
+def test_a_billion_laughs_inventory_is_refused_before_it_expands(tmp_path: Path, rev: str | None) -> None:
+    repo = make(tmp_path, {"inventory.yaml": billion_laughs()})
+    if rev:
+        commit_all(repo)
+
+    proc, took = validate(repo, *(["--rev", rev] if rev else []))
+
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    # l7 (line 9) is the first list whose expansion passes a million nodes.
+    assert proc.stderr.splitlines() == [
+        "inventory.yaml:9: YAML expands to more than 1000000 nodes (aliases count at their expanded size)"]
+    assert took < 10, f"took {took:.1f} s"
+
+
+def test_the_render_command_reports_the_reason_code(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2": NESTED_LOOPS})
+    proc = subprocess.run([sys.executable, "-m", "reconciler", "render", "--repo", str(repo), "--all"],
+                          capture_output=True, text=True, timeout=120, preexec_fn=_bounded_memory)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith("[RENDER_LIMIT]"), proc.stderr
+
+
+def render(tmp_path: Path, template: str, limits: Limits, **changes: str) -> bytes:
+    repo = load_repo(DirTree(make(tmp_path, {"services/api/templates/api.conf.j2": template, **changes})), limits)
+    return render_node(repo, "n1", "x").services[0].files[0].content
+
+
+def test_a_loop_that_prints_nothing_stops_at_the_deadline(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(RenderLimit) as info:
+        render(tmp_path, "a\n" + SILENT_LOOPS, Limits(render_seconds=0.5))
+    assert time.monotonic() - start < 5
+    assert str(info.value) == ("services/api/templates/api.conf.j2:2: node n1, service api: rendering took "
+                               "longer than 0.5 s (render limit)")
+
+
+def test_a_file_over_its_limit_and_a_node_over_its_budget(tmp_path: Path) -> None:
+    limits = Limits(file_bytes=1000, node_bytes=1500)
+    assert render(tmp_path, "{{ 'x' * 1000 }}", limits) == b"x" * 1000
+    with pytest.raises(RenderLimit, match=r"api.conf.j2:1: node n1, service api: api.conf is larger than 1000 B"):
+        render(tmp_path, "{% for i in range(1001) %}x{% endfor %}", limits)
+
+    two_files = ONE_NODE["services/api/service.yaml"] + "  - path: b.conf\n    template: api.conf.j2\n"
+    with pytest.raises(RenderLimit, match=r"node n1, service api: the node's files are larger than 1500 B"):
+        render(tmp_path, "{{ 'x' * 800 }}", limits, **{"services/api/service.yaml": two_files})
+
+
+@pytest.mark.parametrize("template", [
+    "{{ 'x' * 10 ** 10 }}",
+    "{{ 10 ** (10 ** 10) }}",
+    "{{ 'x' | center(10 ** 10) }}",
+    "{{ '%01000000000d' % 1 }}",
+    "{{ '{:>1000000000}'.format(1) }}",
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% else %}x{% endif %}{% endmacro %}{{ f(60) }}",
+], ids=["repeat", "power", "center", "percent-width", "format-width", "concat-doubling", "plus-doubling",
+        "macro-doubling"])
+def test_a_value_that_would_take_gigabytes_is_refused_before_it_is_built(tmp_path: Path, template: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(RenderLimit, match=r"^services/api/templates/api.conf.j2:1: node n1, service api: "):
+        render(tmp_path, template, Limits(file_bytes=1 << 14, render_seconds=5))
+    assert time.monotonic() - start < 8
+
+
+def test_includes_nest_only_so_deep(tmp_path: Path) -> None:
+    with pytest.raises(RenderLimit, match=r"api.conf.j2:1: node n1, service api: includes nest deeper than 3"):
+        render(tmp_path, "{% include 'api.conf.j2' %}", Limits(include_depth=3))
+    deep = {f"services/api/templates/{i}.j2": f"{{% include '{i + 1}.j2' %}}" for i in range(3)}
+    deep["services/api/templates/3.j2"] = "bottom"
+    assert render(tmp_path, "{% include '0.j2' %}", Limits(include_depth=4), **deep) == b"bottom"
+
+
+def test_a_limit_hit_for_one_node_fails_the_others_at_once(tmp_path: Path) -> None:
+    inventory = ONE_NODE["inventory.yaml"] + "".join(f"  n{i}:\n    groups: [web]\n" for i in range(2, 6))
+    repo = load_repo(DirTree(make(tmp_path, {"inventory.yaml": inventory,
+                                             "services/api/templates/api.conf.j2": SILENT_LOOPS})),
+                     Limits(render_seconds=0.5))
+    start = time.monotonic()
+    errors = []
+    for node in sorted(repo.nodes):
+        with pytest.raises(RenderLimit) as info:
+            render_node(repo, node, "x")
+        errors.append(str(info.value))
+    assert time.monotonic() - start < 3
+    assert errors[1] == ("services/api/templates/api.conf.j2: node n2, service api: not rendered: it passed "
+                         "a render limit for node n1")
+
+
+def test_yaml_limits_count_nodes_as_composed_and_as_expanded(tmp_path: Path) -> None:
+    flat = "".join(f"k{i}: {i}\n" for i in range(200))
+    with pytest.raises(YamlLimit, match=r"^big.yaml:50: YAML has more than 100 nodes"):
+        load_yaml(flat.encode(), "big.yaml", max_nodes=100)
+    with pytest.raises(YamlLimit, match=r"^loop.yaml:1: YAML alias refers to its own anchor"):
+        load_yaml(b"a: &a [1, *a]\n", "loop.yaml")
+    shared = load_yaml(b"base: &b {x: 1}\nfirst: *b\nsecond:\n  <<: *b\n  y: 2\n", "ok.yaml", max_nodes=100)
+    assert shared.data["second"] == {"x": 1, "y": 2}
+    assert shared.line(("first", "x")) == 2
+
+
+def test_a_repo_file_over_the_size_limit_is_not_read(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2": "x" * 2000})
+    with pytest.raises(RepoProblems) as info:
+        load_repo(DirTree(repo), Limits(file_bytes=1000))
+    assert str(info.value) == "services/api/templates/api.conf.j2: larger than 1000 B (repo limit)"
+    assert info.value.reason == RepoLimit.reason
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({"services/api/templates/api.conf.j2": NESTED_LOOPS}, "RENDER_LIMIT"),
+    ({"inventory.yaml": billion_laughs()}, "YAML_LIMIT"),
+    # Read before anything else, for the commit's trust policy: once a RecursionError in the agent.
+    ({"reconciler.yaml": "format: 1\nname: x\ntrust: " + "[" * 3000 + "]" * 3000 + "\n"}, "INVALID_REPO"),
+], ids=["nested-loops", "billion-laughs", "deep-nesting"])
+def test_the_agent_notes_a_hostile_commit_as_an_error(
+    tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent], changes: dict[str, str], reason: str
+) -> None:
+    runs = {"services/api/service.yaml": ONE_NODE["services/api/service.yaml"] + "  - {path: api.py, source: api.py}\n",
+            "services/api/files/api.py": "import time\nwhile True:\n    time.sleep(1)\n"}
+    dep = small_deployment(tmp_path, merge_key, {**ONE_NODE, **runs})
+    node = agents("n1", dep.url)
+    assert node.reconcile_once().exit_code == 0
+    for rel, text in changes.items():
+        dep.write(rel, text)
+    dep.commit("hostile")
+
+    result = node.reconcile_once()
+
+    assert result.exit_code == 2
+    note = dep.note("n1")
+    assert note is not None and (note["state"], note["reason"]) == ("error", reason), note
