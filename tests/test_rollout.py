@@ -85,7 +85,7 @@ def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls
     proc = subprocess.run(
         [sys.executable, "-m", "reconciler", "status", "--fleet", "--config", str(config),
          "-o", "json", "--html", str(deployment.work.parent / "rollout.html")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the rollout stopped: a failed and four halted nodes
     status = json.loads(proc.stdout)
     by_node = {s["node"]: s for s in status["nodes"]}
     assert status["counts"] == {"failed": 1, "halted": 4}

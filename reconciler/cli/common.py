@@ -1,0 +1,100 @@
+"""What every command shares: output options, the node's settings as options, the one way an
+Agent is built from them, and the one way a failure carries a partial result to ``main``.
+
+Kept apart from ``__init__`` so that the command modules import it and ``__init__`` imports
+them, with no cycle.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from ..agent import Agent
+from ..config import AgentConfig, load_config
+from ..errors import ReconcilerError
+
+F = TypeVar("F", bound=Callable[..., Any])
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "error": "red", "refused": "red",
+         "halted": "yellow", "pending": "dim", "rebooting": "blue",
+         "reload": "green", "recreate": "magenta", "connect": "blue", "drain+restart": "red", "reboot": "red",
+         "skipped": "yellow", "start": "cyan", "restart": "yellow", "stop": "magenta"}
+
+
+def style(word: str) -> str:
+    return f"[{STYLE.get(word, 'white')}]{word}[/]"
+
+
+class Failed(Exception):
+    """A command failed with something to show for it: under ``-o json`` ``main`` prints
+    ``partial`` with the error in it, so a script reads one object whatever happened."""
+
+    def __init__(self, error: ReconcilerError, partial: dict[str, Any]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.partial = partial
+
+
+def output_option(f: F) -> F:
+    return click.option("-o", "--output", type=click.Choice(["human", "json"]), default="human",
+                        show_default=True, help="Output format; json for scripts (errors too).")(f)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+AGENT_KEYS = ("config_file", "node", "remote", "branch", "state_dir",
+              "trust_allowed_signers", "trust_gpg_home", "trust_revoked", "trust_policy")
+
+
+def agent_options(f: F) -> F:
+    """The node's settings as options, handed to the command as one ``agent_opts`` dict."""
+
+    @functools.wraps(f)
+    def wrapper(**kw: Any) -> Any:
+        return f({k: kw.pop(k) for k in AGENT_KEYS}, **kw)
+
+    path = click.Path(path_type=Path)
+    for opt in reversed([
+        click.option("--config", "config_file", type=path, envvar="RECONCILER_CONFIG",
+                     help="Agent settings (YAML). Flags override it."),
+        click.option("--node", help="This node's name in inventory.yaml."),
+        click.option("--remote", help="Deployment repo URL (file://, git://, ssh://, https://)."),
+        click.option("--branch", help="Branch to follow [main]."),
+        click.option("--state-dir", type=path, help="Local state directory."),
+        click.option("--allowed-signers", "trust_allowed_signers", type=path,
+                     help="Trust root: SSH allowed signers file (git's format)."),
+        click.option("--gpg-home", "trust_gpg_home", type=path,
+                     help="Trust root: GNUPGHOME with trusted OpenPGP keys."),
+        click.option("--revoked", "trust_revoked", type=path, help="Revoked key fingerprints, one per line."),
+        click.option("--trust-policy", "trust_policy", type=click.Choice(["every-commit", "first-parent", "head"]),
+                     help="Which commits must be signed [every-commit]."),
+    ]):
+        wrapper = opt(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+def agent_config(agent_opts: dict[str, Any], **defaults: Any) -> AgentConfig:
+    """The settings from --config and flags; ``defaults`` fill what neither gives (a read-only
+    command passes a placeholder remote, since it never contacts one)."""
+    opts = dict(agent_opts)
+    config_file = opts.pop("config_file")
+    for key, value in defaults.items():
+        if opts.get(key) is None:
+            opts[key] = value
+    return load_config(config_file, opts)
+
+
+def node_agent(agent_opts: dict[str, Any], **defaults: Any) -> Agent:
+    """The one way a command builds this node's Agent from its options."""
+    return Agent(agent_config(agent_opts, **defaults))

@@ -1,0 +1,216 @@
+"""Commands on a deployment repo (a directory or a git repo): no node settings, nothing applied.
+
+``verify --repo`` lives here as ``verify_in_repo``; the ``verify`` command itself is in ``node``
+since without --repo it checks the node's mirror.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ..atomic import atomic_write
+from ..config import AgentConfig
+from ..errors import BadInput
+from ..model import Desired
+from .common import Failed, emit_json, out, output_option, style
+
+if TYPE_CHECKING:
+    from ..trust import Verdict
+
+
+@click.command()
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="Deployment repo: a directory, or a git repo when --rev is given.")
+@click.option("--rev", help="Check this commit instead of the files on disk.")
+@output_option
+def validate(repo_dir: Path, rev: str | None, output: str) -> None:
+    """Check schemas and references, and render every node.
+
+    Each problem is printed as file:line: message; exit 2 if there is any.
+
+    \b
+    Example:
+      reconciler validate --repo examples/repo
+      reconciler validate --repo . --rev HEAD
+
+    \b
+    Exit codes:
+      0  valid: every node renders
+      2  a problem in the repo (each one printed), or bad input (no such directory or commit)
+    """
+    from ..render import render_node
+    from ..repo import load_repo
+    from ..tree import open_tree
+    from ..yamlfile import Problem, RepoProblems
+
+    tree = open_tree(repo_dir, rev)
+    problems: list[Problem] = []
+    nodes = services = 0
+    try:
+        repo = load_repo(tree)
+    except RepoProblems as exc:
+        problems = exc.problems
+    else:
+        for node in sorted(repo.nodes):
+            try:
+                services += len(render_node(repo, node, tree.label).services)
+                nodes += 1
+            except BadInput as exc:
+                message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
+                problems.append(Problem(exc.file or "?", exc.line, message))
+    if output == "json":
+        result = {"ok": not problems, "nodes": nodes, "services": services,
+                  "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in problems]}
+        if problems:
+            raise Failed(RepoProblems(problems), result)
+        emit_json(result)
+        return
+    for p in problems:
+        click.echo(str(p), err=True)
+    if not problems:
+        out.print(f"[green]ok[/]: {tree.label}: {nodes} nodes, {services} service instances render")
+    else:
+        sys.exit(2)  # the problems above are the message: no extra error line, as validate always did
+
+
+@click.command()
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True)
+@click.option("--rev", help="Render this commit instead of the files on disk.")
+@click.option("--node", "nodes", multiple=True, help="Node to render (repeatable).")
+@click.option("--all", "all_nodes", is_flag=True, help="Render every node.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Write the files per node here.")
+@output_option
+def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: bool,
+           out_dir: Path | None, output: str) -> None:
+    """Render nodes' slices for review: OUT/<node>/<service>/<file>.
+
+    Same commit, same bytes. Without --out, prints each service's hash and files.
+
+    \b
+    Example:
+      reconciler render --repo examples/repo --all --out /tmp/rendered
+      reconciler render --repo . --rev HEAD --node ctl1 -o json
+
+    \b
+    Exit codes:
+      0  rendered
+      1  --out could not be written (DISK_FULL)
+      2  bad input: neither --node nor --all, an unknown node, a problem in the repo
+    """
+    from ..render import render_node
+    from ..repo import load_repo
+    from ..tree import open_tree
+
+    if not nodes and not all_nodes:
+        raise BadInput("give --node NODE or --all")
+    tree = open_tree(repo_dir, rev)
+    repo = load_repo(tree)
+    names = sorted(repo.nodes) if all_nodes else list(nodes)
+    slices = [render_node(repo, n, tree.label) for n in names]
+    if out_dir is not None:
+        for d in slices:
+            _write_slice(out_dir, d)
+    if output == "json":
+        emit_json([d.to_dict() for d in slices])
+        return
+    table = Table("node", "service", "driver", "hash", "files")
+    for d in slices:
+        for s in d.services:
+            table.add_row(d.node, s.name, s.runtime.driver, s.hash[:12], ", ".join(f.path for f in s.files))
+    out.print(table)
+    if out_dir is not None:
+        out.print(f"written under {out_dir}")
+
+
+def _write_slice(root: Path, desired: Desired) -> None:
+    for s in desired.services:
+        base = root / desired.node / s.name
+        for f in s.files:
+            atomic_write(base / f.path, f.content, f.mode)
+        spec = {"runtime": s.runtime.to_dict(), "health": s.health.to_dict(), "hash": s.hash,
+                "depends_on": list(s.depends_on)}
+        atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
+
+
+@click.command()
+@click.argument("rev_a")
+@click.argument("rev_b")
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="The deployment repo (a git repo holding both commits).")
+@click.option("--node", "nodes", multiple=True, help="Only this node (repeatable); default: every node.")
+@click.option("--all", "all_nodes", is_flag=True, help="Every node (the default).")
+@click.option("-o", "--output", type=click.Choice(["human", "json", "markdown"]), default="human", show_default=True,
+              help="markdown: a pull-request comment; json for scripts (errors too).")
+def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nodes: bool, output: str) -> None:
+    """What REV_B will do on each node, compared with REV_A: changed files and actions.
+
+    Each node's plan hash is the one the node writes in its note when it applies REV_B, so a
+    reviewer can check that what ran is what was reviewed.
+
+    \b
+    Example:
+      reconciler diff --repo . origin/main HEAD
+      reconciler diff --repo . main feature --node ctl1 -o markdown > comment.md
+
+    \b
+    Exit codes:
+      0  the diff is printed (whatever it changes)
+      2  bad input: not a git repo, an unknown commit or node, a problem in either commit's repo
+    """
+    from ..repo import load_repo
+    from ..review import diff_repos, markdown, summary
+    from ..tree import open_tree
+
+    tree_a, tree_b = open_tree(repo_dir, rev_a), open_tree(repo_dir, rev_b)
+    diffs = diff_repos(load_repo(tree_a), tree_a.label, load_repo(tree_b), tree_b.label,
+                       None if all_nodes or not nodes else list(nodes))
+    if output == "json":
+        emit_json({"from": tree_a.label, "to": tree_b.label, "summary": summary(diffs),
+                   "nodes": [d.to_dict() for d in diffs]})
+        return
+    if output == "markdown":
+        click.echo(markdown(diffs, tree_a.label, tree_b.label), nl=False)
+        return
+    from rich.syntax import Syntax
+
+    for d in diffs:
+        if not d.plan.changes and not d.files:
+            continue
+        out.rule(f"{d.node}  (plan {d.plan.hash})")
+        for f in d.files:
+            out.print(Syntax(f.text, "diff", theme="ansi_dark", background_color="default"))
+        table = Table("service", "action", "reason")
+        for a in d.plan.changes:
+            table.add_row(a.service, style(str(a.kind)), escape(a.reason))
+        out.print(table)
+    summ = summary(diffs)
+    unchanged = sum(1 for d in diffs if not d.plan.changes)
+    parts = [f"{v['nodes']} node{'s' if v['nodes'] != 1 else ''} {k} ({v['services']} service"
+             f"{'s' if v['services'] != 1 else ''})" for k, v in summ.items()]
+    out.print("summary: " + ("; ".join(parts) if parts else "no node changes")
+              + f"; {unchanged} of {len(diffs)} nodes unchanged")
+
+
+def verify_in_repo(cfg: AgentConfig, repo_dir: Path, spec: str) -> list[Verdict]:
+    """``verify --repo``: the commits of any git repo against the trust root given as options."""
+    import pygit2
+
+    from ..trust import Gate, Policy, load_root, verify_range
+
+    t = cfg.trust
+    node_root = load_root(t.allowed_signers, t.gpg_home, t.revoked, t.sealers)
+    if node_root.empty:
+        raise BadInput("no trust root: give --allowed-signers and/or --gpg-home")
+    try:
+        repo = pygit2.Repository(str(repo_dir))
+    except pygit2.GitError as exc:
+        raise BadInput(f"{repo_dir}: not a git repository") from exc
+    gate = Gate(node_root, Policy(t.policy), node_revoked=node_root.revoked)
+    return verify_range(repo, spec, gate)
