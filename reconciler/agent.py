@@ -150,14 +150,16 @@ class Agent:
         from .render import render_node
 
         commit = rev.commit
-        desired = render_node(repo or self.load(commit), self.cfg.node, commit, check_account)
+        held = self.ledger.held()  # template variables an upgrade's pin step holds here
+        desired = render_node(repo or self.load(commit), self.cfg.node, commit, check_account, pinned=held)
         pins = {p.service: p for p in self.ledger.pins()}
         services = []
         for svc in desired.services:
             pin = pins.get(svc.name)
             if pin is not None:
                 pinned = self.keeper.vouch(self.revision(pin.commit))
-                old = render_node(self.load(pinned.commit), self.cfg.node, pinned.commit, check_account).by_name()
+                old = render_node(self.load(pinned.commit), self.cfg.node, pinned.commit, check_account,
+                                  pinned=held).by_name()
                 if svc.name in old:
                     services.append(replace(old[svc.name], origin=pin.commit))
                     continue
@@ -263,15 +265,18 @@ class Agent:
 
         return FleetView(found_notes, descends)
 
-    def rollout_gate(self, repo: DeploymentRepo, commit: str) -> RolloutVerdict:
+    def rollout_gate(self, repo: DeploymentRepo, commit: str, *, barriers: bool = False,
+                     fleet: FleetView | None = None) -> RolloutVerdict:
+        """``barriers``: this node takes part in an upgrade of ``commit``; its steps' barriers
+        order it (the waves do not), and a failure anywhere halts it all the same."""
         from .model import Verdict
         from .rollout import Verdict as Go
         from .rollout import decide, plan_rollout
 
         rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
-        if not rollout.enabled:
+        if not rollout.enabled and not barriers:
             return Go(True)
         own = self.ledger.verdict(commit)
         if own is not None and own not in (Verdict.HALTED, Verdict.WAITING, Verdict.ERROR, Verdict.REFUSED):
             return Go(True, reason="already started")  # started it: finish it whatever others do
-        return decide(rollout, self.cfg.node, commit, self.fleet_view(), time.time())
+        return decide(rollout, self.cfg.node, commit, fleet or self.fleet_view(), time.time(), barriers=barriers)

@@ -15,7 +15,10 @@ One SQLite database per node (``<state>/state.db``, WAL, synchronous=FULL). What
 - the **converged** marker: the commit and hashes of the last full run that left every service
   healthy, which lets a poll that finds nothing new do nothing; anything that changes what the
   node should run (a pin, an unpin, a retry) clears it;
-- the **journal** of actions in flight: written before an action, settled after its effect.
+- the **journal** of actions in flight: written before an action, settled after its effect;
+- **upgrades** in progress per commit and service (the version they started from), each
+  **step**'s status and times (what barriers on other nodes read from the note), and the
+  template variables a pin step **holds** on this node.
 
 Notes, ``status``, ``history`` and the fleet gate all read these records; ``report`` (a
 ``model.Report``) is the projection a note is encoded from.
@@ -36,9 +39,9 @@ from typing import Any, NamedTuple
 
 from . import faults
 from .errors import DiskFull, ReconcilerError, StateMissing
-from .model import ActionKind, Report, ResultState, ServiceResult, Verdict
+from .model import ActionKind, Report, ResultState, Scope, ServiceResult, StepRecord, StepStatus, Verdict
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mark (
@@ -137,6 +140,34 @@ CREATE TABLE IF NOT EXISTS runs (
     reason TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS upgrades (
+    commit_id TEXT NOT NULL,
+    service TEXT NOT NULL,
+    from_commit TEXT NOT NULL DEFAULT '',  -- the version it ran when the upgrade began: put back on failure
+    from_version TEXT NOT NULL DEFAULT '',
+    to_version TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,                  -- running | done | undone
+    PRIMARY KEY (commit_id, service)
+);
+CREATE TABLE IF NOT EXISTS steps (
+    commit_id TEXT NOT NULL,
+    service TEXT NOT NULL,    -- '' for a deployment-wide post step
+    step TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    scope TEXT NOT NULL,
+    status TEXT NOT NULL,     -- started | done | skipped | failed | undone
+    started REAL NOT NULL DEFAULT 0,
+    ended REAL NOT NULL DEFAULT 0,
+    detail TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (commit_id, service, step)
+);
+CREATE TABLE IF NOT EXISTS held (
+    service TEXT NOT NULL,
+    var TEXT NOT NULL,
+    value TEXT NOT NULL,      -- JSON: a template variable an upgrade's pin step holds on this node
+    commit_id TEXT NOT NULL,  -- the upgrade commit that pinned it
+    PRIMARY KEY (service, var)
+);
 """
 
 
@@ -470,8 +501,7 @@ class Ledger:
 
     def unnoted(self) -> list[str]:
         """Commits whose record changed after their note was last written (a killed run)."""
-        return [str(r[0]) for r in self._all("SELECT commit_id FROM commits WHERE noted=0 AND verdict != 'waiting'"
-                                             " ORDER BY time")]
+        return [str(r[0]) for r in self._all("SELECT commit_id FROM commits WHERE noted=0 ORDER BY time")]
 
     def report(self, commit: str, node: str, time_text: str) -> Report | None:
         """The note of ``commit``: the ledger's record of it, as one ``Report``."""
@@ -488,7 +518,8 @@ class Ledger:
             "SELECT body FROM trust_verdicts WHERE commit_id=? ORDER BY seq", commit))
         pins = {p.service: p.commit for p in self.pins() if p.head == commit}
         return Report(node, commit, rec.verdict, time_text, services=results, reason=rec.reason, error=rec.error,
-                      plan_hash=rec.plan_hash, signer=rec.signer, verdicts=verdicts, events=events, pins=pins)
+                      plan_hash=rec.plan_hash, signer=rec.signer, verdicts=verdicts, events=events, pins=pins,
+                      steps=tuple(self.steps(commit)))
 
     def acted_on(self) -> Iterable[CommitRecord]:
         for (commit,) in self._all("SELECT commit_id FROM commits ORDER BY time"):
@@ -613,6 +644,86 @@ class Ledger:
         if row is None:
             return None
         return {"time": row[0], "commit": row[1], "state": row[2], "reason": row[3]}
+
+    # upgrades ----------------------------------------------------------------------------
+    def begin_upgrade(self, commit: str, service: str, from_commit: str, from_version: str, to_version: str) -> None:
+        """Once per commit and service: what a failure puts back. A commit that has no verdict
+        yet gets ``waiting`` (its note carries the steps other nodes wait on)."""
+        with self._tx(f"upgrade {service} {commit[:12]}") as db:
+            db.execute("INSERT OR IGNORE INTO commits(commit_id, verdict, noted, time) VALUES (?, 'waiting', 0, ?)",
+                       (commit, time.time()))
+            db.execute("INSERT OR IGNORE INTO upgrades(commit_id, service, from_commit, from_version, to_version,"
+                       " status) VALUES (?,?,?,?,?, 'running')", (commit, service, from_commit, from_version,
+                                                                  to_version))
+
+    def upgrade(self, commit: str, service: str) -> tuple[str, str, str, str] | None:
+        """(from_commit, from_version, to_version, status) of a service's upgrade in ``commit``."""
+        row = self._one("SELECT from_commit, from_version, to_version, status FROM upgrades"
+                        " WHERE commit_id=? AND service=?", commit, service)
+        return None if row is None else (str(row[0]), str(row[1]), str(row[2]), str(row[3]))
+
+    def upgrade_under_way(self, service: str, other_than: str) -> tuple[str, str, str] | None:
+        """An upgrade of ``service`` another commit began and never finished (the branch moved
+        on mid-upgrade): (its commit, the commit it started from, that version)."""
+        row = self._one("SELECT commit_id, from_commit, from_version FROM upgrades WHERE service=? AND"
+                        " status='running' AND commit_id != ? ORDER BY rowid DESC LIMIT 1", service, other_than)
+        return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+    def upgrades_running(self, commit: str) -> list[str]:
+        return [str(r[0]) for r in self._all("SELECT service FROM upgrades WHERE commit_id=? AND status='running'"
+                                             " ORDER BY service", commit)]
+
+    def reset_upgrade(self, commit: str, service: str) -> None:
+        """An undone upgrade begins again (the fleet went on after a retry). A once step that
+        is done stays done: a migration is not run twice unasked."""
+        with self._tx(f"upgrade {service} again") as db:
+            db.execute("DELETE FROM upgrades WHERE commit_id=? AND service=?", (commit, service))
+            db.execute("DELETE FROM steps WHERE commit_id=? AND service=? AND NOT (scope='once' AND status='done')",
+                       (commit, service))
+
+    def end_upgrade(self, commit: str, service: str, status: str) -> None:
+        with self._tx(f"upgrade {service} {status}") as db:
+            db.execute("UPDATE upgrades SET status=? WHERE commit_id=? AND service=?", (status, commit, service))
+
+    def step(self, commit: str, seq: int, rec: StepRecord) -> None:
+        """A step began, ended or was taken back: its record, and the note is due."""
+        with self._tx(f"step {rec.service}/{rec.step} {rec.status}") as db:
+            db.execute("INSERT OR IGNORE INTO commits(commit_id, verdict, noted, time) VALUES (?, 'waiting', 0, ?)",
+                       (commit, time.time()))
+            db.execute("INSERT OR REPLACE INTO steps(commit_id, service, step, seq, scope, status, started, ended,"
+                       " detail) VALUES (?,?,?,?,?,?,?,?,?)",
+                       (commit, rec.service, rec.step, seq, str(rec.scope), str(rec.status), rec.started, rec.ended,
+                        rec.detail))
+            db.execute("UPDATE commits SET noted=0 WHERE commit_id=?", (commit,))
+
+    def steps(self, commit: str) -> list[StepRecord]:
+        return [StepRecord(str(r[0]), str(r[1]), Scope(r[2]), StepStatus(r[3]), float(r[4]), float(r[5]), str(r[6]))
+                for r in self._all("SELECT service, step, scope, status, started, ended, detail FROM steps"
+                                   " WHERE commit_id=? ORDER BY service != '', service, seq", commit)]
+
+    def held(self) -> dict[str, dict[str, Any]]:
+        """service -> the template variables a pin step holds for it on this node."""
+        out: dict[str, dict[str, Any]] = {}
+        for service, var, value in self._all("SELECT service, var, value FROM held ORDER BY service, var"):
+            out.setdefault(str(service), {})[str(var)] = json.loads(value)
+        return out
+
+    def hold(self, service: str, values: Mapping[str, Any], commit: str) -> None:
+        with self._tx(f"hold {service}") as db:
+            for var, value in values.items():
+                db.execute("INSERT OR REPLACE INTO held(service, var, value, commit_id) VALUES (?,?,?,?)",
+                           (service, var, json.dumps(value), commit))
+            db.execute("DELETE FROM converged")
+
+    def release(self, service: str, names: Iterable[str] | None = None, commit: str | None = None) -> None:
+        """Held variables of ``service`` let go: these ``names``, or all that ``commit`` pinned."""
+        with self._tx(f"release {service}") as db:
+            if names is not None:
+                for var in names:
+                    db.execute("DELETE FROM held WHERE service=? AND var=?", (service, var))
+            elif commit is not None:
+                db.execute("DELETE FROM held WHERE service=? AND commit_id=?", (service, commit))
+            db.execute("DELETE FROM converged")
 
     # meta --------------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:

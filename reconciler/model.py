@@ -363,6 +363,50 @@ class ServiceResult:
         }
 
 
+class Scope(StrEnum):
+    """Where an upgrade step runs: on every node that runs the service, or on one of them."""
+
+    NODE = "node"
+    ONCE = "once"
+
+
+class StepStatus(StrEnum):
+    STARTED = "started"  # begun, not finished: a killed run leaves this
+    DONE = "done"
+    SKIPPED = "skipped"  # nothing to do here: the node runs the new version already, or a once step runs elsewhere
+    FAILED = "failed"
+    UNDONE = "undone"  # the upgrade failed or halted: this step was taken back
+
+
+PASSED = (StepStatus.DONE, StepStatus.SKIPPED)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step on one node, as the ledger keeps it and the note shows it."""
+
+    service: str  # "" for a deployment-wide post step
+    step: str
+    scope: Scope
+    status: StepStatus
+    started: float = 0.0
+    ended: float = 0.0
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"service": self.service, "step": self.step, "scope": str(self.scope), "status": str(self.status),
+                "started": _iso(self.started), "ended": _iso(self.ended), "detail": self.detail}
+
+
+def _iso(t: float) -> str:
+    """Milliseconds: an audit of barriers compares the ends and starts of steps."""
+    if not t:
+        return ""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 class Verdict(StrEnum):
     """The node's verdict on a commit: what its note says, and what the fleet gate reads."""
 
@@ -373,7 +417,7 @@ class Verdict(StrEnum):
     REBOOTING = "rebooting"  # a reboot this commit needs is under way
     HALTED = "halted"  # another node failed it: this one did not start
     STAGED = "staged"  # apply: manual services wait for an operator's `reconciler apply`
-    WAITING = "waiting"  # not this node's turn in the rollout yet (never noted)
+    WAITING = "waiting"  # not this node's turn yet; noted only at an upgrade's barrier
 
 
 RunState = Verdict  # the first wave's name for it
@@ -396,3 +440,4 @@ class Report:
     verdicts: tuple[Mapping[str, Any], ...] = ()
     events: tuple[str, ...] = ()  # what happened around the run: a reboot finished, a run interrupted
     pins: Mapping[str, str] = field(default_factory=dict)  # service -> commit it is held at
+    steps: tuple[StepRecord, ...] = ()  # upgrade steps of this commit on this node

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .model import Report
@@ -40,6 +40,8 @@ def to_dict(report: Report) -> dict[str, Any]:
         out["events"] = list(report.events)
     if report.pins:
         out["pins"] = dict(report.pins)
+    if report.steps:
+        out["upgrade"] = [s.to_dict() for s in report.steps]
     return out
 
 
@@ -67,9 +69,13 @@ class Note:
     time: str = ""
     failed_service: str = ""
     error: str = ""
+    steps: Mapping[tuple[str, str], str] = field(default_factory=dict)  # (service, step) -> status
 
     @staticmethod
     def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
-        failed = [s for s, r in (data.get("services") or {}).items() if r.get("result") == "failed"]
+        failed = [s for s, r in (data.get("services") or {}).items()
+                  if isinstance(r, Mapping) and r.get("result") == "failed"]
+        steps = {(str(s.get("service", "")), str(s.get("step", ""))): str(s.get("status", ""))
+                 for s in data.get("upgrade") or () if isinstance(s, Mapping)}
         return Note(node, commit, str(data.get("state", "")), str(data.get("time", "")),
-                    failed[0] if failed else "", str(data.get("error", "")))
+                    failed[0] if failed else "", str(data.get("error", "")), steps)

@@ -3,11 +3,15 @@
     prepare  sweep a killed run's leftovers, check for room, finish notes a killed run owed
     source   the branch head (a ref check; a fetch only when it moved)
     resume   a reboot this node started: wait for it, or finish it
-    noop     same commit, converged, every service running its slice: nothing at all
+    noop     same commit, converged, every service running its slice: nothing at all (unless
+             post_upgrade steps here wait on the fleet)
     trust    verified and forward, or refused (noted once per root)
     gate     a commit that failed here waits for `retry`; pins released when the branch moved;
-             the repo loads; the rollout says go, wait or halted
+             the repo loads; the rollout says go, wait or halted (an upgrade under way here is
+             taken back when halted)
+    upgrade  the commit's upgrade steps this node takes part in, each after its barrier
     converge render, observe, plan, apply (under the services lock), then settle the verdict
+    post     deployment-wide post_upgrade steps, once the fleet applied the commit
     report   the ledger's record of the commit, as its note; pushed
 
 Every verdict goes through ``Ledger.settle`` (the one table of allowed moves) and every note
@@ -42,10 +46,12 @@ from .observe import observe
 from .plan import plan as make_plan
 from .plan import stage
 from .trust import TrustError
+from .upgrader import Upgrader
 
 if TYPE_CHECKING:
     from .agent import Agent
     from .repo import DeploymentRepo
+    from .rollout import FleetView
 
 log = logging.getLogger("reconciler.agent")
 
@@ -122,6 +128,9 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         if waiting is not None:
             return RunResult(agent.cfg.node, waiting, fetched, pushed=agent.reporter.push())
         if not interrupted and not events and only is None and unchanged(agent, commit):
+            if agent.ledger.get_meta(POST_PENDING) == commit:
+                upgrader = Upgrader.of(agent, commit, agent.load(commit))
+                return post_upgrade(agent, run, upgrader, RunResult(agent.cfg.node, commit, fetched))
             return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push())
         verified = verify(agent, run)
         if isinstance(verified, RunResult):
@@ -137,7 +146,9 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         run = replace(run, events=run.events + tuple(release_pins(agent, commit)))
         try:
             repo = agent.load(commit)
-            verdict = agent.rollout_gate(repo, commit)
+            upgrader = Upgrader.of(agent, commit, repo)
+            fleet = agent.fleet_view() if upgrader.barriers else None
+            verdict = agent.rollout_gate(repo, commit, barriers=upgrader.barriers, fleet=fleet)
         except BadInput as exc:
             return stopped(agent, run, Verdict.ERROR, exc)
         if not verdict.go:
@@ -146,10 +157,73 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
                                agent.cfg.node, commit[:12], verdict.reason)
                 return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push(), waiting=verdict.reason)
             agent.say_once(("halted", commit), logging.ERROR, "%s: %s", agent.cfg.node, verdict.reason)
+            undone = upgrader.undo(verdict.reason)
             report = Report(agent.cfg.node, commit, Verdict.HALTED, now_iso(), reason="HALTED", error=verdict.reason,
-                            signer=run.signer)
+                            signer=run.signer, events=tuple(undone))
             return settle(agent, run, report, None)
-        return converge(agent, run, verified, repo=repo, only=only, instantiate=instantiate)
+        if fleet is not None and only is None:
+            stop = upgrade(agent, run, upgrader, fleet)
+            if stop is not None:
+                return stop
+        result = converge(agent, run, verified, repo=repo, only=only, instantiate=instantiate)
+        if upgrader.fleet_upgrades and result.report is not None and result.report.state is Verdict.APPLIED:
+            return post_upgrade(agent, run, upgrader, result)
+        return result
+
+
+def upgrade(agent: Agent, run: Run, upgrader: Upgrader, fleet: FleetView) -> RunResult | None:
+    """This node's upgrade steps of the commit, each after its barrier: None once all are done
+    (the pass goes on to converge), a waiting or failed result otherwise."""
+    def note() -> None:
+        write_note(agent, run.commit)
+        agent.reporter.push()
+
+    outcome = upgrader.run(fleet, note)
+    node, commit = agent.cfg.node, run.commit
+    if outcome.waiting:
+        agent.say_once(("barrier", commit, outcome.waiting), logging.INFO, "%s: %s: %s", node, commit[:12],
+                       outcome.waiting)
+        if Verdict.WAITING in ALLOWED[agent.ledger.verdict(commit)]:
+            report = Report(node, commit, Verdict.WAITING, now_iso(), reason="BARRIER", error=outcome.waiting,
+                            signer=run.signer, events=run.events)
+            return replace(settle(agent, run, report, None), waiting=outcome.waiting)
+        write_note(agent, commit)
+        return RunResult(node, commit, run.fetched, pushed=agent.reporter.push(), waiting=outcome.waiting)
+    if outcome.failed:
+        agent.say_once(("failed", commit, outcome.detail), logging.ERROR, "%s: %s failed at %s [UPGRADE_FAILED]",
+                       node, commit[:12], outcome.detail)
+        undone = upgrader.undo(outcome.detail)
+        failed = ServiceResult(outcome.failed, ActionKind.NONE, ResultState.FAILED, "upgrade", detail=outcome.detail)
+        report = Report(node, commit, Verdict.FAILED, now_iso(), services=(failed,), reason="UPGRADE_FAILED",
+                        error=outcome.detail, signer=run.signer, events=run.events + tuple(undone))
+        return settle(agent, run, report, None)
+    return None
+
+
+POST_PENDING = "post_upgrade_pending"  # meta: the commit whose post steps wait on the fleet
+
+
+def post_upgrade(agent: Agent, run: Run, upgrader: Upgrader, result: RunResult) -> RunResult:
+    """After the commit applied here: deployment-wide post steps that name this node, once every
+    node that runs their services applied it too (a poll that finds nothing new checks again)."""
+    def note() -> None:
+        write_note(agent, run.commit)
+        agent.reporter.push()
+
+    waiting, failed = upgrader.post(agent.fleet_view(), note)
+    if waiting:
+        agent.ledger.set_meta(POST_PENDING, run.commit)
+        agent.say_once(("post", run.commit, waiting), logging.INFO, "%s: %s", agent.cfg.node, waiting)
+        return replace(result, waiting=waiting, pushed=agent.reporter.push())
+    if agent.ledger.get_meta(POST_PENDING):
+        agent.ledger.set_meta(POST_PENDING, "")
+    if failed:
+        agent.ledger.add_event(run.commit, failed)
+        note()
+        agent.say_once(("post-failed", run.commit), logging.ERROR, "%s: %s [POST_UPGRADE_FAILED]", agent.cfg.node,
+                       failed)
+        return replace(result, error=ReconcilerError(failed, reason="POST_UPGRADE_FAILED"))
+    return replace(result, pushed=agent.reporter.push())
 
 
 def prepare(agent: Agent) -> tuple[Interrupted, ...]:

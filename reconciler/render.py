@@ -174,12 +174,16 @@ def _render(
         raise RenderError(f"node {node}: {type(exc).__name__}: {exc}", file=where, line=at) from exc
 
 
-def context(repo: DeploymentRepo, node: str, svc: ServiceDef) -> dict[str, Any]:
+def context(repo: DeploymentRepo, node: str, svc: ServiceDef,
+            pinned: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``pinned``: variables an upgrade step holds at a value on this node (over everything)."""
     ctx: dict[str, Any] = dict(svc.defaults)
     ctx.update(repo.node_vars(node))
+    ctx.update(pinned or {})
     ctx.update(
         node=node,
         service=svc.name,
+        service_version=svc.version,
         release=repo.release,
         groups=repo.group_members,
         hostvars=repo.hostvars,
@@ -208,13 +212,13 @@ Accounts = Callable[[str, str], str | None]
 
 
 def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: Accounts | None = None, *,
-                   budget: Budget | None = None) -> DesiredService:
+                   budget: Budget | None = None, pinned: Mapping[str, Any] | None = None) -> DesiredService:
     """One service of a node. ``accounts``: given on the node itself (the agent), which checks
     the process driver's users and groups there; a reviewer's machine renders without it.
     ``budget``: what the node's render may still spend (a fresh one from the repo's limits when
     this service is rendered alone)."""
     env = _environment_for(svc)
-    ctx = context(repo, node, svc)
+    ctx = context(repo, node, svc, pinned)
     budget = budget or Budget(repo.limits)
 
     def inline(text: str, key: str) -> str:
@@ -307,11 +311,12 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
 
 
 def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts | None = None, *,
-                limits: Limits | None = None) -> Desired:
+                limits: Limits | None = None, pinned: Mapping[str, Mapping[str, Any]] | None = None) -> Desired:
     """The node's whole slice. Same repo and node, same bytes. Bounded by ``limits`` (the repo's
     by default): time and output for the whole node, output per file (see ``sandbox``)."""
     repo.node(node)  # UnknownNode before anything else
     budget = Budget(limits or repo.limits)
-    services = tuple(render_service(repo, node, repo.services[s], accounts, budget=budget)
+    services = tuple(render_service(repo, node, repo.services[s], accounts, budget=budget,
+                                    pinned=(pinned or {}).get(s))
                      for s in repo.services_of(node))
     return Desired(node=node, commit=commit, services=services)

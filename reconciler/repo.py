@@ -24,6 +24,7 @@ from typing import Any
 from .errors import BadInput, InvalidRepo, UnknownNode
 from .limits import LIMITS, Limits
 from .tree import Tree
+from .upgrade import PostStep, Step, StepAction, check_steps, parse_post, parse_steps
 from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml
 
 
@@ -58,6 +59,9 @@ class ServiceDef:
     templates: Mapping[str, str]  # repo path -> text, every file under services/<name>/templates/
     sources: Mapping[str, bytes]  # repo path -> bytes
     lines: Mapping[str, int | None] = field(default_factory=dict)
+    version: str = ""  # the release of the service's software: a change runs ``upgrade``
+    upgrade: tuple[Step, ...] = ()
+    upgrade_after: tuple[str, ...] = ()
 
     def template_path(self, name: str) -> str:
         return f"services/{self.name}/templates/{name}"
@@ -93,6 +97,7 @@ class DeploymentRepo:
     nodes: Mapping[str, NodeDef]
     services: Mapping[str, ServiceDef]
     limits: Limits = LIMITS  # what rendering this repo may cost (see ``render``)
+    post_upgrade: tuple[PostStep, ...] = ()
 
     def node(self, name: str) -> NodeDef:
         try:
@@ -262,6 +267,9 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
         default_mode = 0o755 if src is not None and src.endswith((".py", ".sh")) else 0o644
         files.append(FileDecl(f["path"], _mode(f.get("mode"), default_mode), tpl, src, line))
     runtime = data.get("runtime", {})
+    steps = parse_steps(data.get("upgrade", ()))
+    for i, message in check_steps(steps):
+        problems.append(Problem(file, doc.line(("upgrade", i)), f"upgrade/{i}: {message}"))
     return ServiceDef(
         name=name,
         file=file,
@@ -282,12 +290,17 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
         defaults=dict(data.get("defaults", {})),
         templates=templates,
         sources=sources,
+        version=str(data.get("version", "")),
+        upgrade=steps,
+        upgrade_after=tuple(str(a) for a in data.get("upgrade_after", ())),
         lines={
             "runtime": doc.line(("runtime",)),
             "command": doc.line(("runtime", "command")),
             "env": doc.line(("runtime", "env")),
             "health": doc.line(("health",)),
             "depends_on": doc.line(("depends_on",)),
+            "upgrade_after": doc.line(("upgrade_after",)),
+            "upgrade": doc.line(("upgrade",)),
         },
     )
 
@@ -338,6 +351,8 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
                                    n.get("apply") == "manual")
 
     problems.extend(_check_dependencies(services))
+    post = parse_post(settings.data.get("post_upgrade", ())) if settings is not None else ()
+    problems.extend(_check_upgrades(services, post, groups, nodes, settings))
     if problems:
         raise RepoProblems(problems)
     assert settings is not None and inventory is not None
@@ -351,6 +366,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         nodes=nodes,
         services=services,
         limits=limits,
+        post_upgrade=post,
     )
     problems = repo.check_drivers()
     if problems:
@@ -372,4 +388,32 @@ def _check_dependencies(services: Mapping[str, ServiceDef]) -> list[Problem]:
         cycle = " -> ".join(exc.args[1])
         first = services[exc.args[1][0]]
         problems.append(Problem(first.file, first.lines.get("depends_on"), f"dependency cycle: {cycle}"))
+    return problems
+
+
+def _check_upgrades(services: Mapping[str, ServiceDef], post: tuple[PostStep, ...], groups: Mapping[str, GroupDef],
+                    nodes: Mapping[str, NodeDef], settings: YamlDoc | None) -> list[Problem]:
+    problems = []
+    for svc in services.values():
+        for name in svc.upgrade_after:
+            if name not in services:
+                problems.append(Problem(svc.file, svc.lines.get("upgrade_after"),
+                                        f"upgrade_after: unknown service {name!r}"))
+        if svc.upgrade and not svc.version and not svc.container.get("image"):
+            problems.append(Problem(svc.file, svc.lines.get("upgrade"),
+                                    "upgrade steps need a `version` (or a runtime image) whose change runs them"))
+    for i, p in enumerate(post):
+        line = settings.line(("post_upgrade", i)) if settings is not None else None
+        for name in (*p.after, *p.services):
+            if name not in services:
+                problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: unknown service {name!r}"))
+        if p.node and p.node not in nodes:
+            problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: unknown node {p.node!r}"))
+        if p.group and p.group not in groups:
+            problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: unknown group {p.group!r}"))
+        if (p.action is StepAction.COMMAND) != bool(p.command.strip()):
+            problems.append(Problem("reconciler.yaml", line,
+                                    f"post_upgrade {p.name!r}: a command (and only action command) needs `command`"))
+        if p.action is StepAction.UNPIN and not p.names:
+            problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: action unpin needs `vars`"))
     return problems

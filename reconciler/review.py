@@ -16,6 +16,8 @@ from .model import ActionKind, Desired, Observed, ObservedService, Plan
 from .plan import plan as make_plan
 from .render import render_node
 from .repo import DeploymentRepo
+from .rollout import plan_rollout
+from .upgrade import describe, fleet_upgrades_of, upgraded
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,11 @@ class NodeDiff:
     node: str
     plan: Plan
     files: tuple[FileDiff, ...]
+    upgrade: tuple[str, ...] = ()  # the upgrade steps this node runs, each with its barrier
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "plan_hash": self.plan.hash, "files": [f.to_dict() for f in self.files],
-                "actions": [a.to_dict() for a in self.plan.changes]}
+                "actions": [a.to_dict() for a in self.plan.changes], "upgrade": list(self.upgrade)}
 
 
 def as_applied(desired: Desired) -> Observed:
@@ -79,13 +82,17 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
 def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
                nodes: list[str] | None = None) -> list[NodeDiff]:
     names = nodes or sorted(set(repo_a.nodes) | set(repo_b.nodes))
+    rollout = plan_rollout(repo_b.settings, repo_b.nodes, repo_b.members)
+    order = [n for _, members in rollout.batches() for n in members]
+    upgrades = fleet_upgrades_of(repo_b, upgraded(repo_b, repo_a), order)
     out = []
     for node in names:
         if node not in repo_a.nodes and node not in repo_b.nodes:
             repo_b.node(node)  # raises UnknownNode
         da = render_node(repo_a, node, a) if node in repo_a.nodes else Desired(node, a, ())
         db = render_node(repo_b, node, b) if node in repo_b.nodes else Desired(node, b, ())
-        out.append(NodeDiff(node, make_plan(db, as_applied(da)), tuple(file_diffs(node, da, db))))
+        steps = tuple(line for up in upgrades.values() if node in up.participants for line in describe(up, node))
+        out.append(NodeDiff(node, make_plan(db, as_applied(da)), tuple(file_diffs(node, da, db)), steps))
     return out
 
 
@@ -118,6 +125,9 @@ def markdown(diffs: list[NodeDiff], a: str, b: str) -> str:
         lines += ["", f"<details><summary><b>{d.node}</b>: {_brief(d)} (plan <code>{d.plan.hash}</code>)</summary>", "",
                   "| service | action | reason |", "|---|---|---|"]
         lines += [f"| {x.service} | {x.kind} | {_cell(x.reason)} |" for x in d.plan.changes]
+        if d.upgrade:
+            lines += ["", "Upgrade steps, in order (each waits at its barrier):", ""]
+            lines += [f"1. {_cell(u)}" for u in d.upgrade]
         if d.files:
             lines += ["", "```diff"] + ["".join(f.text for f in d.files).rstrip("\n"), "```"]
         lines += ["", "</details>"]

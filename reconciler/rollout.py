@@ -115,6 +115,13 @@ class FleetView:
                 return note
         return None
 
+    def note(self, node: str, commit: str) -> Note | None:
+        return next((n for n in self.notes.get(node, ()) if n.commit == commit), None)
+
+    def progress(self, commit: str) -> dict[str, dict[tuple[str, str], str]]:
+        """node -> (service, step) -> status: each node's upgrade steps of ``commit``."""
+        return {node: dict(note.steps) for node in self.notes if (note := self.note(node, commit)) is not None}
+
     def failure(self, commit: str) -> Note | None:
         for node in sorted(self.notes):
             for note in self.notes[node]:
@@ -123,14 +130,22 @@ class FleetView:
         return None
 
 
-def decide(rollout: Rollout, node: str, commit: str, fleet: FleetView, now: float) -> Verdict:
-    if not rollout.enabled:
+def decide(rollout: Rollout, node: str, commit: str, fleet: FleetView, now: float, *,
+           barriers: bool = False) -> Verdict:
+    """``barriers``: the commit upgrades a service this node runs; its steps' barriers order the
+    node instead of the waves (every node that runs the service moves step by step together),
+    and a failure anywhere still halts it."""
+    if not rollout.enabled and not barriers:
         return Verdict(True, reason="no rollout plan")
     failed = fleet.failure(commit)
-    if failed is not None and failed.node != node and rollout.halt_on_failure:
+    if failed is not None and failed.node != node and (rollout.halt_on_failure or barriers):
         what = f" ({failed.failed_service})" if failed.failed_service else ""
         return Verdict(False, halted=True, failed=failed,
                        reason=f"halted: {failed.node} failed {commit[:12]}{what}: {failed.error}".rstrip(": "))
+    if barriers:
+        return Verdict(True, reason="upgrade: the steps' barriers order this node")
+    if not rollout.enabled:
+        return Verdict(True, reason="no rollout plan")
     try:
         mine = rollout.position(node)
     except KeyError:

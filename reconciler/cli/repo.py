@@ -190,6 +190,8 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
         for a in d.plan.changes:
             table.add_row(a.service, style(str(a.kind)), escape(a.reason))
         out.print(table)
+        for i, line in enumerate(d.upgrade, 1):
+            out.print(f"upgrade step {i}: {escape(line)}")
     summ = summary(diffs)
     unchanged = sum(1 for d in diffs if not d.plan.changes)
     parts = [f"{v['nodes']} node{'s' if v['nodes'] != 1 else ''} {k} ({v['services']} service"

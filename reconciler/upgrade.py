@@ -1,0 +1,272 @@
+"""Upgrades: a service's ordered steps across every node that runs it, with barriers read from
+the nodes' notes (TripleO's composable upgrades, with no controller). Pure: the repo at the
+upgrade commit, the versions this node runs and the notes in; what to do next out.
+
+A commit *upgrades* a service when the service has ``upgrade:`` steps and its version (its
+``version`` and its image) differs from the version at the commit's parent. Every node that runs
+the service at that commit takes part: it notes every step for that commit, as done, or as
+skipped when it already runs the new version. Step k+1 starts on a node only when every
+participant noted step k done or skipped (a ``once`` step: done on the one node that runs it,
+the first participant in wave order). ``upgrade_after`` holds a service's first step until the
+services it names are upgraded on every node. While a commit upgrades something on a node,
+barriers order that node, not the rollout's waves; a failure anywhere still halts everyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from .model import PASSED, Scope, StepRecord, StepStatus
+
+if TYPE_CHECKING:
+    from .repo import DeploymentRepo, ServiceDef
+
+__all__ = ["Barrier", "PostStep", "Scope", "Step", "StepAction", "StepRecord", "StepStatus", "Upgrade", "barrier",
+           "describe", "fleet_upgrades_of", "plan_upgrades", "post_steps_due", "upgraded", "version_of"]
+
+
+
+class StepAction(StrEnum):
+    COMMAND = "command"
+    STOP = "stop"
+    START = "start"
+    RELOAD = "reload"
+    PIN = "pin"
+    UNPIN = "unpin"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    action: StepAction
+    scope: Scope = Scope.NODE
+    command: str = ""
+    rollback: str = ""
+    timeout: float = 600.0
+    values: Mapping[str, Any] = field(default_factory=dict)  # pin: var -> value
+    names: tuple[str, ...] = ()  # unpin: vars
+    idempotent: bool = False
+
+
+@dataclass(frozen=True)
+class PostStep:
+    name: str
+    after: tuple[str, ...]
+    action: StepAction
+    command: str = ""
+    names: tuple[str, ...] = ()
+    services: tuple[str, ...] = ()
+    node: str = ""
+    group: str = ""
+    timeout: float = 600.0
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.services or self.after
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """One service's upgrade on this node for one commit."""
+
+    service: str
+    from_version: str
+    to_version: str
+    steps: tuple[Step, ...]
+    after: tuple[str, ...]
+    participants: tuple[str, ...]  # every node that runs the service at the commit, in wave order
+    needed: bool  # False: this node already runs the new version; its steps are noted skipped
+
+    @property
+    def once_node(self) -> str:
+        return self.participants[0] if self.participants else ""
+
+
+def version_of(svc: ServiceDef | None) -> str:
+    """What an upgrade compares: the service's ``version`` and its image."""
+    if svc is None:
+        return ""
+    parts = [str(svc.version)] if svc.version else []
+    image = svc.container.get("image")
+    if image:
+        parts.append(str(image))
+    return " ".join(parts)
+
+
+def upgraded(repo: DeploymentRepo, parent: DeploymentRepo | None) -> tuple[str, ...]:
+    """The services this commit upgrades fleet-wide (same answer on every node)."""
+    if parent is None:
+        return ()
+    return tuple(sorted(name for name, svc in repo.services.items()
+                        if svc.upgrade and name in parent.services
+                        and version_of(svc) != version_of(parent.services[name])))
+
+
+def participants(repo: DeploymentRepo, service: str, order: Sequence[str]) -> tuple[str, ...]:
+    """Every node that runs ``service``, in ``order`` (wave order; the rest by name)."""
+    runs = {n for n in repo.nodes if service in repo.services_of(n)}
+    first = [n for n in order if n in runs]
+    return (*first, *sorted(runs - set(first)))
+
+
+def plan_upgrades(repo: DeploymentRepo, node: str, fleet_upgrades: Iterable[str], running: Mapping[str, str],
+                  order: Sequence[str]) -> tuple[Upgrade, ...]:
+    """This node's part in the commit's upgrades, ordered by ``upgrade_after`` then name.
+    ``running``: the version each service runs here now ("" when it does not run)."""
+    mine = set(repo.services_of(node))
+    out = []
+    for name in fleet_upgrades:
+        if name not in mine:
+            continue
+        svc = repo.services[name]
+        target = version_of(svc)
+        now = running.get(name, "")
+        out.append(Upgrade(name, now, target, svc.upgrade, svc.upgrade_after, participants(repo, name, order),
+                           needed=bool(now) and now != target))
+    names = {u.service for u in out}
+    ordered: list[Upgrade] = []
+    pending = sorted(out, key=lambda u: u.service)
+    while pending:
+        ready = [u for u in pending if not (set(u.after) & names - {o.service for o in ordered})] or pending[:1]
+        ordered.append(ready[0])
+        pending.remove(ready[0])
+    return tuple(ordered)
+
+
+def fleet_upgrades_of(repo: DeploymentRepo, fleet_upgrades: Iterable[str], order: Sequence[str]) -> dict[str, Upgrade]:
+    """Every upgrade of the commit as the fleet runs it (steps and participants): what a
+    barrier on ``upgrade_after`` waits on, whether or not this node runs that service."""
+    return {name: Upgrade(name, "", version_of(repo.services[name]), repo.services[name].upgrade,
+                          repo.services[name].upgrade_after, participants(repo, name, order), needed=False)
+            for name in fleet_upgrades}
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Whether a step may start: ``waiting_for`` the nodes that have not noted what it needs."""
+
+    what: str
+    waiting_for: tuple[str, ...] = ()
+
+    @property
+    def go(self) -> bool:
+        return not self.waiting_for
+
+    @property
+    def reason(self) -> str:
+        shown = ", ".join(self.waiting_for[:5]) + (f" and {len(self.waiting_for) - 5} more"
+                                                     if len(self.waiting_for) > 5 else "")
+        return f"waiting at barrier {self.what}: for {shown}"
+
+
+# node -> (service, step) -> status, for one commit: what the fleet's notes say
+Progress = Mapping[str, Mapping[tuple[str, str], str]]
+
+
+def barrier(up: Upgrade, k: int, progress: Progress, others: Mapping[str, Upgrade]) -> Barrier:
+    """May step ``k`` of ``up`` start? ``others``: every upgrade of the commit, fleet-wide
+    (``fleet_upgrades_of``), for the services ``up.after`` names."""
+    def passed(node: str, service: str, step: str, statuses: tuple[StepStatus, ...] = PASSED) -> bool:
+        return progress.get(node, {}).get((service, step)) in statuses
+
+    if k == 0:
+        waiting: list[str] = []
+        for name in up.after:
+            other = others.get(name)
+            if other is None:
+                continue  # not upgraded by this commit: nothing to wait for
+            for node in other.participants:
+                if not all(passed(node, name, s.name) for s in other.steps) and node not in waiting:
+                    waiting.append(node)
+        return Barrier(f"{up.service}/{up.steps[0].name} (after {', '.join(up.after)})", tuple(waiting))
+    prev = up.steps[k - 1]
+    what = f"{up.service}/{up.steps[k].name} (after {prev.name})"
+    if prev.scope is Scope.ONCE:
+        once = up.once_node
+        return Barrier(what, () if passed(once, up.service, prev.name, (StepStatus.DONE,)) else (once,))
+    return Barrier(what, tuple(n for n in up.participants if not passed(n, up.service, prev.name)))
+
+
+def post_steps_due(repo: DeploymentRepo, node: str, fleet_upgrades: Iterable[str], applied: Callable[[str], bool],
+                   members: Callable[[str], Iterable[str]]) -> tuple[tuple[PostStep, tuple[str, ...]], ...]:
+    """The post steps this node runs for the commit, each with the nodes it still waits for
+    (those that run one of its ``after`` services and have not noted the commit applied)."""
+    upgrading = set(fleet_upgrades)
+    out = []
+    for post in repo.post_upgrade:
+        if not upgrading & set(post.after):
+            continue
+        runs = sorted({n for s in post.after for n in participants(repo, s, ())})
+        if post.node:
+            targets = {post.node}
+        elif post.group:
+            targets = set(members(post.group))
+        else:
+            targets = {n for n in repo.nodes if set(post.targets) & set(repo.services_of(n))}
+        if node not in targets:
+            continue
+        out.append((post, tuple(n for n in runs if not applied(n))))
+    return tuple(out)
+
+
+def describe(up: Upgrade, node: str) -> tuple[str, ...]:
+    """What ``node`` will do for ``up``, step by step, and the barrier each step waits on (for
+    a reviewer's `diff`)."""
+    lines = []
+    everyone = f"all {len(up.participants)} nodes" if len(up.participants) > 1 else up.participants[0]
+    for k, step in enumerate(up.steps):
+        what = f"{up.service}: {step.name} ({step.action}"
+        if step.scope is Scope.ONCE:
+            what += ", once: here" if up.once_node == node else f", once: on {up.once_node}, not here"
+        what += ")"
+        if k == 0:
+            if up.after:
+                what += f", after {', '.join(up.after)} upgraded everywhere"
+        elif up.steps[k - 1].scope is Scope.ONCE:
+            what += f", after {up.steps[k - 1].name} on {up.once_node}"
+        else:
+            what += f", after {up.steps[k - 1].name} on {everyone}"
+        lines.append(what)
+    return tuple(lines)
+
+
+def parse_steps(items: Sequence[Mapping[str, Any]]) -> tuple[Step, ...]:
+    return tuple(Step(str(s["name"]), StepAction(s["action"]), Scope(s.get("scope", "node")), str(s.get("command", "")),
+                      str(s.get("rollback", "")), float(s.get("timeout", 600)), dict(s.get("set", {})),
+                      tuple(str(v) for v in s.get("vars", ())), bool(s.get("idempotent", False)))
+                 for s in items)
+
+
+def parse_post(items: Sequence[Mapping[str, Any]]) -> tuple[PostStep, ...]:
+    return tuple(PostStep(str(p["name"]), tuple(str(a) for a in p["after"]), StepAction(p["action"]),
+                          str(p.get("command", "")), tuple(str(v) for v in p.get("vars", ())),
+                          tuple(str(s) for s in p.get("services", ())), str(p.get("node", "")),
+                          str(p.get("group", "")), float(p.get("timeout", 600)))
+                 for p in items)
+
+
+def check_steps(steps: Sequence[Step]) -> list[tuple[int, str]]:
+    """What is wrong with a service's steps: (index, message)."""
+    problems = []
+    seen: set[str] = set()
+    for i, s in enumerate(steps):
+        if s.name in seen:
+            problems.append((i, f"step {s.name!r} named twice"))
+        seen.add(s.name)
+        if s.action is StepAction.COMMAND and not s.command.strip():
+            problems.append((i, f"step {s.name!r}: action command needs a command"))
+        if s.action is not StepAction.COMMAND and s.command:
+            problems.append((i, f"step {s.name!r}: only action command takes a command"))
+        if s.scope is Scope.ONCE and s.action is not StepAction.COMMAND:
+            problems.append((i, f"step {s.name!r}: only a command can run once (scope: once)"))
+        if s.action is StepAction.PIN and not s.values:
+            problems.append((i, f"step {s.name!r}: action pin needs `set`"))
+        if s.action is StepAction.UNPIN and not s.names:
+            problems.append((i, f"step {s.name!r}: action unpin needs `vars`"))
+        if s.rollback and s.action is not StepAction.COMMAND:
+            problems.append((i, f"step {s.name!r}: `rollback` is for command steps (stop, start and pins are "
+                                "taken back by the agent itself)"))
+    return problems

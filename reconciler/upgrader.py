@@ -1,0 +1,459 @@
+"""Runs this node's part of an upgrade: each step once its barrier passes, recorded in the
+ledger (and so in the note other nodes wait on); a failed or halted upgrade taken back.
+
+The rules (who takes part, which barrier holds which step) are ``upgrade``, pure; here they
+meet the drivers and the ledger. A step is recorded ``started`` before it runs and ``done``
+after its effect, so a killed run resumes at that step; a ``once`` command whose run was
+interrupted is not run again unless it says it is ``idempotent`` (the upgrade stops for an
+operator instead), so a migration never runs twice unasked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pygit2
+
+from . import faults
+from .apply import apply_plan
+from .atomic import atomic_write
+from .drivers.base import clean_env
+from .errors import ReconcilerError
+from .model import PASSED, Action, ActionKind, Desired, DesiredService, Plan, ResultState, Scope, StepRecord, StepStatus
+from .observe import observe
+from .plan import plan as make_plan
+from .rollout import FleetView, plan_rollout
+from .upgrade import (
+    PostStep,
+    Step,
+    StepAction,
+    Upgrade,
+    barrier,
+    fleet_upgrades_of,
+    plan_upgrades,
+    post_steps_due,
+    upgraded,
+    version_of,
+)
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .repo import DeploymentRepo
+
+log = logging.getLogger("reconciler.upgrade")
+
+OUTPUT = 2000  # characters of a step's output kept in its record
+INTERRUPTED = "interrupted: the command started and never finished (the node or the agent died)"
+# Runs a step's command; "started" (its pid) first and "status" last, each by a rename.
+WRAPPER = ('echo $$ > ../started.tmp && mv ../started.tmp ../started && '
+           '(/bin/sh -c "$RECONCILER_STEP_COMMAND") > ../output 2>&1 < /dev/null; '
+           'echo $? > ../status.tmp && mv ../status.tmp ../status')
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How far this node got: every upgrade done (neither field set), waiting at a barrier, or a
+    step failed (``failed``: the service; ``detail``: the step, the node and the output)."""
+
+    waiting: str = ""
+    failed: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Upgrader:
+    agent: Agent
+    commit: str
+    repo: DeploymentRepo
+    fleet_upgrades: tuple[str, ...]
+    mine: tuple[Upgrade, ...]
+    everyone: Mapping[str, Upgrade]  # every upgrade of the commit, as the fleet runs it
+
+    @property
+    def node(self) -> str:
+        return self.agent.cfg.node
+
+    # what this commit upgrades -----------------------------------------------------------
+    @staticmethod
+    def of(agent: Agent, commit: str, repo: DeploymentRepo) -> Upgrader:
+        parent = _parent(agent, commit)
+        fleet_upgrades = upgraded(repo, parent)
+        mine: tuple[Upgrade, ...] = ()
+        everyone: dict[str, Upgrade] = {}
+        if fleet_upgrades:
+            rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
+            order = [n for _, members in rollout.batches() for n in members]
+            running = {}
+            for name in fleet_upgrades:
+                begun = agent.ledger.upgrade(commit, name)
+                if begun is not None:
+                    running[name] = begun[1]
+                    continue
+                rec = agent.ledger.service(name)
+                if rec is not None and rec.running is not None:
+                    running[name] = version_of(_load(agent, rec.running.commit).services.get(name))
+                elif (prior := agent.ledger.upgrade_under_way(name, commit)) is not None:
+                    running[name] = prior[2]  # stopped by an upgrade the branch moved past: still that version
+            mine = plan_upgrades(repo, agent.cfg.node, fleet_upgrades, running, order)
+            everyone = fleet_upgrades_of(repo, fleet_upgrades, order)
+        return Upgrader(agent, commit, repo, fleet_upgrades, mine, everyone)
+
+    @property
+    def barriers(self) -> bool:
+        """This node takes part in an upgrade of this commit (barriers order it, not waves)."""
+        return bool(self.mine)
+
+    # the steps ---------------------------------------------------------------------------
+    def run(self, fleet: FleetView, note: Callable[[], None]) -> Outcome:
+        ledger = self.agent.ledger
+        others = self.everyone
+        for up in self.mine:
+            begun = ledger.upgrade(self.commit, up.service)
+            if begun is not None and begun[3] == "done":
+                continue
+            if begun is not None and begun[3] == "undone":
+                ledger.reset_upgrade(self.commit, up.service)  # the fleet goes on (a retry): from the top
+                shutil.rmtree(self.agent.cfg.state_dir / "upgrade" / self.commit[:12] / up.service, ignore_errors=True)
+                begun = None
+            if begun is None:
+                running = ledger.service(up.service)
+                back = running.running.commit if running and running.running else ""
+                prior = ledger.upgrade_under_way(up.service, self.commit)
+                if prior is not None:  # superseded: this upgrade takes over what it would have put back
+                    back = back or prior[1]
+                    ledger.end_upgrade(prior[0], up.service, "superseded")
+                ledger.begin_upgrade(self.commit, up.service, back, up.from_version, up.to_version)
+            if not up.needed:
+                self._skip_all(up, f"runs {up.to_version or 'nothing'} already" if up.from_version == up.to_version
+                               else "not running here before: started at the new version")
+                note()
+                continue
+            outcome = self._steps(up, fleet, others, note)
+            if outcome.waiting or outcome.failed:
+                return outcome
+            ledger.end_upgrade(self.commit, up.service, "done")
+        return Outcome()
+
+    def _skip_all(self, up: Upgrade, why: str) -> None:
+        now = time.time()
+        for k, step in enumerate(up.steps):
+            self.agent.ledger.step(self.commit, k, StepRecord(up.service, step.name, step.scope, StepStatus.SKIPPED,
+                                                             now, now, why))
+        self.agent.ledger.end_upgrade(self.commit, up.service, "done")
+
+    def _progress(self, fleet: FleetView) -> dict[str, dict[tuple[str, str], str]]:
+        progress = fleet.progress(self.commit)
+        progress[self.node] = {(r.service, r.step): str(r.status) for r in self.agent.ledger.steps(self.commit)}
+        return progress
+
+    def _steps(self, up: Upgrade, fleet: FleetView, others: Mapping[str, Upgrade], note: Callable[[], None]) -> Outcome:
+        ledger = self.agent.ledger
+        for k, step in enumerate(up.steps):
+            mine = {r.step: r for r in ledger.steps(self.commit) if r.service == up.service}
+            rec = mine.get(step.name)
+            if rec is not None and rec.status in PASSED:
+                continue
+            gate = barrier(up, k, self._progress(fleet), others)
+            if not gate.go:
+                return Outcome(waiting=gate.reason)
+            if step.scope is Scope.ONCE and up.once_node != self.node:
+                now = time.time()
+                ledger.step(self.commit, k, StepRecord(up.service, step.name, step.scope, StepStatus.SKIPPED, now, now,
+                                                       f"runs once, on {up.once_node}"))
+                note()
+                continue
+            started = rec.started if rec is not None and rec.status is StepStatus.STARTED else time.time()
+            if rec is None or rec.status is not StepStatus.STARTED:
+                ledger.step(self.commit, k, StepRecord(up.service, step.name, step.scope, StepStatus.STARTED, started))
+            log.info("%s: upgrade %s: step %s (%s)", self.node, up.service, step.name, step.action)
+            ok, detail = self._do(up, step)
+            if detail == INTERRUPTED and (step.idempotent or step.scope is Scope.NODE):
+                self._forget(up.service, step.name)  # safe to repeat: run again
+                ok, detail = self._do(up, step)
+            elif detail == INTERRUPTED:
+                detail = (f"{INTERRUPTED}; a once step is not run twice unasked: check what it did, then "
+                          "`reconciler retry` (or mark it idempotent: true)")
+            status = StepStatus.DONE if ok else StepStatus.FAILED
+            ledger.step(self.commit, k, StepRecord(up.service, step.name, step.scope, status, started, time.time(),
+                                                   detail))
+            if not ok:
+                return Outcome(failed=up.service,
+                               detail=f"{up.service}: upgrade step {step.name} failed on {self.node}: {detail}")
+            note()
+        return Outcome()
+
+    def _do(self, up: Upgrade, step: Step) -> tuple[bool, str]:
+        """One step's effect; (ok, what happened)."""
+        try:
+            with self.agent.state.services_lock(wait=60):
+                match step.action:
+                    case StepAction.COMMAND:
+                        return self._command(up.service, step.command, step.timeout, step.name)
+                    case StepAction.STOP:
+                        return self._apply(up.service, ActionKind.STOP, None)
+                    case StepAction.START:
+                        return self._apply(up.service, None, self._render(up.service, self.commit))
+                    case StepAction.RELOAD:
+                        return self._apply(up.service, ActionKind.RELOAD, self._render(up.service, self._running(up)))
+                    case StepAction.PIN:
+                        self.agent.ledger.hold(up.service, step.values, self.commit)
+                        return self._apply(up.service, None, self._render(up.service, self._running(up)))
+                    case StepAction.UNPIN:
+                        self.agent.ledger.release(up.service, step.names)
+                        return self._apply(up.service, None, self._render(up.service, self._running(up)))
+        except ReconcilerError as exc:
+            if exc.reason == "DISK_FULL":
+                raise
+            return False, str(exc)
+        return False, f"unknown action {step.action}"  # pragma: no cover - the schema allows no other
+
+    def _forget(self, service: str, name: str) -> None:
+        shutil.rmtree(self.agent.cfg.state_dir / "upgrade" / self.commit[:12] / (service or "post") / name,
+                      ignore_errors=True)
+
+    def _running(self, up: Upgrade) -> str:
+        """The commit the service's running version was rendered from (the new one once started)."""
+        rec = self.agent.ledger.service(up.service)
+        if rec is not None and rec.running is not None:
+            return rec.running.commit
+        begun = self.agent.ledger.upgrade(self.commit, up.service)
+        return begun[0] if begun and begun[0] else self.commit
+
+    def _render(self, service: str, commit: str) -> DesiredService:
+        from .drivers.process import check_account
+        from .render import render_node
+
+        repo = self.repo if commit == self.commit else _load(self.agent, commit)
+        if commit != self.commit:
+            self.agent.keeper.vouch(self.agent.revision(commit))  # only a verified commit is rendered
+        desired = render_node(repo, self.node, commit, check_account, pinned=self.agent.ledger.held())
+        return replace(desired.by_name()[service], origin=commit)
+
+    def _apply(self, service: str, kind: ActionKind | None, svc: DesiredService | None) -> tuple[bool, str]:
+        """``kind`` for this service (a stop, a reload), or whatever the planner says it needs to
+        run ``svc`` (a start after a stop, a reload for a pinned value)."""
+        drivers = self.agent.drivers(Desired(self.node, self.commit, (svc,) if svc else ()))
+        seen = observe(self.node, drivers).by_name()
+        if kind is ActionKind.STOP:
+            if service not in seen:
+                return True, "stopped already"
+            actions: tuple[Action, ...] = (Action(ActionKind.STOP, service, "upgrade step", None,
+                                                  seen[service].driver),)
+        elif kind is not None:
+            assert svc is not None
+            actions = (Action(kind, service, "upgrade step", svc, svc.runtime.driver),)
+        else:
+            assert svc is not None
+            planned = make_plan(Desired(self.node, self.commit, (svc,)), observe(self.node, drivers))
+            actions = tuple(a for a in planned.actions if a.service == service)
+        results = apply_plan(Plan(self.node, self.commit, actions), drivers, self.agent.ledger)
+        failed = [r for r in results if r.state is ResultState.FAILED]
+        if failed:
+            output = self.agent.last_output(service)
+            return False, failed[0].detail + (f" | output: {output}" if output else "")
+        return True, "; ".join(f"{r.action}" + (f" ({r.reason})" if r.reason and r.action is not ActionKind.STOP
+                                                   else "") for r in results) or "nothing to do"
+
+    def _command(self, service: str, command: str, timeout: float, name: str) -> tuple[bool, str]:
+        """A shell command in a directory of the new version's rendered files, with a clean
+        environment plus the service's own and what says where it runs. It runs in its own
+        session under a small wrapper that writes its pid first and its exit status last, so
+        an agent killed meanwhile finds, on its next run, a command still running (waited for)
+        or finished (its status used): a step is never run twice because the agent died."""
+        d = self.agent.cfg.state_dir / "upgrade" / self.commit[:12] / (service or "post") / name
+        mark = f"{self.commit}/{service}/{name}"
+        status = self._finished(d, mark, timeout)
+        if status is None:
+            if (d / "started").exists():
+                return False, INTERRUPTED
+            shutil.rmtree(d, ignore_errors=True)
+            svc = self._render(service, self.commit) if service else None
+            (d / "files").mkdir(parents=True, exist_ok=True)
+            for f in svc.files if svc else ():
+                atomic_write(d / "files" / f.path, f.content, f.mode)
+            env = {**clean_env(), **(dict(svc.runtime.env) if svc else {}), "RECONCILER_NODE": self.node,
+                   "RECONCILER_SERVICE": service, "RECONCILER_COMMIT": self.commit, "RECONCILER_STEP": name,
+                   "RECONCILER_STEP_ID": mark, "RECONCILER_STEP_COMMAND": command}
+            faults.point("spawn", f"upgrade step {service}/{name}")
+            proc = subprocess.Popen(["/bin/sh", "-c", WRAPPER], cwd=d / "files", env=env, start_new_session=True,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return False, f"timed out after {timeout:g}s"
+            status = self._finished(d, mark, 0)
+            if status is None:
+                return False, "the command's wrapper ended without an exit status"
+        try:
+            output = (d / "output").read_bytes()[-OUTPUT:].decode(errors="replace").strip()
+        except FileNotFoundError:
+            output = ""
+        if status != 0:
+            return False, f"exit {status}" + (f": {output[-500:]}" if output else "")
+        return True, output[-200:] or "ok"
+
+    @staticmethod
+    def _finished(d: Path, mark: str, timeout: float) -> int | None:
+        """The exit status a step's command left, waiting (up to ``timeout``) for one that a
+        killed agent left running; None when it never finished (or never started)."""
+        started = d / "started"
+        if started.exists() and not (d / "status").exists():
+            try:
+                pid = int(started.read_text().strip())
+            except ValueError:
+                pid = 0
+            deadline = time.monotonic() + timeout
+            while pid and _runs(pid, mark) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        try:
+            return int((d / "status").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    # taking it back ----------------------------------------------------------------------
+    def undo(self, why: str) -> list[str]:
+        """A step failed here or elsewhere: each upgrade this node has under way is taken back.
+        Command steps' ``rollback`` run (newest first), pins this upgrade made are released, and
+        the service runs the version it ran before. Returns what the note says about it."""
+        ledger = self.agent.ledger
+        events = []
+        for up in self.mine:
+            begun = ledger.upgrade(self.commit, up.service)
+            if begun is None or begun[3] != "running":
+                continue
+            steps = {s.name: (k, s) for k, s in enumerate(up.steps)}
+            records = [r for r in ledger.steps(self.commit) if r.service == up.service]
+            for rec in reversed(records):
+                k, step = steps.get(rec.step, (0, None))
+                if step is None or rec.status not in (StepStatus.DONE, StepStatus.FAILED, StepStatus.STARTED):
+                    continue
+                detail = "taken back"
+                if step.action is StepAction.COMMAND:
+                    if not step.rollback:
+                        continue  # a command without a rollback stays what it did
+                    with self.agent.state.services_lock(wait=60):
+                        ok, out = self._command(up.service, step.rollback, step.timeout, f"{step.name}-rollback")
+                    detail = f"rollback {'ok' if ok else 'failed'}: {out}"
+                    events.append(f"upgrade of {up.service}: step {step.name} rolled back on {self.node} ({detail})")
+                ledger.step(self.commit, k, replace(rec, status=StepStatus.UNDONE, detail=f"{rec.detail}; {detail}"
+                                                    if rec.detail else detail))
+            ledger.release(up.service, commit=self.commit)
+            back = begun[0]
+            if back:
+                try:
+                    with self.agent.state.services_lock(wait=60):
+                        ok, detail = self._apply(up.service, None, self._render(up.service, back))
+                except ReconcilerError as exc:
+                    ok, detail = False, str(exc)
+                events.append(f"upgrade of {up.service} taken back ({why}): {up.from_version} put back from "
+                              f"{back[:12]}, {'ok' if ok else 'failed'}: {detail}")
+            ledger.end_upgrade(self.commit, up.service, "undone")
+        for e in events:
+            log.warning("%s: %s", self.node, e)
+        return events
+
+    # deployment-wide post steps ----------------------------------------------------------
+    def post(self, fleet: FleetView, note: Callable[[], None]) -> tuple[str, str]:
+        """Post steps due on this node: run those whose services are applied fleet-wide.
+        Returns (waiting reason, failure detail); both empty when none is left."""
+        due = post_steps_due(self.repo, self.node, self.fleet_upgrades,
+                             lambda n: n == self.node or fleet.reached(n, self.commit) is not None,
+                             self.repo.members)
+        done = {r.step: r for r in self.agent.ledger.steps(self.commit) if r.service == ""}
+        for k, (post, waiting) in enumerate(due):
+            rec = done.get(post.name)
+            if rec is not None and rec.status in (StepStatus.DONE, StepStatus.FAILED):
+                continue
+            if waiting:
+                shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
+                return f"post_upgrade {post.name} waits for {shown} to apply {self.commit[:12]}", ""
+            started = time.time()
+            self.agent.ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started))
+            ok, detail = self._post(post)
+            self.agent.ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE,
+                                                              StepStatus.DONE if ok else StepStatus.FAILED, started,
+                                                              time.time(), detail))
+            note()
+            if not ok:
+                return "", f"post_upgrade {post.name} failed on {self.node}: {detail}"
+        return "", ""
+
+    def _post(self, post: PostStep) -> tuple[bool, str]:
+        mine = set(self.repo.services_of(self.node))
+        try:
+            with self.agent.state.services_lock(wait=60):
+                if post.action is StepAction.COMMAND:
+                    return self._command("", post.command, post.timeout, post.name)
+                out = []
+                for service in post.targets:
+                    if service not in mine:
+                        continue
+                    if post.action is StepAction.UNPIN:
+                        self.agent.ledger.release(service, post.names)
+                        ok, detail = self._apply(service, None, self._render(service, self.commit))
+                    else:
+                        ok, detail = self._apply(service, ActionKind.RELOAD, self._render(service, self.commit))
+                    out.append(f"{service}: {detail}")
+                    if not ok:
+                        return False, "; ".join(out)
+                return True, "; ".join(out) or "no such service here"
+        except ReconcilerError as exc:
+            if exc.reason == "DISK_FULL":
+                raise
+            return False, str(exc)
+
+    def posts_due(self) -> bool:
+        """Post steps that name this node and are not yet done (the no-op path must not skip them)."""
+        due = post_steps_due(self.repo, self.node, self.fleet_upgrades, lambda n: True, self.repo.members)
+        done = {r.step for r in self.agent.ledger.steps(self.commit) if r.service == ""
+                and r.status in (StepStatus.DONE, StepStatus.FAILED)}
+        return any(p.name not in done for p, _ in due)
+
+
+def _parent(agent: Agent, commit: str) -> DeploymentRepo | None:
+    """The repo at the commit's first parent, where the versions an upgrade starts from are read."""
+    try:
+        parents = agent.source.repo.revparse_single(commit).peel(pygit2.Commit).parent_ids
+    except (KeyError, ValueError, pygit2.GitError):
+        return None
+    if not parents:
+        return None
+    try:
+        return _load(agent, str(parents[0]))
+    except ReconcilerError:
+        return None  # a parent that does not load: no version to compare, no upgrade
+
+
+_CACHE: dict[tuple[str, str], DeploymentRepo] = {}
+
+
+def _load(agent: Agent, commit: str) -> DeploymentRepo:
+    key = (os.fspath(agent.cfg.state_dir), commit)
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) > 32:
+            _CACHE.clear()
+        hit = _CACHE[key] = agent.load(commit)
+    return hit
+
+
+def _runs(pid: int, mark: str) -> bool:
+    """The process ``pid`` is alive and is the step's wrapper (not a reused pid)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"RECONCILER_STEP_ID={mark}".encode() in environ.split(b"\0")

@@ -1,0 +1,322 @@
+"""A cloud upgrade: per-service steps across the fleet, barriers through the notes, a migration
+that runs once, a post step when everyone is done, and a failed migration taken back everywhere.
+
+Three controllers run identity (version 1 -> 2) and two computes run compute-agent, which
+upgrades only after identity is done on every controller. Every node is its own agent with its
+own state dir; they share only the git remote. Nodes are polled round-robin, out of order on
+purpose, until the rollout ends: the order comes from the barriers alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from conftest import NODES, Deployment
+
+from reconciler import faults
+from reconciler.agent import Agent
+
+CONTROLLERS = ("ctl1", "ctl2", "ctl3")
+COMPUTES = ("cmp1", "cmp2")
+
+
+def upgrade_steps(counter: Path, db_sync: str = "", rollback: str = "") -> str:
+    sync = db_sync or f'echo "$RECONCILER_NODE $RECONCILER_STEP" >> {counter}'
+    back = f"\n    rollback: echo \"$RECONCILER_NODE rolled back\" >> {rollback}" if rollback else ""
+    return f"""
+version: "2"
+upgrade:
+  - {{name: pin-rpc, action: pin, set: {{rpc_version: "1"}}}}
+  - {{name: stop, action: stop}}
+  - name: db-sync
+    action: command
+    scope: once
+    command: '{sync}'{back}
+  - {{name: start, action: start}}
+"""
+
+
+COMPUTE_STEPS = """
+version: "2"
+upgrade_after: [identity]
+upgrade:
+  - {name: pin-rpc, action: pin, set: {rpc_version: "1"}}
+  - {name: stop, action: stop}
+  - {name: start, action: start}
+"""
+
+POST = """
+post_upgrade:
+  - {name: unpin-rpc, after: [identity, compute-agent], action: unpin, vars: [rpc_version]}
+"""
+
+
+def versioned(deployment: Deployment) -> None:
+    """Version 1 of both services, with the RPC level their config shows: a plain change."""
+    deployment.edit("inventory.yaml", "  token_ttl: 3600", "  token_ttl: 3600\n  rpc_version: auto")
+    for svc in ("identity", "compute-agent"):
+        deployment.edit(f"services/{svc}/service.yaml", "runtime:", 'version: "1"\nruntime:')
+    deployment.write("services/identity/templates/identity.conf.j2",
+                     deployment.read("services/identity/templates/identity.conf.j2")
+                     + "\n[upgrade_levels]\ncompute = {{ rpc_version }}\nrelease = {{ service_version }}\n")
+    deployment.edit("services/compute-agent/templates/compute.json.j2", '  "vcpus": {{ vcpus }}',
+                    '  "vcpus": {{ vcpus }},\n  "rpc": "{{ rpc_version }}",\n  "release": "{{ service_version }}"')
+
+
+def to_version_2(deployment: Deployment, identity_steps: str, post: bool = True) -> None:
+    for svc, steps in (("identity", identity_steps), ("compute-agent", COMPUTE_STEPS)):
+        text = deployment.read(f"services/{svc}/service.yaml").replace('version: "1"\n', "")
+        deployment.write(f"services/{svc}/service.yaml", steps.lstrip() + text)
+    if post:
+        deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + POST)
+
+
+def live(agent: Agent, service: str) -> str:
+    name = "identity.conf" if service == "identity" else "compute.json"
+    return (agent.cfg.state_dir / "services" / service / "live" / name).read_text()
+
+
+def serving(agent: Agent, service: str) -> bool:
+    seen = {o.name: o for d in agent.drivers(None).values() for o in d.observe()}
+    return service in seen and seen[service].running
+
+
+def poll_until_settled(fleet: dict[str, Agent], deployment: Deployment, commit: str, done: Callable[[], bool],
+                       rounds: int = 30) -> list[tuple[str, str]]:
+    """Poll every node, computes first (they wait longest), until ``done``; what each pass said."""
+    said = []
+    for _ in range(rounds):
+        for node in (*reversed(COMPUTES), *reversed(CONTROLLERS)):
+            result = fleet[node].reconcile_once()
+            said.append((node, result.waiting or (str(result.report.state) if result.report else "no-op")))
+        if done():
+            return said
+    raise AssertionError(f"not settled after {rounds} rounds: {said[-10:]}")
+
+
+def when(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+
+def steps_of(deployment: Deployment, commit: str) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
+    out = {}
+    for node in NODES:
+        note = deployment.note(node, commit) or {}
+        out[node] = {(s["service"], s["step"]): s for s in note.get("upgrade", [])}  # type: ignore[attr-defined]
+    return out
+
+
+def test_an_upgrade_moves_step_by_step_with_one_db_sync_and_unpins_when_everyone_runs_version_2(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    counter = tmp_path / "db-sync.count"
+    fleet = {n: agents(n, deployment.url) for n in NODES}
+    versioned(deployment)
+    deployment.commit("identity and compute-agent: version 1")
+    for node in NODES:
+        assert fleet[node].reconcile_once().exit_code == 0
+
+    to_version_2(deployment, upgrade_steps(counter))
+    c2 = deployment.commit("upgrade identity and compute-agent to version 2")
+    said = poll_until_settled(fleet, deployment, c2, lambda: all(
+        (deployment.note(n, c2) or {}).get("state") == "applied"
+        and ("", "unpin-rpc") in steps_of(deployment, c2)[n] for n in NODES))
+
+    # Nodes waited at barriers, and said for what.
+    assert ("cmp2", "waiting at barrier compute-agent/pin-rpc (after identity): for ctl1, ctl2, ctl3") in said
+    assert ("ctl1", "waiting at barrier identity/db-sync (after stop): for ctl2, ctl3") in said
+    assert ("ctl2", "waiting at barrier identity/start (after db-sync): for ctl1") in said
+    assert any(node == "ctl1" and text.startswith("post_upgrade unpin-rpc waits for cmp1, cmp2") for node, text in said)
+    # The migration ran once, on the first controller; the others noted where it ran.
+    assert counter.read_text() == "ctl1 db-sync\n"
+    steps = steps_of(deployment, c2)
+    assert steps["ctl2"][("identity", "db-sync")]["status"] == "skipped"
+    assert steps["ctl2"][("identity", "db-sync")]["detail"] == "runs once, on ctl1"
+
+    # Step k+1 never started on any node before step k was noted done on every node.
+    for service, nodes, names in (("identity", CONTROLLERS, ["pin-rpc", "stop", "db-sync", "start"]),
+                                  ("compute-agent", COMPUTES, ["pin-rpc", "stop", "start"])):
+        for before, after in zip(names, names[1:], strict=False):
+            # a once step's barrier is the one node that ran it (the others only noted where it ran)
+            ran = [n for n in nodes if steps[n][(service, before)]["status"] == "done"]
+            assert ran == (["ctl1"] if before == "db-sync" else list(nodes)), (service, before, ran)
+            ended = max(when(steps[n][(service, before)]["ended"]) for n in ran)
+            begun = min(when(steps[n][(service, after)]["started"]) for n in nodes)
+            assert begun >= ended, (service, before, after)
+    # compute-agent's upgrade began only after identity's was done on every controller.
+    identity_done = max(when(steps[n][("identity", "start")]["ended"]) for n in CONTROLLERS)
+    assert min(when(steps[n][("compute-agent", "pin-rpc")]["started"]) for n in COMPUTES) >= identity_done
+    # The RPC pin was lifted only after every node ran version 2.
+    all_started = max(when(s[(svc, "start")]["ended"]) for n, s in steps.items()
+                      for svc in ("identity", "compute-agent") if (svc, "start") in s)
+    assert min(when(steps[n][("", "unpin-rpc")]["started"]) for n in NODES if n != "none") >= all_started
+
+    for node in CONTROLLERS:
+        conf = live(fleet[node], "identity")
+        assert "release = 2" in conf and "compute = auto" in conf, (node, conf)
+        assert serving(fleet[node], "identity")
+    for node in COMPUTES:
+        conf = live(fleet[node], "compute-agent")
+        assert '"release": "2"' in conf and '"rpc": "auto"' in conf, (node, conf)
+    # Settled: nothing more to do anywhere.
+    for node in NODES:
+        again = fleet[node].reconcile_once()
+        assert again.exit_code == 0 and not again.waiting, (node, again)
+
+
+def test_a_failing_db_sync_halts_every_node_runs_its_rollback_and_leaves_version_1_serving(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    rolled = tmp_path / "rollback.log"
+    fleet = {n: agents(n, deployment.url) for n in NODES}
+    versioned(deployment)
+    deployment.commit("identity and compute-agent: version 1")
+    for node in NODES:
+        assert fleet[node].reconcile_once().exit_code == 0
+
+    to_version_2(deployment, upgrade_steps(tmp_path / "unused", db_sync="echo schema conflict >&2; exit 3",
+                                           rollback=str(rolled)))
+    c2 = deployment.commit("upgrade to version 2, with a migration that fails")
+    poll_until_settled(fleet, deployment, c2, lambda: all(
+        (deployment.note(n, c2) or {}).get("state") in ("failed", "halted") for n in NODES))
+
+    failed = deployment.note("ctl1", c2) or {}
+    assert failed["state"] == "failed" and failed["reason"] == "UPGRADE_FAILED"
+    assert failed["error"] == "identity: upgrade step db-sync failed on ctl1: exit 3: schema conflict"
+    assert rolled.read_text() == "ctl1 rolled back\n"  # the failed step's rollback, where it ran
+    for node in (n for n in NODES if n != "ctl1"):
+        note = deployment.note(node, c2) or {}
+        assert note["state"] == "halted", (node, note)
+        assert str(note["error"]).startswith(f"halted: ctl1 failed {c2[:12]} (identity)")
+    for node in CONTROLLERS:
+        conf = live(fleet[node], "identity")
+        assert "release = 1" in conf and "compute = auto" in conf, (node, conf)  # version 1, unpinned
+        assert serving(fleet[node], "identity"), node
+    for node in COMPUTES:
+        assert '"release": "1"' in live(fleet[node], "compute-agent") and serving(fleet[node], "compute-agent")
+
+
+def test_a_plain_config_change_never_runs_upgrade_steps(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    counter = tmp_path / "db-sync.count"
+    fleet = {n: agents(n, deployment.url) for n in CONTROLLERS}
+    versioned(deployment)
+    to_version_2(deployment, upgrade_steps(counter), post=False)  # steps present from the start
+    deployment.commit("identity at version 2, with its steps")
+    for node in CONTROLLERS:
+        assert fleet[node].reconcile_once().exit_code == 0
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 7200")
+    c = deployment.commit("identity: longer tokens")
+    for node in CONTROLLERS:
+        result = fleet[node].reconcile_once()
+        assert result.exit_code == 0 and result.report is not None and result.report.state == "applied"
+        assert "upgrade" not in (deployment.note(node, c) or {})
+    assert not counter.exists()
+
+
+def test_killed_at_every_side_effect_of_the_once_step_the_migration_still_runs_once(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    """ctl1 runs the migration. It is killed at each numbered side effect of the pass that
+    runs db-sync and start, in turn (each time on a fresh upgrade commit), and polled again."""
+    fleet = {n: agents(n, deployment.url) for n in CONTROLLERS}
+    versioned(deployment)
+    deployment.commit("identity: version 1")
+    for node in CONTROLLERS:
+        fleet[node].reconcile_once()
+
+    def upgrade_to(version: int, counter: Path) -> str:
+        steps = upgrade_steps(counter).replace('version: "2"', f'version: "{version}"')
+        text = deployment.read("services/identity/service.yaml")
+        text = text[text.index("runtime:"):] if "upgrade:" in text else text.replace(f'version: "{version - 1}"\n', "")
+        deployment.write("services/identity/service.yaml", steps.lstrip() + text)
+        return deployment.commit(f"identity: version {version}")
+
+    def until_ctl1_runs_db_sync(commit: str) -> None:
+        for node in ("ctl2", "ctl3", "ctl1", "ctl2", "ctl3"):
+            fleet[node].reconcile_once()  # ctl1 stops, then the others reach the db-sync barrier
+
+    def ctl1_in_child(env: dict[str, str]) -> int:
+        fleet["ctl1"].close()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.environ.update(env)
+            faults.reset()
+            agent = Agent(fleet["ctl1"].cfg, progress=False)
+            try:
+                agent.reconcile_once()
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        fleet["ctl1"] = agents("ctl1", deployment.url)
+        return status
+
+    version = 2
+    head = upgrade_to(version, tmp_path / "count-2")
+    until_ctl1_runs_db_sync(head)
+    log = tmp_path / "points.log"
+    ctl1_in_child({"RECONCILER_FAULT_LOG": str(log)})
+    points = log.read_text().splitlines()
+    assert any("spawn upgrade step identity/db-sync" in p for p in points), points
+    for _ in range(3):
+        for node in CONTROLLERS:
+            fleet[node].reconcile_once()
+    assert (deployment.note("ctl3", head) or {}).get("state") == "applied"
+
+    for n in range(1, len(points) + 1):
+        version += 1
+        counter = tmp_path / f"count-{version}"
+        head = upgrade_to(version, counter)
+        until_ctl1_runs_db_sync(head)
+        ctl1_in_child({"RECONCILER_FAULT_AT": str(n)})
+        for _ in range(4):
+            for node in ("ctl1", "ctl2", "ctl3"):
+                fleet[node].reconcile_once()
+        what = f"killed before side effect {n} of {len(points)} ({points[n - 1]})"
+        assert counter.read_text() == "ctl1 db-sync\n", what
+        for node in CONTROLLERS:
+            assert (deployment.note(node, head) or {}).get("state") == "applied", (what, node)
+            assert f"release = {version}" in live(fleet[node], "identity"), (what, node)
+
+
+def test_bad_upgrade_steps_are_located_errors_and_diff_shows_steps_and_barriers(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True,
+                              cwd=deployment.work)
+
+    versioned(deployment)
+    before = deployment.commit("version 1")
+    to_version_2(deployment, upgrade_steps(tmp_path / "count"))
+    after = deployment.commit("version 2")
+    proc = cli("diff", "--repo", ".", before, after, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    nodes = {n["node"]: n for n in __import__("json").loads(proc.stdout)["nodes"]}
+    assert nodes["ctl2"]["upgrade"] == [
+        "identity: pin-rpc (pin)",
+        "identity: stop (stop), after pin-rpc on all 3 nodes",
+        "identity: db-sync (command, once: on ctl1, not here), after stop on all 3 nodes",
+        "identity: start (start), after db-sync on ctl1",
+    ]
+    assert nodes["cmp1"]["upgrade"][0] == "compute-agent: pin-rpc (pin), after identity upgraded everywhere"
+    markdown = cli("diff", "--repo", ".", before, after, "-o", "markdown").stdout
+    assert "1. identity: db-sync (command, once: here), after stop on all 3 nodes" in markdown
+
+    deployment.edit("services/identity/service.yaml", "  - {name: stop, action: stop}",
+                    "  - {name: stop, action: stop, scope: once}")
+    deployment.edit("services/compute-agent/service.yaml", "upgrade_after: [identity]", "upgrade_after: [keystone]")
+    proc = cli("validate", "--repo", ".")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines()
+    assert any("services/identity/service.yaml:4: upgrade/1: step 'stop'" in x and "only a command can run once" in x for x in lines), lines
+    assert any("services/compute-agent/service.yaml" in x and "upgrade_after: unknown service 'keystone'" in x
+               for x in lines), lines
