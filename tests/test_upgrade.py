@@ -277,6 +277,8 @@ def test_killed_at_every_side_effect_of_the_once_step_the_migration_still_runs_o
         for _ in range(4):
             for node in ("ctl1", "ctl2", "ctl3"):
                 fleet[node].reconcile_once()
+            if all((deployment.note(node, head) or {}).get("state") == "applied" for node in CONTROLLERS):
+                break
         what = f"killed before side effect {n} of {len(points)} ({points[n - 1]})"
         assert counter.read_text() == "ctl1 db-sync\n", what
         for node in CONTROLLERS:
