@@ -108,7 +108,7 @@ def run(nodes: int) -> None:
             cpu, wall = children_cpu() - cpu0, time.perf_counter() - wall0
 
             print(f"{nodes} nodes, steps {' -> '.join(STEPS)}; git {git('--version').split()[-1]}, file:// remote")
-            print(f"  rounds to the last node applied: {rounds} (ideal {len(STEPS) + 1}: one per barrier, one to start)")
+            print(f"  rounds to the last node applied: {rounds} (at most {len(STEPS)}: one per barrier and one to begin)")
             for prev, step in zip(STEPS, STEPS[1:], strict=False):
                 opened = max(done_round[(n, prev)] for n in names if (n, prev) in done_round)
                 extra = max(done_round[(n, step)] - opened for n in names) - 1
