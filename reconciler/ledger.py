@@ -669,10 +669,6 @@ class Ledger:
                         " status='running' AND commit_id != ? ORDER BY rowid DESC LIMIT 1", service, other_than)
         return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
 
-    def upgrades_running(self, commit: str) -> list[str]:
-        return [str(r[0]) for r in self._all("SELECT service FROM upgrades WHERE commit_id=? AND status='running'"
-                                             " ORDER BY service", commit)]
-
     def reset_upgrade(self, commit: str, service: str) -> None:
         """An undone upgrade begins again (the fleet went on after a retry). A once step that
         is done stays done: a migration is not run twice unasked."""

@@ -415,13 +415,6 @@ class Upgrader:
                 raise
             return False, str(exc)
 
-    def posts_due(self) -> bool:
-        """Post steps that name this node and are not yet done (the no-op path must not skip them)."""
-        due = post_steps_due(self.repo, self.node, self.fleet_upgrades, lambda n: True, self.repo.members)
-        done = {r.step for r in self.agent.ledger.steps(self.commit) if r.service == ""
-                and r.status in (StepStatus.DONE, StepStatus.FAILED)}
-        return any(p.name not in done for p, _ in due)
-
 
 def _parent(agent: Agent, commit: str) -> DeploymentRepo | None:
     """The repo at the commit's first parent, where the versions an upgrade starts from are read."""
