@@ -1,0 +1,46 @@
+"""The barrier rule, on its own: whatever the fleet's notes say, step k+1 of a service may start
+only when step k is done (or skipped) on every node that runs it, and after a once step only
+when the one node that runs it noted it done."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.model import Scope
+from reconciler.upgrade import Step, StepAction, Upgrade, barrier
+
+NODES = ("ctl1", "ctl2", "ctl3")
+STEPS = (Step("pin", StepAction.PIN, values={"rpc": "1"}), Step("stop", StepAction.STOP),
+         Step("db-sync", StepAction.COMMAND, Scope.ONCE, command="true"), Step("start", StepAction.START))
+UP = Upgrade("identity", "1", "2", STEPS, (), NODES, needed=True)
+COMPUTE = Upgrade("compute", "1", "2", (STEPS[0], STEPS[1], STEPS[3]), ("identity",), ("cmp1", "cmp2"), needed=True)
+STATUS = st.sampled_from(["", "started", "done", "skipped", "failed", "undone"])
+
+
+@given(st.dictionaries(st.tuples(st.sampled_from(NODES), st.sampled_from([s.name for s in STEPS])), STATUS),
+       st.integers(min_value=1, max_value=len(STEPS) - 1))
+def test_a_step_starts_only_when_the_step_before_it_passed_where_it_must(
+    noted: dict[tuple[str, str], str], k: int
+) -> None:
+    progress = {n: {("identity", step): s for (m, step), s in noted.items() if m == n and s} for n in NODES}
+    gate = barrier(UP, k, progress, {"identity": UP})
+    prev = STEPS[k - 1]
+    if prev.scope is Scope.ONCE:
+        assert gate.go == (noted.get(("ctl1", prev.name)) == "done")
+    else:
+        assert gate.go == all(noted.get((n, prev.name)) in ("done", "skipped") for n in NODES)
+    assert set(gate.waiting_for) <= set(NODES)
+
+
+def test_upgrade_after_holds_the_first_step_until_the_other_service_is_upgraded_everywhere() -> None:
+    everyone = {"identity": UP, "compute": COMPUTE}
+    almost = {n: {("identity", s.name): "done" for s in STEPS} for n in NODES}
+    almost["ctl3"][("identity", "start")] = "started"
+    held = barrier(COMPUTE, 0, almost, everyone)
+    assert not held.go and held.waiting_for == ("ctl3",)
+    assert held.reason == "waiting at barrier compute/pin (after identity): for ctl3"
+    almost["ctl3"][("identity", "start")] = "done"
+    assert barrier(COMPUTE, 0, almost, everyone).go
+    # A service this commit does not upgrade holds nothing back.
+    assert barrier(COMPUTE, 0, {}, {"compute": COMPUTE}).go
