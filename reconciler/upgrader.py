@@ -28,7 +28,7 @@ from . import faults
 from .apply import apply_plan
 from .atomic import atomic_write
 from .drivers.base import clean_env
-from .errors import ReconcilerError
+from .errors import BadInput, ReconcilerError
 from .model import PASSED, Action, ActionKind, Desired, DesiredService, Plan, ResultState, Scope, StepRecord, StepStatus
 from .observe import observe
 from .plan import plan as make_plan
@@ -86,8 +86,9 @@ class Upgrader:
     # what this commit upgrades -----------------------------------------------------------
     @staticmethod
     def of(agent: Agent, commit: str, repo: DeploymentRepo) -> Upgrader:
-        parent = _parent(agent, commit)
-        fleet_upgrades = upgraded(repo, parent)
+        # The parent is read only when some service has steps: most commits of most repos have none.
+        has_steps = any(svc.upgrade for svc in repo.services.values())
+        fleet_upgrades = upgraded(repo, _parent(agent, commit)) if has_steps else ()
         mine: tuple[Upgrade, ...] = ()
         everyone: dict[str, Upgrade] = {}
         if fleet_upgrades:
@@ -123,7 +124,7 @@ class Upgrader:
                 continue
             if begun is not None and begun[3] == "undone":
                 ledger.reset_upgrade(self.commit, up.service)  # the fleet goes on (a retry): from the top
-                shutil.rmtree(self.agent.cfg.state_dir / "upgrade" / self.commit[:12] / up.service, ignore_errors=True)
+                self._forget(up.service)
                 begun = None
             if begun is None:
                 running = ledger.service(up.service)
@@ -142,6 +143,7 @@ class Upgrader:
             if outcome.waiting or outcome.failed:
                 return outcome
             ledger.end_upgrade(self.commit, up.service, "done")
+            self._forget(up.service)  # the records keep each step's output; the scratch files go
         return Outcome()
 
     def _skip_all(self, up: Upgrade, why: str) -> None:
@@ -217,9 +219,10 @@ class Upgrader:
             return False, str(exc)
         return False, f"unknown action {step.action}"  # pragma: no cover - the schema allows no other
 
-    def _forget(self, service: str, name: str) -> None:
-        shutil.rmtree(self.agent.cfg.state_dir / "upgrade" / self.commit[:12] / (service or "post") / name,
-                      ignore_errors=True)
+    def _forget(self, service: str, name: str = "") -> None:
+        """A step's scratch directory (or, without ``name``, all of the service's) removed."""
+        d = self.agent.cfg.state_dir / "upgrade" / self.commit[:12] / (service or "post")
+        shutil.rmtree(d / name if name else d, ignore_errors=True)
 
     def _running(self, up: Upgrade) -> str:
         """The commit the service's running version was rendered from (the new one once started)."""
@@ -237,7 +240,10 @@ class Upgrader:
         if commit != self.commit:
             self.agent.keeper.vouch(self.agent.revision(commit))  # only a verified commit is rendered
         desired = render_node(repo, self.node, commit, check_account, pinned=self.agent.ledger.held())
-        return replace(desired.by_name()[service], origin=commit)
+        svc = desired.by_name().get(service)
+        if svc is None:
+            raise BadInput(f"node {self.node} does not run {service} at {commit[:12]}", reason="UNKNOWN_SERVICE")
+        return replace(svc, origin=commit)
 
     def _apply(self, service: str, kind: ActionKind | None, svc: DesiredService | None) -> tuple[bool, str]:
         """``kind`` for this service (a stop, a reload), or whatever the planner says it needs to
@@ -318,6 +324,11 @@ class Upgrader:
             deadline = time.monotonic() + timeout
             while pid and _runs(pid, mark) and time.monotonic() < deadline:
                 time.sleep(0.1)
+            if pid and _runs(pid, mark):  # past its timeout: stopped, never left running beside a new run
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                while _runs(pid, mark):
+                    time.sleep(0.05)
         try:
             return int((d / "status").read_text().strip())
         except (FileNotFoundError, ValueError):
@@ -383,6 +394,7 @@ class Upgrader:
             started = time.time()
             self.agent.ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started))
             ok, detail = self._post(post)
+            self._forget("", post.name)
             self.agent.ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE,
                                                               StepStatus.DONE if ok else StepStatus.FAILED, started,
                                                               time.time(), detail))

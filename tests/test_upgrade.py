@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import NODES, Deployment
+from test_faults import processes_of
 
 from reconciler import faults
 from reconciler.agent import Agent
@@ -75,6 +76,23 @@ def to_version_2(deployment: Deployment, identity_steps: str, post: bool = True)
         deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + POST)
 
 
+def fleet_at_version_1(deployment: Deployment, agents: Callable[..., Agent]) -> dict[str, Agent]:
+    """Every node's agent, each converged on version 1 of both services."""
+    fleet = {n: agents(n, deployment.url) for n in NODES}
+    versioned(deployment)
+    deployment.commit("identity and compute-agent: version 1")
+    for node in NODES:
+        assert fleet[node].reconcile_once().exit_code == 0
+    return fleet
+
+
+def leftovers(agent: Agent) -> list[Path]:
+    """Temp files a killed run left, and scratch directories of upgrades that are over."""
+    state = agent.cfg.state_dir
+    temp = [p for p in state.rglob("*") if p.name.startswith(".rc-tmp-") and "mirror.git" not in p.parts]
+    return temp + [p for p in (state / "upgrade").glob("*/*") if p.is_dir()]
+
+
 def live(agent: Agent, service: str) -> str:
     name = "identity.conf" if service == "identity" else "compute.json"
     return (agent.cfg.state_dir / "services" / service / "live" / name).read_text()
@@ -114,11 +132,7 @@ def test_an_upgrade_moves_step_by_step_with_one_db_sync_and_unpins_when_everyone
     deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
 ) -> None:
     counter = tmp_path / "db-sync.count"
-    fleet = {n: agents(n, deployment.url) for n in NODES}
-    versioned(deployment)
-    deployment.commit("identity and compute-agent: version 1")
-    for node in NODES:
-        assert fleet[node].reconcile_once().exit_code == 0
+    fleet = fleet_at_version_1(deployment, agents)
 
     to_version_2(deployment, upgrade_steps(counter))
     c2 = deployment.commit("upgrade identity and compute-agent to version 2")
@@ -162,6 +176,7 @@ def test_an_upgrade_moves_step_by_step_with_one_db_sync_and_unpins_when_everyone
     for node in COMPUTES:
         conf = live(fleet[node], "compute-agent")
         assert '"release": "2"' in conf and '"rpc": "auto"' in conf, (node, conf)
+    assert not any(leftovers(fleet[n]) for n in NODES)
     # Settled: nothing more to do anywhere.
     for node in NODES:
         again = fleet[node].reconcile_once()
@@ -172,11 +187,7 @@ def test_a_failing_db_sync_halts_every_node_runs_its_rollback_and_leaves_version
     deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
 ) -> None:
     rolled = tmp_path / "rollback.log"
-    fleet = {n: agents(n, deployment.url) for n in NODES}
-    versioned(deployment)
-    deployment.commit("identity and compute-agent: version 1")
-    for node in NODES:
-        assert fleet[node].reconcile_once().exit_code == 0
+    fleet = fleet_at_version_1(deployment, agents)
 
     to_version_2(deployment, upgrade_steps(tmp_path / "unused", db_sync="echo schema conflict >&2; exit 3",
                                            rollback=str(rolled)))
@@ -284,6 +295,8 @@ def test_killed_at_every_side_effect_of_the_once_step_the_migration_still_runs_o
         for node in CONTROLLERS:
             assert (deployment.note(node, head) or {}).get("state") == "applied", (what, node)
             assert f"release = {version}" in live(fleet[node], "identity"), (what, node)
+            assert len(processes_of(fleet[node].cfg.state_dir).get("identity", [])) == 1, (what, node)
+            assert not leftovers(fleet[node]), (what, node, leftovers(fleet[node]))
 
 
 def test_bad_upgrade_steps_are_located_errors_and_diff_shows_steps_and_barriers(
