@@ -257,7 +257,8 @@ def test_the_supervisor_restarts_a_dead_service_while_a_poll_hangs_on_a_stalled_
 
         def revived() -> bool:
             rec = json.loads((cmp1.cfg.state_dir / "services" / "compute-agent" / "record.json").read_text())
-            return bool(rec["pid"] != record["pid"] and Path(f"/proc/{rec['pid']}").exists())
+            # a restart writes its record before the spawn (no pid yet), then again with the pid
+            return bool(rec.get("pid") and rec["pid"] != record["pid"] and Path(f"/proc/{rec['pid']}").exists())
 
         wait_for(revived, 20, "the supervisor to restart compute-agent during the stalled poll")
     finally:
