@@ -148,20 +148,26 @@ class Agent:
 
         from .drivers.process import check_account
         from .render import render_node
+        from .upgrade import held_back
+        from .upgrader import stage_bases
 
         commit = rev.commit
+        repo = repo or self.load(commit)
         held = self.ledger.held()  # template variables an upgrade's pin step holds here
-        desired = render_node(repo or self.load(commit), self.cfg.node, commit, check_account, pinned=held)
-        pins = {p.service: p for p in self.ledger.pins()}
+        desired = render_node(repo, self.cfg.node, commit, check_account, pinned=held)
+        # An operator's pin wins; then what this node keeps as it ran it, being outside the stage
+        # the commit's upgrades are limited to.
+        staged = held_back(repo, self.cfg.node, stage_bases(self, commit, repo)) if repo.stages else {}
+        pins = {p.service: p.commit for p in self.ledger.pins()}
         services = []
         for svc in desired.services:
-            pin = pins.get(svc.name)
-            if pin is not None:
-                pinned = self.keeper.vouch(self.revision(pin.commit))
+            at = pins.get(svc.name) or staged.get(svc.name)
+            if at is not None:
+                pinned = self.keeper.vouch(self.revision(at))
                 old = render_node(self.load(pinned.commit), self.cfg.node, pinned.commit, check_account,
                                   pinned=held).by_name()
                 if svc.name in old:
-                    services.append(replace(old[svc.name], origin=pin.commit))
+                    services.append(replace(old[svc.name], origin=at))
                     continue
             services.append(replace(svc, origin=commit))
         return Desired(desired.node, desired.commit, tuple(services))
@@ -245,7 +251,8 @@ class Agent:
         repo = self.source.repo
         found_notes: dict[str, tuple[Note, ...]] = {}
         refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
-        refs[self.cfg.node] = self.reporter.ref
+        if self.reporter.ref in repo.references:  # a state dir that has noted nothing: the remote's
+            refs[self.cfg.node] = self.reporter.ref
         for node, ref in sorted(refs.items()):
             found = []
             try:

@@ -147,6 +147,7 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         try:
             repo = agent.load(commit)
             upgrader = Upgrader.of(agent, commit, repo)
+            run = replace(run, events=run.events + upgrader.held_events())
             fleet = agent.fleet_view() if upgrader.barriers else None
             verdict = agent.rollout_gate(repo, commit, barriers=upgrader.barriers, fleet=fleet)
         except BadInput as exc:

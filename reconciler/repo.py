@@ -19,12 +19,13 @@ import functools
 import graphlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from .errors import BadInput, InvalidRepo, UnknownNode
 from .limits import LIMITS, Limits
 from .tree import Tree
-from .upgrade import PostStep, Step, StepAction, check_steps, parse_post, parse_steps
+from .upgrade import PostStep, Stage, Step, StepAction, check_steps, parse_post, parse_steps
 from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml
 
 
@@ -98,6 +99,7 @@ class DeploymentRepo:
     services: Mapping[str, ServiceDef]
     limits: Limits = LIMITS  # what rendering this repo may cost (see ``render``)
     post_upgrade: tuple[PostStep, ...] = ()
+    stages: Mapping[str, Stage] = field(default_factory=dict)  # reconciler.yaml `stages`, by name
 
     def node(self, name: str) -> NodeDef:
         try:
@@ -353,6 +355,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
     problems.extend(_check_dependencies(services))
     post = parse_post(settings.data.get("post_upgrade", ())) if settings is not None else ()
     problems.extend(_check_upgrades(services, post, groups, nodes, settings))
+    stages = _stages(settings, groups, nodes, problems) if settings is not None else {}
     if problems:
         raise RepoProblems(problems)
     assert settings is not None and inventory is not None
@@ -367,11 +370,39 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         services=services,
         limits=limits,
         post_upgrade=post,
+        stages=stages,
     )
     problems = repo.check_drivers()
     if problems:
         raise RepoProblems(problems)
     return repo
+
+
+def _stages(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],
+            problems: list[Problem]) -> dict[str, Stage]:
+    """reconciler.yaml's ``stages``, each a group or node names/globs, and the one
+    ``rollout.stage`` names."""
+    out = {}
+    for name, spec in (settings.data.get("stages") or {}).items():
+        line = settings.line(("stages", name))
+        if "group" in spec:
+            if spec["group"] not in groups:
+                problems.append(Problem("reconciler.yaml", line, f"stage {name!r}: unknown group {spec['group']!r}"))
+            chosen = {n for n, d in nodes.items() if spec["group"] in d.groups}
+        else:
+            chosen = set()
+            for pattern in spec["nodes"]:
+                hits = {n for n in nodes if fnmatchcase(n, str(pattern))}
+                if not hits:
+                    problems.append(Problem("reconciler.yaml", line, f"stage {name!r}: {pattern!r} names no node"))
+                chosen |= hits
+        out[str(name)] = Stage(str(name), frozenset(chosen))
+    wanted = (settings.data.get("rollout") or {}).get("stage")
+    if wanted and wanted not in out:
+        known = ", ".join(sorted(out)) or "none: add `stages:`"
+        problems.append(Problem("reconciler.yaml", settings.line(("rollout", "stage")),
+                                f"rollout.stage {wanted!r} is not a stage (stages: {known})"))
+    return out
 
 
 def _check_dependencies(services: Mapping[str, ServiceDef]) -> list[Problem]:

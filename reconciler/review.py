@@ -17,7 +17,7 @@ from .plan import plan as make_plan
 from .render import render_node
 from .repo import DeploymentRepo
 from .rollout import plan_rollout
-from .upgrade import describe, fleet_upgrades_of, upgraded
+from .upgrade import bases, describe, fleet_upgrades_of, held_back, stage_of, upgraded
 
 
 @dataclass(frozen=True)
@@ -84,14 +84,23 @@ def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
     names = nodes or sorted(set(repo_a.nodes) | set(repo_b.nodes))
     rollout = plan_rollout(repo_b.settings, repo_b.nodes, repo_b.members)
     order = [n for _, members in rollout.batches() for n in members]
-    upgrades = fleet_upgrades_of(repo_b, upgraded(repo_b, repo_a), order)
+    # A review compares with A alone: every node's base is A (a node's stage history is the agent's).
+    base = bases(set(repo_a.nodes) | set(repo_b.nodes), [(a, repo_a)])
+    upgrades = fleet_upgrades_of(repo_b, upgraded(repo_b, base), order)
+    stage = stage_of(repo_b)
     out = []
     for node in names:
         if node not in repo_a.nodes and node not in repo_b.nodes:
             repo_b.node(node)  # raises UnknownNode
         da = render_node(repo_a, node, a) if node in repo_a.nodes else Desired(node, a, ())
         db = render_node(repo_b, node, b) if node in repo_b.nodes else Desired(node, b, ())
+        held = held_back(repo_b, node, base)
+        if held:  # outside the commit's stage: these stay as at A
+            kept = da.by_name()
+            db = Desired(node, b, tuple(kept[s.name] if s.name in held and s.name in kept else s for s in db.services))
         steps = tuple(line for up in upgrades.values() if node in up.participants for line in describe(up, node))
+        if held and stage is not None:
+            steps += (f"{', '.join(sorted(held))}: kept at their version (not in stage {stage.name})",)
         out.append(NodeDiff(node, make_plan(db, as_applied(da)), tuple(file_diffs(node, da, db)), steps))
     return out
 

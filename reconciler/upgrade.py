@@ -10,6 +10,14 @@ participant noted step k done or skipped (a ``once`` step: done on the one node 
 the first participant in wave order). ``upgrade_after`` holds a service's first step until the
 services it names are upgraded on every node. While a commit upgrades something on a node,
 barriers order that node, not the rollout's waves; a failure anywhere still halts everyone.
+
+Stages: a commit whose ``rollout: {stage: S}`` names one of reconciler.yaml's ``stages`` takes
+its upgrades to S's nodes only. Every other node keeps each service whose version the commit
+changes at the commit that last took that node in (its *base*: the nearest ancestor with no
+stage or a stage that holds the node), and applies the rest of the commit. A later commit
+whose stage holds those nodes (or that has no stage) upgrades them from their base, with the
+same steps and barriers, among themselves. A post step waits for the commit in which no node
+holds its services back any more.
 """
 
 from __future__ import annotations
@@ -24,9 +32,9 @@ from .model import PASSED, Scope, StepRecord, StepStatus
 if TYPE_CHECKING:
     from .repo import DeploymentRepo, ServiceDef
 
-__all__ = ["Barrier", "PostStep", "Scope", "Step", "StepAction", "StepRecord", "StepStatus", "Upgrade", "barrier",
-           "describe", "fleet_upgrades_of", "plan_upgrades", "post_steps_due", "upgraded", "version_of"]
-
+__all__ = ["Barrier", "PostStep", "Scope", "Stage", "Step", "StepAction", "StepRecord", "StepStatus", "Upgrade",
+           "barrier", "bases", "describe", "fleet_upgrades_of", "held_back", "holding", "plan_upgrades",
+           "post_steps_due", "stage_of", "upgraded", "version_of"]
 
 
 class StepAction(StrEnum):
@@ -96,18 +104,91 @@ def version_of(svc: ServiceDef | None) -> str:
     return " ".join(parts)
 
 
-def upgraded(repo: DeploymentRepo, parent: DeploymentRepo | None) -> tuple[str, ...]:
-    """The services this commit upgrades fleet-wide (same answer on every node)."""
-    if parent is None:
-        return ()
-    return tuple(sorted(name for name, svc in repo.services.items()
-                        if svc.upgrade and name in parent.services
-                        and version_of(svc) != version_of(parent.services[name])))
+@dataclass(frozen=True)
+class Stage:
+    """A named part of the fleet a commit's upgrades are limited to (reconciler.yaml ``stages``)."""
+
+    name: str
+    nodes: frozenset[str]
+
+
+def stage_of(repo: DeploymentRepo) -> Stage | None:
+    """The stage the commit's upgrades are limited to (``rollout: {stage: S}``); None: the fleet."""
+    name = (repo.settings.get("rollout") or {}).get("stage")
+    return repo.stages.get(str(name)) if name else None
+
+
+# node -> (commit, repo at that commit): the commit that last took the node in
+Bases = Mapping[str, tuple[str, "DeploymentRepo"]]
+
+
+def bases(nodes: Iterable[str],
+          ancestors: Iterable[tuple[str, DeploymentRepo]]) -> dict[str, tuple[str, DeploymentRepo]]:
+    """Each node's base: the first of ``ancestors`` (the commit's parent, then its parent, ...)
+    with no stage or a stage that holds the node. ``ancestors`` is read only as far as needed
+    (one commit when the parent had no stage); a node no walked commit took in gets the oldest."""
+    wanted = set(nodes)
+    out: dict[str, tuple[str, DeploymentRepo]] = {}
+    last: tuple[str, DeploymentRepo] | None = None
+    for commit, repo in ancestors:
+        last = (commit, repo)
+        stage = stage_of(repo)
+        for node in wanted - out.keys():
+            if stage is None or node in stage.nodes:
+                out[node] = last
+        if len(out) == len(wanted):
+            break
+    if last is not None:
+        for node in wanted - out.keys():
+            out[node] = last
+    return out
+
+
+def _in_stage(repo: DeploymentRepo, node: str) -> bool:
+    stage = stage_of(repo)
+    return stage is None or node in stage.nodes
+
+
+def upgraded(repo: DeploymentRepo, base: Bases) -> tuple[str, ...]:
+    """The services this commit upgrades (same answer on every node): those with steps whose
+    version differs from the version at the base of some node of the commit's stage that runs it."""
+    out = set()
+    for name, svc in repo.services.items():
+        if not svc.upgrade:
+            continue
+        target = version_of(svc)
+        for node in participants(repo, name, ()):
+            then = base.get(node)
+            if then is not None and name in then[1].services and version_of(then[1].services[name]) != target:
+                out.add(name)
+                break
+    return tuple(sorted(out))
+
+
+def held_back(repo: DeploymentRepo, node: str, base: Bases) -> dict[str, str]:
+    """service -> base commit: what a node outside the commit's stage keeps at its base (every
+    service it runs whose version the commit changes, steps or not). Empty inside the stage."""
+    then = base.get(node)
+    if then is None or _in_stage(repo, node) or node not in repo.nodes:
+        return {}
+    old = then[1]
+    return {name: then[0] for name in repo.services_of(node)
+            if name in old.services and version_of(old.services[name]) != version_of(repo.services[name])}
+
+
+def holding(repo: DeploymentRepo, base: Bases) -> dict[str, tuple[str, ...]]:
+    """service -> the nodes outside the commit's stage that keep it at an older version."""
+    out: dict[str, list[str]] = {}
+    for node in sorted(repo.nodes):
+        for name in held_back(repo, node, base):
+            out.setdefault(name, []).append(node)
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def participants(repo: DeploymentRepo, service: str, order: Sequence[str]) -> tuple[str, ...]:
-    """Every node that runs ``service``, in ``order`` (wave order; the rest by name)."""
-    runs = {n for n in repo.nodes if service in repo.services_of(n)}
+    """Every node of the commit's stage that runs ``service``, in ``order`` (wave order; the
+    rest by name)."""
+    runs = {n for n in repo.nodes if service in repo.services_of(n) and _in_stage(repo, n)}
     first = [n for n in order if n in runs]
     return (*first, *sorted(runs - set(first)))
 
@@ -116,15 +197,15 @@ def plan_upgrades(repo: DeploymentRepo, node: str, fleet_upgrades: Iterable[str]
                   order: Sequence[str]) -> tuple[Upgrade, ...]:
     """This node's part in the commit's upgrades, ordered by ``upgrade_after`` then name.
     ``running``: the version each service runs here now ("" when it does not run)."""
-    mine = set(repo.services_of(node))
     out = []
     for name in fleet_upgrades:
-        if name not in mine:
+        taking_part = participants(repo, name, order)
+        if node not in taking_part:  # does not run it, or outside the commit's stage
             continue
         svc = repo.services[name]
         target = version_of(svc)
         now = running.get(name, "")
-        out.append(Upgrade(name, now, target, svc.upgrade, svc.upgrade_after, participants(repo, name, order),
+        out.append(Upgrade(name, now, target, svc.upgrade, svc.upgrade_after, taking_part,
                            needed=bool(now) and now != target))
     names = {u.service for u in out}
     ordered: list[Upgrade] = []
@@ -191,13 +272,16 @@ def barrier(up: Upgrade, k: int, progress: Progress, others: Mapping[str, Upgrad
 
 
 def post_steps_due(repo: DeploymentRepo, node: str, fleet_upgrades: Iterable[str], applied: Callable[[str], bool],
-                   members: Callable[[str], Iterable[str]]) -> tuple[tuple[PostStep, tuple[str, ...]], ...]:
+                   members: Callable[[str], Iterable[str]], held: Mapping[str, tuple[str, ...]] | None = None,
+                   ) -> tuple[tuple[PostStep, tuple[str, ...]], ...]:
     """The post steps this node runs for the commit, each with the nodes it still waits for
-    (those that run one of its ``after`` services and have not noted the commit applied)."""
+    (those that run one of its ``after`` services and have not noted the commit applied).
+    ``held`` (``holding``): a post step none of whose services a node outside the stage still
+    keeps at an older version; otherwise it waits for the commit of a later stage."""
     upgrading = set(fleet_upgrades)
     out = []
     for post in repo.post_upgrade:
-        if not upgrading & set(post.after):
+        if not upgrading & set(post.after) or any((held or {}).get(s) for s in post.after):
             continue
         runs = sorted({n for s in post.after for n in participants(repo, s, ())})
         if post.node:

@@ -17,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,14 +34,19 @@ from .observe import observe
 from .plan import plan as make_plan
 from .rollout import FleetView, plan_rollout
 from .upgrade import (
+    Bases,
     PostStep,
     Step,
     StepAction,
     Upgrade,
     barrier,
+    bases,
     fleet_upgrades_of,
+    held_back,
+    holding,
     plan_upgrades,
     post_steps_due,
+    stage_of,
     upgraded,
     version_of,
 )
@@ -78,6 +83,7 @@ class Upgrader:
     fleet_upgrades: tuple[str, ...]
     mine: tuple[Upgrade, ...]
     everyone: Mapping[str, Upgrade]  # every upgrade of the commit, as the fleet runs it
+    base: Bases  # node -> the commit that last took it in (its parent, unless stages say otherwise)
 
     @property
     def node(self) -> str:
@@ -86,9 +92,9 @@ class Upgrader:
     # what this commit upgrades -----------------------------------------------------------
     @staticmethod
     def of(agent: Agent, commit: str, repo: DeploymentRepo) -> Upgrader:
-        # The parent is read only when some service has steps: most commits of most repos have none.
+        base = stage_bases(agent, commit, repo)
         has_steps = any(svc.upgrade for svc in repo.services.values())
-        fleet_upgrades = upgraded(repo, _parent(agent, commit)) if has_steps else ()
+        fleet_upgrades = upgraded(repo, base) if has_steps else ()
         mine: tuple[Upgrade, ...] = ()
         everyone: dict[str, Upgrade] = {}
         if fleet_upgrades:
@@ -107,7 +113,19 @@ class Upgrader:
                     running[name] = prior[2]  # stopped by an upgrade the branch moved past: still that version
             mine = plan_upgrades(repo, agent.cfg.node, fleet_upgrades, running, order)
             everyone = fleet_upgrades_of(repo, fleet_upgrades, order)
-        return Upgrader(agent, commit, repo, fleet_upgrades, mine, everyone)
+        return Upgrader(agent, commit, repo, fleet_upgrades, mine, everyone, base)
+
+    @property
+    def held(self) -> dict[str, str]:
+        """service -> commit: what this node keeps at its base, being outside the commit's stage."""
+        return held_back(self.repo, self.node, self.base)
+
+    def held_events(self) -> tuple[str, ...]:
+        stage = stage_of(self.repo)
+        if not self.held or stage is None:
+            return ()
+        base = next(iter(self.held.values()))
+        return (f"not in stage {stage.name}: {', '.join(sorted(self.held))} kept as at {base[:12]}",)
 
     @property
     def barriers(self) -> bool:
@@ -382,7 +400,7 @@ class Upgrader:
         Returns (waiting reason, failure detail); both empty when none is left."""
         due = post_steps_due(self.repo, self.node, self.fleet_upgrades,
                              lambda n: n == self.node or fleet.reached(n, self.commit) is not None,
-                             self.repo.members)
+                             self.repo.members, holding(self.repo, self.base))
         done = {r.step: r for r in self.agent.ledger.steps(self.commit) if r.service == ""}
         for k, (post, waiting) in enumerate(due):
             rec = done.get(post.name)
@@ -428,18 +446,39 @@ class Upgrader:
             return False, str(exc)
 
 
-def _parent(agent: Agent, commit: str) -> DeploymentRepo | None:
-    """The repo at the commit's first parent, where the versions an upgrade starts from are read."""
+WALK = 200  # ancestors read at most to find a node's base (stages a fleet is upgraded by are few)
+
+
+def stage_bases(agent: Agent, commit: str, repo: DeploymentRepo) -> Bases:
+    """Each node's base for ``commit``: its parent, or, past commits staged to other nodes, the
+    nearest ancestor that took the node in. Read only when the repo has upgrade steps or
+    stages: most commits of most repos have neither."""
+    if not repo.stages and not any(svc.upgrade for svc in repo.services.values()):
+        return {}
+    return bases(repo.nodes, _ancestors(agent, commit))
+
+
+def _ancestors(agent: Agent, commit: str) -> Iterator[tuple[str, DeploymentRepo]]:
+    """The commit's first parent, its first parent, ...: each loaded (a commit that does not
+    load ends the walk: no version to compare there, no upgrade)."""
+    git = agent.source.repo
     try:
-        parents = agent.source.repo.revparse_single(commit).peel(pygit2.Commit).parent_ids
+        current = git.revparse_single(commit).peel(pygit2.Commit)
     except (KeyError, ValueError, pygit2.GitError):
-        return None
-    if not parents:
-        return None
-    try:
-        return _load(agent, str(parents[0]))
-    except ReconcilerError:
-        return None  # a parent that does not load: no version to compare, no upgrade
+        return
+    for _ in range(WALK):
+        try:
+            parents = current.parent_ids
+            if not parents:
+                return
+            parent = git.get(parents[0])
+            if parent is None:
+                return
+            current = parent.peel(pygit2.Commit)
+            loaded = _load(agent, str(current.id))
+        except (KeyError, ValueError, AttributeError, pygit2.GitError, ReconcilerError):
+            return
+        yield str(current.id), loaded
 
 
 _CACHE: dict[tuple[str, str], DeploymentRepo] = {}

@@ -15,7 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from conftest import NODES, Deployment
+from conftest import NODES, Deployment, SigningKey
+from test_cli import as_json, cli
 from test_faults import processes_of
 
 from reconciler import faults
@@ -335,3 +336,138 @@ def test_bad_upgrade_steps_are_located_errors_and_diff_shows_steps_and_barriers(
     assert any("services/identity/service.yaml:4: upgrade/1: step 'stop'" in x and "only a command can run once" in x for x in lines), lines
     assert any("services/compute-agent/service.yaml" in x and "upgrade_after: unknown service 'keystone'" in x
                for x in lines), lines
+
+
+EXPORTER_STEPS = """
+version: "{version}"
+upgrade:
+  - {{name: stop, action: stop}}
+  - name: migrate
+    action: command
+    scope: once
+    command: 'echo "$RECONCILER_NODE" >> {counter}'
+  - {{name: start, action: start}}
+"""
+
+STAGES = """
+stages:
+  controlplane: {group: controllers}
+  computes: {nodes: ["cmp*"]}
+"""
+
+
+def exporter_at(deployment: Deployment, version: str, counter: Path) -> None:
+    text = deployment.read("services/node-exporter/service.yaml").split("runtime:", 1)[1]
+    deployment.write("services/node-exporter/service.yaml",
+                     EXPORTER_STEPS.format(version=version, counter=counter).lstrip() + "runtime:" + text)
+
+
+def staged(deployment: Deployment, stage: str) -> None:
+    text = deployment.read("reconciler.yaml").split("\nrollout:", 1)[0]
+    deployment.write("reconciler.yaml", text + f"\nrollout:\n  stage: {stage}\n")
+
+
+def pid_of(agent: Agent, service: str) -> int | None:
+    seen = {o.name: o for d in agent.drivers(None).values() for o in d.observe()}
+    return seen[service].pid if service in seen else None
+
+
+def fleet_status(deployment: Deployment, key: SigningKey, view: Path, *extra: str) -> dict[str, Any]:
+    """`status --fleet -o json` as an operator runs it, from a state dir that applies nothing."""
+    proc = cli("status", "--fleet", "--node", "ctl1", "--remote", deployment.url, "--state-dir", str(view),
+               "--allowed-signers", str(key.allowed_signers), "-o", "json", *extra)
+    assert proc.returncode == 0, proc.stderr
+    return as_json(proc)
+
+
+def test_a_staged_upgrade_takes_the_control_plane_in_one_commit_and_the_computes_in_the_next(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path
+) -> None:
+    """node-exporter runs on every node. The first commit upgrades it on the controllers only
+    (stage controlplane) while the computes keep version 1 and still take the commit's other
+    change; the second commit (stage computes) upgrades the computes, with its own barriers and
+    its own once-only migration; the post step waits for the commit in which nobody keeps 1."""
+    counter = tmp_path / "migrate.count"
+    fleet = {n: agents(n, deployment.url) for n in NODES}
+    exporter_at(deployment, "1", counter)
+    deployment.edit("services/node-exporter/templates/exporter.toml.j2", "[labels]",
+                    'release = "{{ service_version }}"\n\n[labels]')
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + STAGES + """
+post_upgrade:
+  - {name: announce, after: [node-exporter], node: ctl1, action: command, command: 'echo done >> %s'}
+""" % (tmp_path / "post.log"))
+    deployment.commit("node-exporter version 1, and the stages an upgrade can be limited to")
+    for node in NODES:
+        assert fleet[node].reconcile_once().exit_code == 0, node
+
+    # Commit 1: version 2 for the control plane only, and a compute setting for everyone.
+    exporter_at(deployment, "2", counter)
+    staged(deployment, "controlplane")
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    c1 = deployment.commit("node-exporter 2 on the control plane; computes use kvm")
+    before = {n: pid_of(fleet[n], "node-exporter") for n in COMPUTES}
+    poll_until_settled(fleet, deployment, c1, lambda: all(
+        (deployment.note(n, c1) or {}).get("state") == "applied" for n in NODES))
+
+    exporter = {n: (fleet[n].cfg.state_dir / "services/node-exporter/live/exporter.toml").read_text() for n in NODES}
+    for node in CONTROLLERS:
+        assert 'release = "2"' in exporter[node], node
+    for node in COMPUTES:
+        assert 'release = "1"' in exporter[node], node
+        assert pid_of(fleet[node], "node-exporter") == before[node], f"{node}: node-exporter was restarted"
+        assert '"hypervisor": "kvm"' in live(fleet[node], "compute-agent")  # the rest of the commit: taken
+        note = deployment.note(node, c1) or {}
+        assert note.get("upgrade") is None  # no step ran or was even noted here
+        assert any(e.startswith("not in stage controlplane: node-exporter kept as at ") for e in note["events"])
+    assert counter.read_text() == "ctl1\n"  # once, among the controllers
+    assert not (tmp_path / "post.log").exists(), "the post step ran while the computes still run version 1"
+    c1_steps = steps_of(deployment, c1)
+    assert sorted(n for n in NODES if c1_steps[n]) == sorted(CONTROLLERS)
+    # The fleet status says which stage each node is at, and the upgrade as nodes x steps.
+    status = fleet_status(deployment, merge_key, tmp_path / "view")
+    stages = {s["node"]: s["stage"] for s in status["nodes"]}
+    assert stages == {"ctl1": "controlplane", "ctl2": "controlplane", "ctl3": "controlplane",
+                      "cmp1": "not in controlplane: keeps node-exporter 1", "cmp2": "not in controlplane: keeps "
+                      "node-exporter 1"}
+    assert status["upgrade"]["steps"] == ["node-exporter/stop", "node-exporter/migrate", "node-exporter/start"]
+    assert status["upgrade"]["nodes"] == {
+        "ctl1": {"node-exporter/stop": "done", "node-exporter/migrate": "done", "node-exporter/start": "done"},
+        "ctl2": {"node-exporter/stop": "done", "node-exporter/migrate": "skipped", "node-exporter/start": "done"},
+        "ctl3": {"node-exporter/stop": "done", "node-exporter/migrate": "skipped", "node-exporter/start": "done"}}
+
+    # Commit 2: the computes' stage. They upgrade from the version they kept, among themselves.
+    staged(deployment, "computes")
+    c2 = deployment.commit("node-exporter 2 on the computes")
+    ctl_pids = {n: pid_of(fleet[n], "node-exporter") for n in CONTROLLERS}
+    said = poll_until_settled(fleet, deployment, c2, lambda: all(
+        (deployment.note(n, c2) or {}).get("state") == "applied" for n in NODES)
+        and (tmp_path / "post.log").exists())
+
+    # cmp2 is polled first: it waits for cmp1 alone (the controllers are not in this stage's barrier).
+    assert said[0] == ("cmp2", "waiting at barrier node-exporter/migrate (after stop): for cmp1"), said
+    for node in COMPUTES:
+        text = (fleet[node].cfg.state_dir / "services/node-exporter/live/exporter.toml").read_text()
+        assert 'release = "2"' in text, node
+        assert serving(fleet[node], "node-exporter")
+    for node in CONTROLLERS:
+        assert pid_of(fleet[node], "node-exporter") == ctl_pids[node], f"{node}: restarted by the computes' stage"
+    assert counter.read_text() == "ctl1\ncmp1\n"  # once per stage: each stage is its own migration
+    c2_steps = steps_of(deployment, c2)
+    assert sorted(n for n in NODES if any(s != "" for s, _ in c2_steps[n])) == sorted(COMPUTES)
+    assert (tmp_path / "post.log").read_text() == "done\n"
+    page = tmp_path / "rollout.html"
+    status = fleet_status(deployment, merge_key, tmp_path / "view", "--html", str(page))
+    assert status["upgrade"]["steps"] == ["node-exporter/stop", "node-exporter/migrate", "node-exporter/start",
+                                          "post/announce"]
+    assert sorted(status["upgrade"]["nodes"]) == ["cmp1", "cmp2", "ctl1"]  # ctl1 ran the post step
+    assert status["upgrade"]["nodes"]["cmp2"]["node-exporter/migrate"] == "skipped"
+    assert status["upgrade"]["nodes"]["ctl1"] == {"node-exporter/stop": "", "node-exporter/migrate": "",
+                                                  "node-exporter/start": "", "post/announce": "done"}
+    assert {s["node"]: s["stage"] for s in status["nodes"]}["ctl2"] == "not in computes"
+    assert "<h2>Upgrade steps</h2>" in page.read_text() and "post/announce" in page.read_text()
+    human = cli("status", "--fleet", "--node", "ctl1", "--remote", deployment.url, "--state-dir",
+                str(tmp_path / "view"), "--allowed-signers", str(merge_key.allowed_signers))
+    assert human.returncode == 0 and "upgrade steps" in human.stdout and "not in computes" in human.stdout, human
+    for node in NODES:
+        again = fleet[node].reconcile_once()
+        assert again.exit_code == 0 and not again.waiting, (node, again)

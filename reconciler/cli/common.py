@@ -27,7 +27,8 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "error": "red", "refused": "red",
          "halted": "yellow", "pending": "dim", "rebooting": "blue",
          "reload": "green", "recreate": "magenta", "connect": "blue", "drain+restart": "red", "reboot": "red",
-         "skipped": "yellow", "start": "cyan", "restart": "yellow", "stop": "magenta"}
+         "skipped": "yellow", "start": "cyan", "restart": "yellow", "stop": "magenta",
+         "done": "green", "started": "blue", "waiting": "dim", "undone": "yellow", "staged": "yellow"}
 
 
 def style(word: str) -> str:
