@@ -337,6 +337,16 @@ def test_bad_upgrade_steps_are_located_errors_and_diff_shows_steps_and_barriers(
     assert any("services/compute-agent/service.yaml" in x and "upgrade_after: unknown service 'keystone'" in x
                for x in lines), lines
 
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml")
+                     + "stages:\n  computes: {group: hypervisors}\n  edge: {nodes: [\"edge*\"]}\n"
+                     + "rollout:\n  stage: controlplane\n")
+    proc = cli("validate", "--repo", ".")
+    lines = proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines()
+    assert proc.returncode == 2
+    for wanted in ("stage 'computes': unknown group 'hypervisors'", "stage 'edge': 'edge*' names no node",
+                   "rollout.stage 'controlplane' is not a stage (stages: computes, edge)"):
+        assert any(x.startswith("reconciler.yaml:") and wanted in x for x in lines), (wanted, lines)
+
 
 EXPORTER_STEPS = """
 version: "{version}"

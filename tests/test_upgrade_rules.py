@@ -4,11 +4,18 @@ when the one node that runs it noted it done."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.model import Scope
-from reconciler.upgrade import Step, StepAction, Upgrade, barrier
+from reconciler.upgrade import Stage, Step, StepAction, Upgrade, barrier, bases
+
+if TYPE_CHECKING:
+    from reconciler.repo import DeploymentRepo
 
 NODES = ("ctl1", "ctl2", "ctl3")
 STEPS = (Step("pin", StepAction.PIN, values={"rpc": "1"}), Step("stop", StepAction.STOP),
@@ -44,3 +51,34 @@ def test_upgrade_after_holds_the_first_step_until_the_other_service_is_upgraded_
     assert barrier(COMPUTE, 0, almost, everyone).go
     # A service this commit does not upgrade holds nothing back.
     assert barrier(COMPUTE, 0, {}, {"compute": COMPUTE}).go
+
+
+FLEET = ("ctl1", "ctl2", "cmp1", "cmp2")
+STAGES = {"controlplane": Stage("controlplane", frozenset({"ctl1", "ctl2"})),
+          "computes": Stage("computes", frozenset({"cmp1", "cmp2"}))}
+
+
+def at(stage: str | None) -> DeploymentRepo:
+    """A commit's repo as far as stages go: its `stages` and its `rollout.stage`."""
+    return cast("DeploymentRepo", SimpleNamespace(settings={"rollout": {"stage": stage}} if stage else {},
+                                                  stages=STAGES))
+
+
+@given(st.lists(st.sampled_from([None, "controlplane", "computes"]), min_size=1, max_size=8))
+def test_a_nodes_base_is_the_nearest_ancestor_that_took_it_in(history: list[str | None]) -> None:
+    """``history``: the stage of the parent, the grandparent, ...; the walk reads no further
+    than it must."""
+    read: list[int] = []
+
+    def ancestors() -> Iterator[tuple[str, DeploymentRepo]]:
+        for i, stage in enumerate(history):
+            read.append(i)
+            yield f"c{i}", at(stage)
+
+    found = bases(FLEET, ancestors())
+    for node in FLEET:
+        took_in = [i for i, s in enumerate(history) if s is None or node in STAGES[s].nodes]
+        assert found[node][0] == f"c{took_in[0] if took_in else len(history) - 1}", (node, history)
+    needed = max(min((i for i, s in enumerate(history) if s is None or n in STAGES[s].nodes),
+                      default=len(history) - 1) for n in FLEET)
+    assert read == list(range(needed + 1))
