@@ -11,11 +11,14 @@ operator instead), so a migration never runs twice unasked.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -296,7 +299,7 @@ class Upgrader:
         or finished (its status used): a step is never run twice because the agent died."""
         d = self.agent.cfg.state_dir / "upgrade" / self.commit[:12] / (service or "post") / name
         mark = f"{self.commit}/{service}/{name}"
-        status = self._finished(d, mark, timeout)
+        status = self._finished(d, mark, timeout, lambda: self._remove_container(service, name))
         if status is None:
             if (d / "started").exists():
                 return False, INTERRUPTED
@@ -305,9 +308,17 @@ class Upgrader:
             (d / "files").mkdir(parents=True, exist_ok=True)
             for f in svc.files if svc else ():
                 atomic_write(d / "files" / f.path, f.content, f.mode)
-            env = {**clean_env(), **(dict(svc.runtime.env) if svc else {}), "RECONCILER_NODE": self.node,
-                   "RECONCILER_SERVICE": service, "RECONCILER_COMMIT": self.commit, "RECONCILER_STEP": name,
+            where = {"RECONCILER_NODE": self.node, "RECONCILER_SERVICE": service, "RECONCILER_COMMIT": self.commit,
+                     "RECONCILER_STEP": name}
+            env = {**clean_env(), **(dict(svc.runtime.env) if svc else {}), **where,
                    "RECONCILER_STEP_ID": mark, "RECONCILER_STEP_COMMAND": command}
+            if svc is not None and svc.runtime.driver == "docker":  # in a one-off container of the new image
+                from .drivers import dockerstep  # the docker SDK only where it is used
+
+                env.update(dockerstep.engine_env(), PYTHONPATH=str(Path(__file__).resolve().parent.parent),
+                           RECONCILER_STEP_SPEC=json.dumps(dockerstep.spec(svc, self.node, name, d / "files",
+                                                                           command, where)),
+                           RECONCILER_STEP_COMMAND=f"{shlex.quote(sys.executable)} -m reconciler.drivers.dockerstep")
             faults.point("spawn", f"upgrade step {service}/{name}")
             proc = subprocess.Popen(["/bin/sh", "-c", WRAPPER], cwd=d / "files", env=env, start_new_session=True,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -317,8 +328,9 @@ class Upgrader:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                self._remove_container(service, name)
                 return False, f"timed out after {timeout:g}s"
-            status = self._finished(d, mark, 0)
+            status = self._finished(d, mark, 0, lambda: None)
             if status is None:
                 return False, "the command's wrapper ended without an exit status"
         try:
@@ -329,8 +341,15 @@ class Upgrader:
             return False, f"exit {status}" + (f": {output[-500:]}" if output else "")
         return True, output[-200:] or "ok"
 
+    def _remove_container(self, service: str, name: str) -> None:
+        """A docker service's step container, removed once its command is killed."""
+        if service and self.repo.driver_of(self.node, service) == "docker":
+            from .drivers import dockerstep
+
+            dockerstep.remove(dockerstep.step_name(self.node, service, name))
+
     @staticmethod
-    def _finished(d: Path, mark: str, timeout: float) -> int | None:
+    def _finished(d: Path, mark: str, timeout: float, killed: Callable[[], None]) -> int | None:
         """The exit status a step's command left, waiting (up to ``timeout``) for one that a
         killed agent left running; None when it never finished (or never started)."""
         started = d / "started"
@@ -347,6 +366,7 @@ class Upgrader:
                     os.killpg(pid, signal.SIGKILL)
                 while _runs(pid, mark):
                     time.sleep(0.05)
+                killed()
         try:
             return int((d / "status").read_text().strip())
         except (FileNotFoundError, ValueError):

@@ -339,3 +339,40 @@ def test_a_reload_only_change_keeps_the_container_and_serves_the_new_value(
     web = containers(docker_engine, dock.node)["web"]
     assert (web.id, started_at(web)) == before and web.status == "running"
     assert fetch(dock.port) == f"hej from {dock.node}\n"
+
+
+def test_an_upgrade_step_of_a_docker_service_runs_in_a_one_off_container_of_the_new_image(
+    dock: DockerDeployment, agents: Callable[..., Agent], docker_engine: docker.DockerClient, busybox_image_2: str
+) -> None:
+    """A migration lives in the image: the step runs in a container of the new version's image,
+    with its rendered files and the service's data volume, and leaves no container behind."""
+    dock.edit("services/worker/service.yaml", "runtime:", 'version: "1"\nruntime:')
+    dock.commit("worker version 1")
+    node = agents(dock.node, dock.url)
+    assert node.reconcile_once().exit_code == 0
+    old = containers(docker_engine, dock.node)["worker"]
+
+    dock.edit("services/worker/service.yaml", 'version: "1"\n', """version: "2"
+upgrade:
+  - {name: stop, action: stop}
+  - name: migrate
+    action: command
+    scope: once
+    command: 'test -f /.dockerenv && echo "image $(cat /etc/image-version)"; cat worker.conf; echo 2 > "$RECONCILER_DATA_DIR/schema"'
+  - {name: start, action: start}
+""")
+    dock.edit("services/worker/templates/worker.conf.j2", "threads = 4", "threads = 8")
+    set_var(dock, "worker_image", busybox_image_2)
+    c2 = dock.commit("worker version 2, its schema migrated in the new image")
+    result = node.reconcile_once()
+
+    assert result.exit_code == 0, result.report
+    steps = {s["step"]: s for s in (dock.note(dock.node, c2) or {})["upgrade"]}  # type: ignore[union-attr]
+    assert [steps[s]["status"] for s in ("stop", "migrate", "start")] == ["done", "done", "done"]
+    output = steps["migrate"]["detail"]
+    assert output.startswith("image 2\n") and "threads = 8" in output  # in the new image, with the new files
+    new = containers(docker_engine, dock.node)["worker"]
+    assert new.id != old.id and new.image.tags == [busybox_image_2]
+    assert new.exec_run(["cat", "/var/lib/worker/schema"]).output == b"2\n"  # the same data volume
+    left = docker_engine.containers.list(all=True, filters={"label": "reconciler.step-of=worker"})
+    assert [c for c in left if c.labels.get("reconciler.node") == dock.node] == []
