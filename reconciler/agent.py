@@ -47,8 +47,7 @@ def drivers_for(cfg: AgentConfig, desired: Desired | None) -> dict[str, Driver]:
 
 
 def host_access(cfg: AgentConfig) -> HostAccess:
-    h = cfg.host
-    return HostAccess(h.root, h.systemctl, h.exec, h.reboot_command, h.boot_id_file)
+    return cfg.host.access()
 
 
 @dataclass

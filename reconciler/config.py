@@ -10,10 +10,13 @@ import os
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .yamlfile import load_yaml
+
+if TYPE_CHECKING:
+    from .drivers.hostaccess import HostAccess
 
 POLICIES = ("every-commit", "first-parent", "head")
 
@@ -54,6 +57,12 @@ class HostConfig:
     reboot_command: str = "systemctl reboot"
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     """Tells a reboot happened: its content changes at every boot."""
+
+    def access(self) -> HostAccess:
+        """What the drivers and upgrade steps reach the host through."""
+        from .drivers.hostaccess import HostAccess
+
+        return HostAccess(self.root, self.systemctl, self.exec, self.reboot_command, self.boot_id_file)
 
 
 @dataclass(frozen=True)

@@ -445,6 +445,9 @@ def _check_upgrades(services: Mapping[str, ServiceDef], post: tuple[PostStep, ..
         if (p.action is StepAction.COMMAND) != bool(p.command.strip()):
             problems.append(Problem("reconciler.yaml", line,
                                     f"post_upgrade {p.name!r}: a command (and only action command) needs `command`"))
+        if p.action is not StepAction.REBOOT and (p.drain or p.undrain or p.batch != 1):
+            problems.append(Problem("reconciler.yaml", line,
+                                    f"post_upgrade {p.name!r}: `batch`, `drain` and `undrain` are for action reboot"))
         if p.action is StepAction.UNPIN and not p.names:
             problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: action unpin needs `vars`"))
     return problems

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Barrier", "PostStep", "Scope", "Stage", "Step", "StepAction", "StepRecord", "StepStatus", "Upgrade",
            "barrier", "bases", "describe", "fleet_upgrades_of", "held_back", "holding", "plan_upgrades",
-           "post_steps_due", "stage_of", "upgraded", "version_of"]
+           "post_steps_due", "post_targets", "reboot_turn", "stage_of", "upgraded", "version_of"]
 
 
 class StepAction(StrEnum):
@@ -44,6 +44,7 @@ class StepAction(StrEnum):
     RELOAD = "reload"
     PIN = "pin"
     UNPIN = "unpin"
+    REBOOT = "reboot"  # post steps only
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,9 @@ class PostStep:
     node: str = ""
     group: str = ""
     timeout: float = 600.0
+    batch: int = 1  # reboot: nodes at once
+    drain: str = ""  # reboot: before
+    undrain: str = ""  # reboot: once back
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -284,16 +288,32 @@ def post_steps_due(repo: DeploymentRepo, node: str, fleet_upgrades: Iterable[str
         if not upgrading & set(post.after) or any((held or {}).get(s) for s in post.after):
             continue
         runs = sorted({n for s in post.after for n in participants(repo, s, ())})
-        if post.node:
-            targets = {post.node}
-        elif post.group:
-            targets = set(members(post.group))
-        else:
-            targets = {n for n in repo.nodes if set(post.targets) & set(repo.services_of(n))}
-        if node not in targets:
+        if node not in post_targets(repo, post, members):
             continue
         out.append((post, tuple(n for n in runs if not applied(n))))
     return tuple(out)
+
+
+def post_targets(repo: DeploymentRepo, post: PostStep, members: Callable[[str], Iterable[str]]) -> set[str]:
+    """The nodes a post step runs on: its ``node``, its ``group``, or every node that runs one of
+    its services."""
+    if post.node:
+        return {post.node}
+    if post.group:
+        return set(members(post.group))
+    return {n for n in repo.nodes if set(post.targets) & set(repo.services_of(n))}
+
+
+def reboot_turn(post: PostStep, targets: Iterable[str], order: Sequence[str], node: str) -> tuple[str, ...]:
+    """The nodes that reboot before ``node`` for a reboot post step: the targets in wave order
+    (then by name), cut into batches of ``post.batch``; every node of an earlier batch."""
+    chosen = set(targets)
+    ordered = [n for n in order if n in chosen]
+    ordered += sorted(chosen - set(ordered))
+    if node not in ordered:
+        return ()
+    mine = ordered.index(node) // post.batch
+    return tuple(ordered[: mine * post.batch])
 
 
 def describe(up: Upgrade, node: str) -> tuple[str, ...]:
@@ -328,7 +348,8 @@ def parse_post(items: Sequence[Mapping[str, Any]]) -> tuple[PostStep, ...]:
     return tuple(PostStep(str(p["name"]), tuple(str(a) for a in p["after"]), StepAction(p["action"]),
                           str(p.get("command", "")), tuple(str(v) for v in p.get("vars", ())),
                           tuple(str(s) for s in p.get("services", ())), str(p.get("node", "")),
-                          str(p.get("group", "")), float(p.get("timeout", 600)))
+                          str(p.get("group", "")), float(p.get("timeout", 600)), int(p.get("batch", 1)),
+                          str(p.get("drain", "")), str(p.get("undrain", "")))
                  for p in items)
 
 
@@ -350,6 +371,9 @@ def check_steps(steps: Sequence[Step]) -> list[tuple[int, str]]:
             problems.append((i, f"step {s.name!r}: action pin needs `set`"))
         if s.action is StepAction.UNPIN and not s.names:
             problems.append((i, f"step {s.name!r}: action unpin needs `vars`"))
+        if s.action is StepAction.REBOOT:
+            problems.append((i, f"step {s.name!r}: a reboot is a post_upgrade step (reconciler.yaml), after the "
+                                "services it waits for"))
         if s.rollback and s.action is not StepAction.COMMAND:
             problems.append((i, f"step {s.name!r}: `rollback` is for command steps (stop, start and pins are "
                                 "taken back by the agent itself)"))

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +49,8 @@ from .upgrade import (
     holding,
     plan_upgrades,
     post_steps_due,
+    post_targets,
+    reboot_turn,
     stage_of,
     upgraded,
     version_of,
@@ -427,8 +429,12 @@ class Upgrader:
             if rec is not None and rec.status in (StepStatus.DONE, StepStatus.FAILED):
                 continue
             if waiting:
-                shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
-                return f"post_upgrade {post.name} waits for {shown} to apply {self.commit[:12]}", ""
+                return f"post_upgrade {post.name} waits for {_shown(waiting)} to apply {self.commit[:12]}", ""
+            if post.action is StepAction.REBOOT:
+                waits, failed = self._reboot(k, post, rec, fleet, note)
+                if waits or failed:
+                    return waits, failed
+                continue
             started = time.time()
             self.agent.ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started))
             ok, detail = self._post(post)
@@ -440,6 +446,56 @@ class Upgrader:
             if not ok:
                 return "", f"post_upgrade {post.name} failed on {self.node}: {detail}"
         return "", ""
+
+    def _reboot(self, k: int, post: PostStep, rec: StepRecord | None, fleet: FleetView,
+                note: Callable[[], None]) -> tuple[str, str]:
+        """This node's reboot for a reboot post step, once every node before its batch (wave
+        order) noted its own reboot done. The step is noted ``started`` with the boot id before
+        the reboot command runs, and ``done`` once the node runs under another boot id (the
+        undrain hook run first). Returns (waiting reason, failure detail)."""
+        host = self.agent.cfg.host.access()
+        ledger, boot = self.agent.ledger, host.boot_id()
+        if rec is not None and rec.status is StepStatus.STARTED:
+            before = rec.detail.removeprefix("rebooting: boot id ")
+            if before != boot:
+                detail = f"rebooted (boot id {before} -> {boot})"
+                if post.undrain:
+                    back = host.sh(post.undrain, timeout=post.timeout)
+                    detail += "; undrain " + ("ok" if back.returncode == 0 else
+                                              f"failed: {(back.stderr or back.stdout).strip()[-200:]}")
+                ledger.step(self.commit, k, replace(rec, status=StepStatus.DONE, ended=time.time(), detail=detail))
+                note()
+                return "", ""
+            # Same boot: the reboot has not happened (or the run that noted it died first): again.
+        else:
+            order = [n for _, m in plan_rollout(self.repo.settings, self.repo.nodes, self.repo.members).batches()
+                     for n in m]
+            before_me = reboot_turn(post, post_targets(self.repo, post, self.repo.members), order, self.node)
+            progress = self._progress(fleet)
+            waiting = [n for n in before_me if progress.get(n, {}).get(("", post.name)) != StepStatus.DONE]
+            if waiting:
+                return f"post_upgrade {post.name} waits for {_shown(waiting)} to reboot", ""
+            started = time.time()
+            if post.drain:
+                drained = host.sh(post.drain, timeout=post.timeout)
+                if drained.returncode != 0:
+                    why = f"drain failed: {(drained.stderr or drained.stdout).strip()[-200:]}"
+                    ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED, started,
+                                                           time.time(), why))
+                    note()
+                    return "", f"post_upgrade {post.name} failed on {self.node}: {why}"
+            ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started,
+                                                   detail=f"rebooting: boot id {boot}"))
+            note()  # the fleet sees this node go down for its reboot before it does
+        faults.point("spawn", f"post_upgrade reboot {post.name}")
+        done = host.sh(host.reboot_command, timeout=120)
+        if done.returncode != 0:
+            why = f"reboot command failed: {(done.stderr or done.stdout).strip()[-200:]}"
+            ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED,
+                                                   rec.started if rec else time.time(), time.time(), why))
+            note()
+            return "", f"post_upgrade {post.name} failed on {self.node}: {why}"
+        return f"post_upgrade {post.name}: rebooting (boot id {boot[:8]})", ""
 
     def _post(self, post: PostStep) -> tuple[bool, str]:
         mine = set(self.repo.services_of(self.node))
@@ -464,6 +520,10 @@ class Upgrader:
             if exc.reason == "DISK_FULL":
                 raise
             return False, str(exc)
+
+
+def _shown(nodes: Sequence[str]) -> str:
+    return ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
 
 
 WALK = 200  # ancestors read at most to find a node's base (stages a fleet is upgraded by are few)

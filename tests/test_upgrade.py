@@ -481,3 +481,56 @@ post_upgrade:
     for node in NODES:
         again = fleet[node].reconcile_once()
         assert again.exit_code == 0 and not again.waiting, (node, again)
+
+
+def test_a_reboot_post_step_reboots_the_computes_one_at_a_time_once_everyone_is_upgraded(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    """A kernel that comes with the upgrade: once every node runs version 2, each compute is
+    drained, rebooted and undrained, the second only after the first is back."""
+    from reconciler.config import HostConfig
+
+    log = tmp_path / "host.log"
+    fleet = {}
+    for node in NODES:
+        boot = tmp_path / f"{node}.boot_id"
+        boot.write_text(f"{node}-boot-1\n")
+        # The "reboot" logs itself and gives the node a new boot id, as a real boot would.
+        host = HostConfig(root=tmp_path, boot_id_file=boot,
+                          reboot_command=f"echo {node} reboot >> {log} && echo {node}-boot-2 > {boot}")
+        fleet[node] = agents(node, deployment.url, host=host)
+    versioned(deployment)
+    deployment.commit("version 1")
+    for node in NODES:
+        assert fleet[node].reconcile_once().exit_code == 0
+
+    to_version_2(deployment, upgrade_steps(tmp_path / "count"), post=False)
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + f"""
+post_upgrade:
+  - name: reboot-computes
+    after: [identity, compute-agent]
+    group: computes
+    action: reboot
+    drain: 'echo drain >> {log}'
+    undrain: 'echo undrain >> {log}'
+""")
+    c2 = deployment.commit("version 2, and a reboot of the computes after it")
+    said = poll_until_settled(fleet, deployment, c2, lambda: all(
+        ("", "reboot-computes") in steps_of(deployment, c2)[n]
+        and steps_of(deployment, c2)[n][("", "reboot-computes")]["status"] == "done" for n in COMPUTES))
+
+    # Nobody rebooted before every node ran version 2; then cmp1, and cmp2 only once cmp1 was back.
+    assert log.read_text() == "drain\ncmp1 reboot\nundrain\ndrain\ncmp2 reboot\nundrain\n"
+    assert ("cmp2", "post_upgrade reboot-computes waits for cmp1 to reboot") in said
+    steps = steps_of(deployment, c2)
+    upgraded_everywhere = max(when(s[(svc, "start")]["ended"]) for s in steps.values()
+                              for svc in ("identity", "compute-agent") if (svc, "start") in s)
+    first, second = (steps[n][("", "reboot-computes")] for n in COMPUTES)
+    assert when(first["started"]) >= upgraded_everywhere
+    assert when(second["started"]) >= when(first["ended"])
+    assert first["detail"] == "rebooted (boot id cmp1-boot-1 -> cmp1-boot-2); undrain ok"
+    assert not any(("", "reboot-computes") in steps[n] for n in CONTROLLERS)
+    for node in NODES:
+        again = fleet[node].reconcile_once()
+        assert again.exit_code == 0 and not again.waiting, (node, again)
+    assert log.read_text().count("reboot") == 2
