@@ -148,7 +148,7 @@ class Agent:
         from .drivers.process import check_account
         from .render import render_node
         from .upgrade import held_back
-        from .upgrader import stage_bases
+        from .upgrader import owed, stage_bases
 
         commit = rev.commit
         repo = repo or self.load(commit)
@@ -157,6 +157,8 @@ class Agent:
         # An operator's pin wins; then what this node keeps as it ran it, being outside the stage
         # the commit's upgrades are limited to.
         staged = held_back(repo, self.cfg.node, stage_bases(self, commit, repo)) if repo.stages else {}
+        # and what it keeps because the upgrade that brings the new version failed here
+        staged.update({s: at for s, (at, _) in owed(self, commit, repo).kept.items()})
         pins = {p.service: p.commit for p in self.ledger.pins()}
         services = []
         for svc in desired.services:

@@ -46,7 +46,7 @@ from .observe import observe
 from .plan import plan as make_plan
 from .plan import stage
 from .trust import TrustError
-from .upgrader import Upgrader
+from .upgrader import Upgrader, owed
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -128,9 +128,11 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         if waiting is not None:
             return RunResult(agent.cfg.node, waiting, fetched, pushed=agent.reporter.push())
         if not interrupted and not events and only is None and unchanged(agent, commit):
-            if agent.ledger.get_meta(POST_PENDING) == commit:
-                upgrader = Upgrader.of(agent, commit, agent.load(commit))
-                return post_upgrade(agent, run, upgrader, RunResult(agent.cfg.node, commit, fetched))
+            pending = agent.ledger.get_meta(POST_PENDING)
+            if pending:  # this commit's post steps, or an earlier one's the branch moved past
+                upgrader = Upgrader.of(agent, pending, agent.load(pending))
+                return post_upgrade(agent, replace(run, commit=pending), upgrader,
+                                    RunResult(agent.cfg.node, commit, fetched))
             return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push())
         verified = verify(agent, run)
         if isinstance(verified, RunResult):
@@ -146,6 +148,16 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         run = replace(run, events=run.events + tuple(release_pins(agent, commit)))
         try:
             repo = agent.load(commit)
+            debt = owed(agent, commit, repo)
+            if debt.first:  # the head moved past an upgrade this node has not run: that commit first
+                agent.say_once(("owed", commit, debt.first), logging.WARNING, "%s: %s is past the upgrade of %s, "
+                               "which this node owes: %s first", agent.cfg.node, commit[:12], debt.first[:12],
+                               debt.first[:12])
+                verified = agent.keeper.vouch(agent.revision(debt.first))
+                run = replace(run, commit=debt.first, events=run.events + (
+                    f"head {commit[:12]} is past this upgrade, which this node owed: run first",))
+                commit, repo = debt.first, agent.load(debt.first)
+            run = replace(run, events=run.events + tuple(why for _, why in debt.kept.values()))
             upgrader = Upgrader.of(agent, commit, repo)
             run = replace(run, events=run.events + upgrader.held_events())
             fleet = agent.fleet_view() if upgrader.barriers else None
@@ -167,7 +179,16 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
             if stop is not None:
                 return stop
         result = converge(agent, run, verified, repo=repo, only=only, instantiate=instantiate)
-        if upgrader.fleet_upgrades and result.report is not None and result.report.state is Verdict.APPLIED:
+        if result.report is None or result.report.state is not Verdict.APPLIED:
+            return result
+        pending = agent.ledger.get_meta(POST_PENDING)
+        if pending and pending != commit:  # an earlier upgrade's post steps the branch moved past: first
+            earlier = post_upgrade(agent, replace(run, commit=pending), Upgrader.of(agent, pending,
+                                                                                   agent.load(pending)), result)
+            if earlier.waiting or earlier.error:
+                return earlier
+            result = earlier
+        if upgrader.fleet_upgrades:
             return post_upgrade(agent, run, upgrader, result)
         return result
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +32,19 @@ from .apply import apply_plan
 from .atomic import atomic_write
 from .drivers.base import clean_env
 from .errors import BadInput, ReconcilerError
-from .model import PASSED, Action, ActionKind, Desired, DesiredService, Plan, ResultState, Scope, StepRecord, StepStatus
+from .model import (
+    PASSED,
+    Action,
+    ActionKind,
+    Desired,
+    DesiredService,
+    Plan,
+    ResultState,
+    Scope,
+    StepRecord,
+    StepStatus,
+    Verdict,
+)
 from .observe import observe
 from .plan import plan as make_plan
 from .rollout import FleetView, plan_rollout
@@ -507,11 +519,14 @@ class Upgrader:
                 for service in post.targets:
                     if service not in mine:
                         continue
+                    # At the commit the service runs: the branch may have moved past this upgrade.
+                    rec = self.agent.ledger.service(service)
+                    at = rec.running.commit if rec is not None and rec.running is not None else self.commit
                     if post.action is StepAction.UNPIN:
                         self.agent.ledger.release(service, post.names)
-                        ok, detail = self._apply(service, None, self._render(service, self.commit))
+                        ok, detail = self._apply(service, None, self._render(service, at))
                     else:
-                        ok, detail = self._apply(service, ActionKind.RELOAD, self._render(service, self.commit))
+                        ok, detail = self._apply(service, ActionKind.RELOAD, self._render(service, at))
                     out.append(f"{service}: {detail}")
                     if not ok:
                         return False, "; ".join(out)
@@ -520,6 +535,64 @@ class Upgrader:
             if exc.reason == "DISK_FULL":
                 raise
             return False, str(exc)
+
+
+@dataclass(frozen=True)
+class Owed:
+    """An upgrade this node owes at the head: the head moved past the commit that brought a
+    service's new version with steps before this node ran them (it never saw that commit, or
+    was mid-upgrade). ``first``: that commit, to run before the head; ``kept``: services held
+    at the version they run because their upgrade failed or was halted here (a new version
+    without its steps would skip a migration), with why."""
+
+    first: str = ""
+    kept: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # service -> (commit it runs, why)
+
+
+def owed(agent: Agent, head: str, repo: DeploymentRepo) -> Owed:
+    """What this node owes before it may take ``head``'s version of each service with steps."""
+    node = agent.cfg.node
+    if node not in repo.nodes or not any(repo.services[s].upgrade for s in repo.services_of(node)):
+        return Owed()
+    base = stage_bases(agent, head, repo)
+    skip = set(upgraded(repo, base)) | set(held_back(repo, node, base)) | {p.service for p in agent.ledger.pins()}
+    first: list[tuple[int, str]] = []
+    kept: dict[str, tuple[str, str]] = {}
+    for name in repo.services_of(node):
+        svc = repo.services[name]
+        if not svc.upgrade or name in skip:
+            continue
+        running, at = _running_version(agent, name)
+        target = version_of(svc)
+        if not running or running == target:
+            continue
+        depth, intro = 0, head
+        for back, (commit, old) in enumerate(_ancestors(agent, head), start=1):
+            if name not in old.services or version_of(old.services[name]) != target:
+                break
+            depth, intro = back, commit
+        if intro == head or name not in upgraded(_load(agent, intro), stage_bases(agent, intro, _load(agent, intro))):
+            continue  # no commit upgrades it with steps: as before, the head's version
+        verdict = agent.ledger.verdict(intro)
+        if verdict in (Verdict.FAILED, Verdict.HALTED):
+            kept[name] = (at, f"{name} kept at {running}: its upgrade to {target} ({intro[:12]}) was {verdict} here; "
+                              "`reconciler retry`, or a new version, upgrades it")
+        else:
+            first.append((depth, intro))
+    return Owed(max(first)[1] if first else "", kept)  # the oldest first
+
+
+def _running_version(agent: Agent, service: str) -> tuple[str, str]:
+    """(version, commit) the service runs here: as last applied, or, stopped by an upgrade under
+    way, the version that upgrade started from."""
+    rec = agent.ledger.service(service)
+    if rec is not None and rec.running is not None:
+        try:
+            return version_of(_load(agent, rec.running.commit).services.get(service)), rec.running.commit
+        except ReconcilerError:
+            return "", ""
+    prior = agent.ledger.upgrade_under_way(service, "")
+    return (prior[2], prior[1]) if prior is not None else ("", "")
 
 
 def _shown(nodes: Sequence[str]) -> str:

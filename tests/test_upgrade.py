@@ -534,3 +534,47 @@ post_upgrade:
         again = fleet[node].reconcile_once()
         assert again.exit_code == 0 and not again.waiting, (node, again)
     assert log.read_text().count("reboot") == 2
+
+
+def test_the_branch_moving_mid_upgrade_finishes_the_upgrade_first_and_skips_no_migration(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    """Two controllers start the upgrade; then a config change lands on top of it before the
+    third controller and the computes ever saw the upgrade commit. Every node still runs the
+    upgrade's steps (each at the upgrade commit, the migration once), then takes the head; the
+    upgrade's post step runs although every node has moved past its commit."""
+    counter = tmp_path / "db-sync.count"
+    fleet = fleet_at_version_1(deployment, agents)
+    to_version_2(deployment, upgrade_steps(counter))
+    c2 = deployment.commit("upgrade identity and compute-agent to version 2")
+    for node in ("ctl1", "ctl2"):
+        assert fleet[node].reconcile_once().waiting.startswith("waiting at barrier identity/stop")
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 7200")
+    c3 = deployment.commit("longer tokens, merged while the upgrade runs")
+
+    said = poll_until_settled(fleet, deployment, c3, lambda: all(
+        (deployment.note(n, c3) or {}).get("state") == "applied" for n in NODES)
+        and all(("", "unpin-rpc") in steps_of(deployment, c2)[n] for n in NODES))
+
+    assert counter.read_text() == "ctl1 db-sync\n"  # the migration ran, once, nobody skipped it
+    steps = steps_of(deployment, c2)
+    for node in CONTROLLERS:
+        assert [steps[node][("identity", s)]["status"] for s in ("pin-rpc", "stop", "db-sync", "start")] == \
+            ["done", "done", "done" if node == "ctl1" else "skipped", "done"], node
+    for node in COMPUTES:
+        assert [steps[node][("compute-agent", s)]["status"] for s in ("pin-rpc", "stop", "start")] == \
+            ["done", "done", "done"], node
+        # it never saw c2 before c3 landed: it ran c2 first, and said so
+        events = (deployment.note(node, c2) or {}).get("events", [])
+        assert f"head {c3[:12]} is past this upgrade, which this node owed: run first" in events, events
+    assert steps_of(deployment, c3) == {n: {} for n in NODES}  # the head itself upgrades nothing
+    for node in CONTROLLERS:
+        conf = live(fleet[node], "identity")
+        assert "release = 2" in conf and "compute = auto" in conf and "7200" in conf, (node, conf)
+    for node in COMPUTES:
+        conf = live(fleet[node], "compute-agent")
+        assert '"release": "2"' in conf and '"rpc": "auto"' in conf, (node, conf)
+    assert not any("failed" in text or "halted" in text for _, text in said), said
+    for node in NODES:
+        again = fleet[node].reconcile_once()
+        assert again.exit_code == 0 and not again.waiting, (node, again)
