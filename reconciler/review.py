@@ -14,12 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import BadInput
 from .model import ActionKind, Desired, Observed, ObservedService, Plan
 from .plan import plan as make_plan
 from .render import render_node
-from .repo import DeploymentRepo
+from .repo import DeploymentRepo, load_repo
 from .rollout import plan_rollout
+from .tree import Tree
 from .upgrade import describe, fleet_upgrades_of, upgraded
+from .yamlfile import Problem, RepoProblems
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,25 @@ class NodeDiff:
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "plan_hash": self.plan.hash, "files": [f.to_dict() for f in self.files],
                 "actions": [a.to_dict() for a in self.plan.changes], "upgrade": list(self.upgrade)}
+
+
+def validate_tree(tree: Tree) -> tuple[DeploymentRepo | None, list[Problem], int, int]:
+    """``reconciler validate``: the repo (None when it does not load), each problem located, and
+    how many nodes and service instances rendered."""
+    problems: list[Problem] = []
+    nodes = services = 0
+    try:
+        repo = load_repo(tree)
+    except RepoProblems as exc:
+        return None, exc.problems, 0, 0
+    for node in sorted(repo.nodes):
+        try:
+            services += len(render_node(repo, node, tree.label).services)
+            nodes += 1
+        except BadInput as exc:
+            message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
+            problems.append(Problem(exc.file or "?", exc.line, message))
+    return repo, problems, nodes, services
 
 
 def as_applied(desired: Desired) -> Observed:

@@ -46,26 +46,12 @@ def validate(repo_dir: Path, rev: str | None, output: str) -> None:
       0  valid: every node renders
       2  a problem in the repo (each one printed), or bad input (no such directory or commit)
     """
-    from ..render import render_node
-    from ..repo import load_repo
+    from ..review import validate_tree
     from ..tree import open_tree
-    from ..yamlfile import Problem, RepoProblems
+    from ..yamlfile import RepoProblems
 
     tree = open_tree(repo_dir, rev)
-    problems: list[Problem] = []
-    nodes = services = 0
-    try:
-        repo = load_repo(tree)
-    except RepoProblems as exc:
-        problems = exc.problems
-    else:
-        for node in sorted(repo.nodes):
-            try:
-                services += len(render_node(repo, node, tree.label).services)
-                nodes += 1
-            except BadInput as exc:
-                message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
-                problems.append(Problem(exc.file or "?", exc.line, message))
+    _, problems, nodes, services = validate_tree(tree)
     if output == "json":
         result = {"ok": not problems, "nodes": nodes, "services": services,
                   "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in problems]}
