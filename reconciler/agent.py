@@ -242,36 +242,14 @@ class Agent:
     def fleet_view(self) -> FleetView:
         """Every node's notes, fetched now (only refs/notes/reconciler/*, only when a rollout
         waits on them); this node's own from its local ref, the freshest."""
-        from . import notes
-        from .notes import Note
-        from .rollout import FleetView
+        from .fleetview import FLEET_PREFIX, fleet_view
 
-        prefix = "refs/reconciler/fleet/"
         self.source.run("fetch", "--no-tags", "--prune", self.source.url,
-                        f"+refs/notes/reconciler/*:{prefix}*", what="notes fetch from")
-        repo = self.source.repo
-        found_notes: dict[str, tuple[Note, ...]] = {}
-        refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
-        if self.reporter.ref in repo.references:  # a state dir that has noted nothing: the remote's
-            refs[self.cfg.node] = self.reporter.ref
-        for node, ref in sorted(refs.items()):
-            found = []
-            try:
-                entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
-            except (KeyError, pygit2.GitError):
-                entries = []
-            for entry in entries:
-                data = notes.decode(entry.message)
-                if data is not None:
-                    found.append(Note.parse(node, str(entry.annotated_id), data))
-            found_notes[node] = tuple(found)
-
-        def descends(a: str, b: str) -> bool:
-            from .trust import is_descendant
-
-            return is_descendant(repo, a, b)
-
-        return FleetView(found_notes, descends)
+                        f"+refs/notes/reconciler/*:{FLEET_PREFIX}*", what="notes fetch from")
+        # its own ref is fresher than what it fetched back, once it has one (a state dir that has
+        # noted nothing, a view from another state dir, reads the remote's)
+        own = {self.cfg.node: self.reporter.ref} if self.reporter.ref in self.source.repo.references else {}
+        return fleet_view(self.source.repo, FLEET_PREFIX, own)
 
     def rollout_gate(self, repo: DeploymentRepo, commit: str, *, barriers: bool = False,
                      fleet: FleetView | None = None) -> RolloutVerdict:

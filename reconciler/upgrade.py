@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Barrier", "PostStep", "Scope", "Stage", "Step", "StepAction", "StepRecord", "StepStatus", "Upgrade",
            "barrier", "bases", "describe", "fleet_upgrades_of", "held_back", "holding", "plan_upgrades",
-           "post_steps_due", "post_targets", "reboot_turn", "stage_of", "upgraded", "version_of"]
+           "post_steps_due", "post_targets", "reboot_turn", "stage_of", "upgraded", "version_changed", "version_of"]
 
 
 class StepAction(StrEnum):
@@ -95,6 +95,15 @@ class Upgrade:
     @property
     def once_node(self) -> str:
         return self.participants[0] if self.participants else ""
+
+
+def version_changed(old: ServiceDef, new: ServiceDef) -> bool:
+    """A new version of the software: its ``version`` changed (both name one), or its image.
+    Naming a version for the first time is not an upgrade (nothing new runs)."""
+    if old.version and new.version and str(old.version) != str(new.version):
+        return True
+    before, after = old.container.get("image"), new.container.get("image")
+    return bool(before and after and before != after)
 
 
 def version_of(svc: ServiceDef | None) -> str:
@@ -160,10 +169,9 @@ def upgraded(repo: DeploymentRepo, base: Bases) -> tuple[str, ...]:
     for name, svc in repo.services.items():
         if not svc.upgrade:
             continue
-        target = version_of(svc)
         for node in participants(repo, name, ()):
             then = base.get(node)
-            if then is not None and name in then[1].services and version_of(then[1].services[name]) != target:
+            if then is not None and name in then[1].services and version_changed(then[1].services[name], svc):
                 out.add(name)
                 break
     return tuple(sorted(out))
@@ -177,7 +185,7 @@ def held_back(repo: DeploymentRepo, node: str, base: Bases) -> dict[str, str]:
         return {}
     old = then[1]
     return {name: then[0] for name in repo.services_of(node)
-            if name in old.services and version_of(old.services[name]) != version_of(repo.services[name])}
+            if name in old.services and version_changed(old.services[name], repo.services[name])}
 
 
 def holding(repo: DeploymentRepo, base: Bases) -> dict[str, tuple[str, ...]]:

@@ -65,12 +65,13 @@ from .upgrade import (
     reboot_turn,
     stage_of,
     upgraded,
+    version_changed,
     version_of,
 )
 
 if TYPE_CHECKING:
     from .agent import Agent
-    from .repo import DeploymentRepo
+    from .repo import DeploymentRepo, ServiceDef
 
 log = logging.getLogger("reconciler.upgrade")
 
@@ -564,7 +565,7 @@ def owed(agent: Agent, head: str, repo: DeploymentRepo) -> Owed:
             continue
         running, at = _running_version(agent, name)
         target = version_of(svc)
-        if not running or running == target:
+        if not running or running == target or not _changed_since(agent, at, name, svc):
             continue
         depth, intro = 0, head
         for back, (commit, old) in enumerate(_ancestors(agent, head), start=1):
@@ -580,6 +581,15 @@ def owed(agent: Agent, head: str, repo: DeploymentRepo) -> Owed:
         else:
             first.append((depth, intro))
     return Owed(max(first)[1] if first else "", kept)  # the oldest first
+
+
+def _changed_since(agent: Agent, commit: str, name: str, svc: ServiceDef) -> bool:
+    """``svc`` is a new version of what ``commit`` said (True when that cannot be read)."""
+    try:
+        then = _load(agent, commit).services.get(name) if commit else None
+    except ReconcilerError:
+        return True
+    return then is None or version_changed(then, svc)
 
 
 def _running_version(agent: Agent, service: str) -> tuple[str, str]:
@@ -603,18 +613,28 @@ WALK = 200  # ancestors read at most to find a node's base (stages a fleet is up
 
 
 def stage_bases(agent: Agent, commit: str, repo: DeploymentRepo) -> Bases:
+    """Each node's base for ``commit``, read from the node's mirror (``bases_in``)."""
+    return bases_in(agent.source.repo, commit, repo, lambda c: _load(agent, c))
+
+
+def bases_in(git: pygit2.Repository, commit: str, repo: DeploymentRepo,
+             load: Callable[[str], DeploymentRepo]) -> Bases:
     """Each node's base for ``commit``: its parent, or, past commits staged to other nodes, the
     nearest ancestor that took the node in. Read only when the repo has upgrade steps or
     stages: most commits of most repos have neither."""
     if not repo.stages and not any(svc.upgrade for svc in repo.services.values()):
         return {}
-    return bases(repo.nodes, _ancestors(agent, commit))
+    return bases(repo.nodes, _walk(git, commit, load))
 
 
 def _ancestors(agent: Agent, commit: str) -> Iterator[tuple[str, DeploymentRepo]]:
+    return _walk(agent.source.repo, commit, lambda c: _load(agent, c))
+
+
+def _walk(git: pygit2.Repository, commit: str,
+          load: Callable[[str], DeploymentRepo]) -> Iterator[tuple[str, DeploymentRepo]]:
     """The commit's first parent, its first parent, ...: each loaded (a commit that does not
     load ends the walk: no version to compare there, no upgrade)."""
-    git = agent.source.repo
     try:
         current = git.revparse_single(commit).peel(pygit2.Commit)
     except (KeyError, ValueError, pygit2.GitError):
@@ -628,7 +648,7 @@ def _ancestors(agent: Agent, commit: str) -> Iterator[tuple[str, DeploymentRepo]
             if parent is None:
                 return
             current = parent.peel(pygit2.Commit)
-            loaded = _load(agent, str(current.id))
+            loaded = load(str(current.id))
         except (KeyError, ValueError, AttributeError, pygit2.GitError, ReconcilerError):
             return
         yield str(current.id), loaded

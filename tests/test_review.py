@@ -46,10 +46,59 @@ def test_diff_predicts_each_nodes_plan_and_the_note_carries_the_same_hash(
         assert note is not None and note["plan_hash"] == by_node[node.cfg.node]["plan_hash"]
 
     md = cli("diff", "--repo", str(deployment.work), c1, c2, "-o", "markdown").stdout
-    assert "| reload | 3 | 3 |" in md and "<summary><b>cmp1</b>: restart compute-agent" in md
+    # The summary, most disruptive first; then per service the nodes that change alike, once.
+    assert md.index("| restart | 2 | 2 |") < md.index("| reload | 3 | 3 |")
+    assert "- **identity** on group controllers (3): **reload**, `identity.conf` (+1 -1): " \
+           "only [token] ttl changed in identity.conf" in md
+    assert "- **compute-agent** on group computes (2): **restart**" in md
+    assert md.index("#### Per service") < md.index("#### Details") < md.index("<details><summary>identity")
+    assert md.count("<details>") == 2 and "The diff shown is ctl1's; the others change the same lines." in md
     human = cli("diff", "--repo", str(deployment.work), c1, c2, "--node", "ctl2")
     assert "only [token] ttl changed in identity.conf" in human.stdout
     assert "summary: 1 node reload (1 service); 0 of 1 nodes unchanged" in human.stdout
+
+
+def test_diff_exit_code_says_whether_anything_changes(deployment: Deployment) -> None:
+    c1 = git("rev-parse", "HEAD", cwd=deployment.work)
+    deployment.write("NOTES.txt", "not read by any node\n")
+    c2 = deployment.commit("a file no node renders")
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    c3 = deployment.commit("kvm")
+
+    same = cli("diff", "--repo", str(deployment.work), c1, c2, "--exit-code")
+    assert same.returncode == 0, same.stderr
+    assert "no node changes" in same.stdout
+    changed = cli("diff", "--repo", str(deployment.work), c2, c3, "--exit-code", "-o", "json")
+    assert changed.returncode == 1, changed.stderr
+    assert json.loads(changed.stdout)["summary"] == {"restart": {"nodes": 2, "services": 2}}
+    assert cli("diff", "--repo", str(deployment.work), c2, c3).returncode == 0  # without the flag: 0
+    bad = cli("diff", "--repo", str(deployment.work), c2, c3, "--max-bytes", "20000")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --max-bytes, --artifact-url and --report-file go"), \
+        bad.stderr
+
+
+def test_a_huge_diff_is_cut_to_the_limit_with_a_link_and_the_full_report_is_written(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    c1 = git("rev-parse", "HEAD", cwd=deployment.work)
+    # Each controller gets 600 new lines of its own: no two nodes change alike, nothing groups.
+    deployment.write("services/identity/templates/identity.conf.j2",
+                     deployment.read("services/identity/templates/identity.conf.j2")
+                     + "[extra]\n{% for i in range(600) %}line{{ i }} = {{ port_base + i }}\n{% endfor %}")
+    c2 = deployment.commit("long files")
+    full_file = tmp_path / "full.md"
+    proc = cli("diff", "--repo", str(deployment.work), c1, c2, "-o", "markdown", "--max-bytes", "20000",
+               "--artifact-url", "https://ci.example.org/run/7/diff.md", "--report-file", str(full_file))
+    assert proc.returncode == 0, proc.stderr
+    comment, full = proc.stdout, full_file.read_text()
+    assert len(full.encode()) > 30000 and "Cut to fit" not in full
+    assert len(comment.encode()) <= 20000
+    assert comment.rstrip().endswith("sections left out; the full report is at https://ci.example.org/run/7/diff.md")
+    assert "| 3 | 3 |" in comment and "- **identity** on ctl1: " in comment  # the summary survives
+    assert "<details><summary>identity on ctl1" in comment  # a first folded diff fits, the others do not
+    assert "<details><summary>identity on ctl3" not in comment and "<details><summary>identity on ctl3" in full
+    assert comment.count("<details>") == comment.count("</details>")  # cut between sections, never inside one
+    assert full.startswith(comment.split("\n\n**Cut to fit")[0])
 
 
 def test_an_unknown_action_in_a_rule_is_a_located_error(deployment: Deployment) -> None:

@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.model import Scope
-from reconciler.upgrade import Stage, Step, StepAction, Upgrade, barrier, bases
+from reconciler.upgrade import Stage, Step, StepAction, Upgrade, barrier, bases, version_changed
 
 if TYPE_CHECKING:
-    from reconciler.repo import DeploymentRepo
+    from reconciler.repo import DeploymentRepo, ServiceDef
 
 NODES = ("ctl1", "ctl2", "ctl3")
 STEPS = (Step("pin", StepAction.PIN, values={"rpc": "1"}), Step("stop", StepAction.STOP),
@@ -82,3 +82,14 @@ def test_a_nodes_base_is_the_nearest_ancestor_that_took_it_in(history: list[str 
     needed = max(min((i for i, s in enumerate(history) if s is None or n in STAGES[s].nodes),
                       default=len(history) - 1) for n in FLEET)
     assert read == list(range(needed + 1))
+
+
+def test_naming_a_version_for_the_first_time_is_not_an_upgrade() -> None:
+    def svc(version: str = "", image: str = "") -> ServiceDef:
+        return cast("ServiceDef", SimpleNamespace(version=version, container={"image": image} if image else {}))
+
+    assert not version_changed(svc(image="db:1"), svc("1", "db:1"))  # a version named: nothing new runs
+    assert version_changed(svc("1", "db:1"), svc("2", "db:1"))
+    assert version_changed(svc("1", "db:1"), svc("1", "db:2"))
+    assert not version_changed(svc("1"), svc("1"))
+    assert not version_changed(svc("1"), svc())  # a version dropped: nothing new either

@@ -24,6 +24,7 @@ from ..errors import ReconcilerError
 from .common import Failed, emit_json, err
 from .node import agent_command, apply, history, plan, retry, rollback, status, unpin, verify
 from .repo import diff, render, validate
+from .review import review_post
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,7 +50,7 @@ def cli(verbose: int) -> None:
 
 
 for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, rollback, unpin,
-                retry):
+                retry, review_post):
     cli.add_command(command)
 
 

@@ -1,41 +1,109 @@
-"""``status --fleet``: the whole rollout of a commit, from every node's notes."""
+"""``status --fleet`` and ``history --fleet``: the whole rollout of a commit, from every node's
+notes, read through a node's agent or from any clone of the deployment repo (``--repo``)."""
 
 from __future__ import annotations
 
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pygit2
 from rich.markup import escape
 from rich.table import Table
 
 from ..atomic import atomic_write
 from ..errors import ReconcilerError
-from .common import Failed, emit_json, node_agent, out, style
+from .common import Failed, emit_json, err, node_agent, out, style
+
+if TYPE_CHECKING:
+    from ..fleet import NodeStatus, StepTable
+    from ..repo import DeploymentRepo
+    from ..rollout import FleetView
 
 # A node in one of these states has stopped the rollout of the commit: nobody after it starts.
 STOPPED = ("error", "failed", "halted", "refused")
 
 
-def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | None, output: str) -> None:
-    from ..fleet import counts, fleet_status, stage_labels, step_table, to_html
-    from ..rollout import plan_rollout
-    from ..upgrader import stage_bases
+@dataclass(frozen=True)
+class Snapshot:
+    """What the fleet says about one commit, read once."""
 
-    the_agent = node_agent(agent_opts)
-    with the_agent.state.lock(wait=30):
-        head, _ = the_agent.head(fetch=True, rev=None)
-        commit = head if rev is None else the_agent.head(fetch=False, rev=rev)[0]
-        fleet_view = the_agent.fleet_view()
-    # The repo at the commit (and the ancestors its stages point back to): for the order of the
-    # waves, the stages and the upgrade's steps only; nothing is applied.
-    repo = the_agent.load(commit)
-    rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
-    base = stage_bases(the_agent, commit, repo)
-    statuses = fleet_status(rollout, sorted(repo.nodes), commit, fleet_view, stage_labels(repo, base))
-    steps = step_table(repo, commit, fleet_view, base, [n for _, m in rollout.batches() for n in m])
+    commit: str
+    name: str  # the deployment's name, from reconciler.yaml
+    statuses: list[NodeStatus]
+    steps: StepTable  # the commit's upgrade as nodes x steps (empty when it upgrades nothing)
+
+
+class FleetSource:
+    """Where the notes come from: the node's mirror (its agent settings) or any clone of the
+    deployment repo (``--repo``: no node settings, state dir or trust root)."""
+
+    def __init__(self, agent_opts: dict[str, Any], repo_dir: Path | None) -> None:
+        named = any(agent_opts.get(k) for k in ("config_file", "node", "state_dir"))
+        self.clone = None if named and repo_dir is None else repo_dir or Path(".")
+        if self.clone is None:
+            self.agent = node_agent(agent_opts)
+        else:
+            self.remote = agent_opts.get("remote") or "origin"
+            self.branch = agent_opts.get("branch") or "main"
+
+    def read(self, rev: str | None) -> tuple[pygit2.Repository, str, FleetView]:
+        """Fetch the notes now: (the repo, the commit asked for or the branch head, the view)."""
+        from ..fleetview import fetch_from_clone, fleet_view, open_clone, resolve
+
+        if self.clone is None:
+            with self.agent.state.lock(wait=30):
+                head, _ = self.agent.head(fetch=True, rev=None)
+                commit = head if rev is None else self.agent.head(fetch=False, rev=rev)[0]
+                view = self.agent.fleet_view()
+            return self.agent.source.repo, commit, view
+        head = fetch_from_clone(self.clone, self.remote, self.branch)
+        repo = open_clone(self.clone)
+        return repo, head if rev is None else resolve(repo, rev), fleet_view(repo)
+
+    def load(self, commit: str) -> DeploymentRepo:
+        if self.clone is None:
+            return self.agent.load(commit)
+        from ..repo import load_repo
+        from ..tree import open_tree
+
+        return load_repo(open_tree(self.clone, commit))
+
+    def snapshot(self, rev: str | None) -> Snapshot:
+        from ..fleet import fleet_status, stage_labels, step_table
+        from ..rollout import plan_rollout
+        from ..upgrader import bases_in
+
+        git, commit, view = self.read(rev)
+        # The repo at the commit (and the ancestors its stages point back to): for the order of
+        # the waves, the stages and the upgrade's steps only; nothing is applied.
+        repo = self.load(commit)
+        rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
+        base = bases_in(git, commit, repo, self.load)
+        order = [n for _, m in rollout.batches() for n in m]
+        return Snapshot(commit, repo.name, fleet_status(rollout, sorted(repo.nodes), commit, view,
+                                                        stage_labels(repo, base)),
+                        step_table(repo, commit, view, base, order))
+
+
+def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | None, output: str, *,
+               repo_dir: Path | None = None, watch: bool = False, interval: float = 10.0) -> None:
+    from ..fleet import counts, to_html
+
+    source = FleetSource(agent_opts, repo_dir)
+    snap = source.snapshot(rev)
+    # --watch: the rollout of this one commit, read again until every node is done with it.
+    while watch and not all(s.state == "applied" or s.state in STOPPED for s in snap.statuses):
+        if output == "human":
+            err.print(f"{time.strftime('%H:%M:%S')} {snap.commit[:12]}: "
+                      + ", ".join(f"{v} {k}" for k, v in counts(snap.statuses).items()))
+        time.sleep(interval)
+        snap = source.snapshot(snap.commit)
+    commit, statuses, steps = snap.commit, snap.statuses, snap.steps
     if html_file is not None:
-        atomic_write(html_file, to_html(statuses, commit, f"{repo.name}: rollout of {commit[:12]}", steps).encode())
+        atomic_write(html_file, to_html(statuses, commit, f"{snap.name}: rollout of {commit[:12]}", steps).encode())
     tally = counts(statuses)
     stopped = {k: v for k, v in tally.items() if k in STOPPED}
     if output == "json":
@@ -48,7 +116,7 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
         return
     staged = any(s.stage for s in statuses)
     table = Table("wave", "node", "state", *(("stage",) if staged else ()), "detail",
-                  title=f"{repo.name} @ {commit[:12]}")
+                  title=f"{snap.name} @ {commit[:12]}")
     for s in statuses:
         table.add_row(s.wave, s.node, style(s.state), *((escape(s.stage),) if staged else ()), escape(s.detail))
     out.print(table)
@@ -60,6 +128,36 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
     out.print(", ".join(f"{v} {k}" for k, v in tally.items()))
     if stopped:
         sys.exit(1)  # the table says which node and why: no extra error line
+
+
+def show_fleet_history(agent_opts: dict[str, Any], repo_dir: Path | None, limit: int, output: str) -> None:
+    """The branch's commits, newest first (first parents), each with what the nodes noted on it."""
+    source = FleetSource(agent_opts, repo_dir)
+    repo, head, view = source.read(None)
+    rows: list[dict[str, Any]] = []
+    walker = repo.walk(head)
+    walker.simplify_first_parent()  # the branch's own commits, not those merged into it
+    for commit in walker:
+        if len(rows) >= limit:
+            break
+        cid = str(commit.id)
+        on_it = [n for node in sorted(view.notes) if (n := view.note(node, cid)) is not None]
+        tally: dict[str, int] = {}
+        for n in on_it:
+            tally[n.state] = tally.get(n.state, 0) + 1
+        rows.append({"commit": cid, "author": commit.author.name, "subject": commit.message.split("\n", 1)[0],
+                     "time": commit.commit_time, "counts": dict(sorted(tally.items())),
+                     "failed": [{"node": n.node, "service": n.failed_service, "error": n.error}
+                                for n in on_it if n.state == "failed"]})
+    if output == "json":
+        emit_json(rows)
+        return
+    table = Table("commit", "author", "subject", "nodes", "failed")
+    for r in rows:
+        table.add_row(r["commit"][:12], escape(r["author"]), escape(r["subject"]),
+                      ", ".join(f"{v} {style(k)}" for k, v in r["counts"].items()) or "-",
+                      escape("; ".join(f"{f['node']} {f['service']}: {f['error']}".strip() for f in r["failed"])))
+    out.print(table)
 
 
 def _stopped_error(commit: str, stopped: dict[str, int]) -> ReconcilerError:

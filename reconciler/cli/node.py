@@ -217,8 +217,16 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
 @click.option("--fleet", is_flag=True, help="The whole rollout from every node's notes (fetches them).")
 @click.option("--rev", help="With --fleet: the commit to show [the branch head].")
 @click.option("--html", "html_file", type=click.Path(path_type=Path), help="With --fleet: also write a page.")
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path),
+              help="With --fleet: a clone of the deployment repo; its notes fetched from --remote [origin]. "
+                   "The default with no node settings: the current directory.")
+@click.option("--watch", is_flag=True, help="With --fleet: read again until every node applied, failed, halted "
+                                             "or refused the commit; exit 0 when all applied, 1 otherwise.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="With --watch: seconds between reads.")
 @output_option
-def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: Path | None, output: str) -> None:
+def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: Path | None, repo_dir: Path | None,
+           watch: bool, interval: float, output: str) -> None:
     """What runs on this node now, from which commit, and the last run's verdict; with --fleet,
     every node's state for a commit, per wave.
 
@@ -226,19 +234,23 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     Example:
       reconciler status --config /etc/reconciler/agent.yaml -o json
       reconciler status --fleet --config /etc/reconciler/agent.yaml --html rollout.html
+      reconciler status --fleet --repo . --watch --interval 30   # from any clone, a CI job
 
     \b
     Exit codes:
       0  printed; with --fleet: no node failed, halted, refused or errored on the commit
+         (with --watch: every node applied it)
       1  with --fleet: a node failed, halted, refused or errored on the commit (the rollout
          is stopped); or the remote did not answer
-      2  bad input: no node in the state dir, bad settings, an unknown --rev
+      2  bad input: no node in the state dir, bad settings, an unknown --rev, not a clone
     """
     if fleet:
         from .fleet import show_fleet
 
-        show_fleet(agent_opts, rev, html_file, output)
+        show_fleet(agent_opts, rev, html_file, output, repo_dir=repo_dir, watch=watch, interval=interval)
         return
+    if repo_dir is not None or watch:
+        raise BadInput("--repo and --watch go with --fleet")
     cfg = agent_config(agent_opts, remote="unused")
     from ..agent import drivers_for
     from ..ledger import Ledger
@@ -272,19 +284,31 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
 @agent_options
 @click.argument("service", required=False)
 @click.option("--limit", default=30, show_default=True)
+@click.option("--fleet", is_flag=True, help="The branch's commits, each with what every node noted on it.")
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path),
+              help="With --fleet: a clone of the deployment repo (as status --fleet --repo).")
 @output_option
-def history(agent_opts: dict[str, Any], service: str | None, limit: int, output: str) -> None:
-    """What this node applied, per service, newest first.
+def history(agent_opts: dict[str, Any], service: str | None, limit: int, fleet: bool, repo_dir: Path | None,
+            output: str) -> None:
+    """What this node applied, per service, newest first; with --fleet, the branch's commits
+    and how many nodes applied, failed or halted each.
 
     \b
     Example:
       reconciler history identity --state-dir /var/lib/reconciler
+      reconciler history --fleet --repo . --limit 10
 
     \b
     Exit codes:
       0  printed (an empty history too)
-      2  bad input: no node in the state dir, bad settings
+      1  with --fleet: the remote did not answer
+      2  bad input: no node in the state dir, bad settings, not a clone
     """
+    if fleet:
+        from .fleet import show_fleet_history
+
+        show_fleet_history(agent_opts, repo_dir, limit, output)
+        return
     cfg = agent_config(agent_opts, node="local", remote="unused")
     from datetime import UTC, datetime
 

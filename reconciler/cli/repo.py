@@ -22,6 +22,7 @@ from ..model import Desired
 from .common import Failed, emit_json, out, output_option, style
 
 if TYPE_CHECKING:
+    from ..review import NodeDiff
     from ..trust import Verdict
 
 
@@ -45,26 +46,12 @@ def validate(repo_dir: Path, rev: str | None, output: str) -> None:
       0  valid: every node renders
       2  a problem in the repo (each one printed), or bad input (no such directory or commit)
     """
-    from ..render import render_node
-    from ..repo import load_repo
+    from ..review import validate_tree
     from ..tree import open_tree
-    from ..yamlfile import Problem, RepoProblems
+    from ..yamlfile import RepoProblems
 
     tree = open_tree(repo_dir, rev)
-    problems: list[Problem] = []
-    nodes = services = 0
-    try:
-        repo = load_repo(tree)
-    except RepoProblems as exc:
-        problems = exc.problems
-    else:
-        for node in sorted(repo.nodes):
-            try:
-                services += len(render_node(repo, node, tree.label).services)
-                nodes += 1
-            except BadInput as exc:
-                message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
-                problems.append(Problem(exc.file or "?", exc.line, message))
+    _, problems, nodes, services = validate_tree(tree)
     if output == "json":
         result = {"ok": not problems, "nodes": nodes, "services": services,
                   "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in problems]}
@@ -148,7 +135,15 @@ def _write_slice(root: Path, desired: Desired) -> None:
 @click.option("--all", "all_nodes", is_flag=True, help="Every node (the default).")
 @click.option("-o", "--output", type=click.Choice(["human", "json", "markdown"]), default="human", show_default=True,
               help="markdown: a pull-request comment; json for scripts (errors too).")
-def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nodes: bool, output: str) -> None:
+@click.option("--exit-code", "exit_code", is_flag=True,
+              help="Exit 1 when some node changes, 0 when none (as git diff --exit-code).")
+@click.option("--max-bytes", type=click.IntRange(min=1024), default=None,
+              help="With -o markdown: cut the comment to this many bytes (a forge's limit: GitHub 65536).")
+@click.option("--artifact-url", help="With --max-bytes: where the full report is; linked when the comment is cut.")
+@click.option("--report-file", type=click.Path(path_type=Path),
+              help="With -o markdown: also write the uncut report to this file (the artifact).")
+def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nodes: bool, output: str,
+         exit_code: bool, max_bytes: int | None, artifact_url: str | None, report_file: Path | None) -> None:
     """What REV_B will do on each node, compared with REV_A: changed files and actions.
 
     Each node's plan hash is the one the node writes in its note when it applies REV_B, so a
@@ -158,27 +153,46 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
     Example:
       reconciler diff --repo . origin/main HEAD
       reconciler diff --repo . main feature --node ctl1 -o markdown > comment.md
+      reconciler diff --repo . main feature -o markdown --max-bytes 65536 \\
+          --artifact-url "$RUN_URL" --report-file full.md > comment.md
+      reconciler diff --repo . origin/main HEAD --exit-code -o json || echo "changes"
 
     \b
     Exit codes:
-      0  the diff is printed (whatever it changes)
+      0  the diff is printed (whatever it changes); with --exit-code: no node changes
+      1  with --exit-code: some node changes (an action or a file)
       2  bad input: not a git repo, an unknown commit or node, a problem in either commit's repo
     """
     from ..repo import load_repo
     from ..review import diff_repos, markdown, summary
     from ..tree import open_tree
 
+    if output != "markdown" and (max_bytes or artifact_url or report_file):
+        raise BadInput("--max-bytes, --artifact-url and --report-file go with -o markdown")
     tree_a, tree_b = open_tree(repo_dir, rev_a), open_tree(repo_dir, rev_b)
-    diffs = diff_repos(load_repo(tree_a), tree_a.label, load_repo(tree_b), tree_b.label,
+    repo_b = load_repo(tree_b)
+    diffs = diff_repos(load_repo(tree_a), tree_a.label, repo_b, tree_b.label,
                        None if all_nodes or not nodes else list(nodes))
+    changed = any(d.plan.changes or d.files for d in diffs)
     if output == "json":
         emit_json({"from": tree_a.label, "to": tree_b.label, "summary": summary(diffs),
                    "nodes": [d.to_dict() for d in diffs]})
-        return
-    if output == "markdown":
-        click.echo(markdown(diffs, tree_a.label, tree_b.label), nl=False)
-        return
+    elif output == "markdown":
+        groups = repo_b.group_members
+        if report_file is not None:
+            atomic_write(report_file, markdown(diffs, tree_a.label, tree_b.label, groups=groups).encode())
+        click.echo(markdown(diffs, tree_a.label, tree_b.label, groups=groups, max_bytes=max_bytes,
+                            artifact_url=artifact_url), nl=False)
+    else:
+        _print_diff(diffs)
+    if exit_code and changed:
+        sys.exit(1)  # as `git diff --exit-code`: the changes are the output, not an error
+
+
+def _print_diff(diffs: list[NodeDiff]) -> None:
     from rich.syntax import Syntax
+
+    from ..review import summary
 
     for d in diffs:
         if not d.plan.changes and not d.files:

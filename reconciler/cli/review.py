@@ -1,0 +1,111 @@
+"""``review-post``: validate and diff a change, and post both on the forge where it is reviewed
+(a GitHub pull request or a Gerrit change) through ``reconciler.forge``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from ..atomic import atomic_write
+from ..errors import BadInput
+from .common import out
+
+if TYPE_CHECKING:
+    from ..review import Change
+
+
+@click.command("review-post")
+@click.argument("base")
+@click.argument("head")
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="The deployment repo (a git repo holding both commits).")
+@click.option("--forge", type=click.Choice(["github", "gerrit"]), required=True)
+@click.option("--pr", type=int, help="GitHub: the pull request's number.")
+@click.option("--github-repo", envvar="GITHUB_REPOSITORY", help="GitHub: OWNER/NAME [$GITHUB_REPOSITORY].")
+@click.option("--api-url", envvar="GITHUB_API_URL", default="https://api.github.com", show_default=True,
+              help="GitHub: the REST API [$GITHUB_API_URL].")
+@click.option("--gerrit-url", envvar="GERRIT_URL", help="Gerrit: the server's URL [$GERRIT_URL].")
+@click.option("--change", envvar="GERRIT_CHANGE_NUMBER", help="Gerrit: the change [$GERRIT_CHANGE_NUMBER].")
+@click.option("--revision", envvar="GERRIT_PATCHSET_REVISION",
+              help="Gerrit: the patch set's commit [$GERRIT_PATCHSET_REVISION].")
+@click.option("--max-bytes", type=click.IntRange(min=1024),
+              help="Cut the comment to this size [the forge's: GitHub 65536, Gerrit 16000].")
+@click.option("--artifact-url", help="Where the full report is; linked when the comment is cut.")
+@click.option("--report-file", type=click.Path(path_type=Path), help="Also write the uncut report here.")
+def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None, github_repo: str | None,
+                api_url: str, gerrit_url: str | None, change: str | None, revision: str | None,
+                max_bytes: int | None, artifact_url: str | None, report_file: Path | None) -> None:
+    """Validate HEAD, diff it against BASE for every node, and post the diff on the change:
+    GitHub: one comment, found again by a hidden marker and edited in place, and a commit status
+    per changed node group (reconciler/<group>) and reconciler/validate; Gerrit: a review
+    message, Verified -1 when validation fails.
+
+    Secrets come from the environment only: GITHUB_TOKEN; GERRIT_USER, GERRIT_PASSWORD.
+
+    \b
+    Example:
+      reconciler review-post --forge github --pr 42 origin/main "$HEAD_SHA"
+      reconciler review-post --forge gerrit --change 1234 --revision "$SHA" HEAD~1 HEAD
+
+    \b
+    Exit codes:
+      0  posted; HEAD validates
+      1  posted, and HEAD does not validate (the vote says so); or the forge refused or did not answer
+      2  bad input: missing settings, not a git repo, an unknown commit
+    """
+    from ..forge import GERRIT_LIMIT, GITHUB_LIMIT, MARKER, Forge, Gerrit, GitHub, GroupStatus, Review
+    from ..review import changes, diff_repos, markdown, validate_tree
+    from ..tree import open_tree
+
+    the_forge: Forge
+    if forge == "github":
+        if pr is None:
+            raise BadInput("--forge github needs --pr NUMBER")
+        the_forge = GitHub(api_url, os.environ.get("GITHUB_TOKEN", ""), github_repo or "", pr)
+    else:
+        if not gerrit_url:
+            raise BadInput("--forge gerrit needs --gerrit-url (or GERRIT_URL)")
+        the_forge = Gerrit(gerrit_url, os.environ.get("GERRIT_USER", ""), os.environ.get("GERRIT_PASSWORD", ""),
+                           change or "", revision or "")
+    limit = (max_bytes or (GITHUB_LIMIT if forge == "github" else GERRIT_LIMIT)) - len(MARKER) - 1
+    tree_a, tree_b = open_tree(repo_dir, base), open_tree(repo_dir, head)
+    repo_b, problems, _, _ = validate_tree(tree_b)
+    groups: tuple[GroupStatus, ...] = ()
+    if repo_b is None or problems:
+        lines = [f"### reconciler: `{tree_b.label[:12]}` does not validate", ""]
+        lines += [f"- `{p}`" for p in problems]
+        body = full = "\n".join(lines) + "\n"
+        if len(body.encode()) > limit:
+            body = body.encode()[:limit - 200].decode(errors="ignore") + "\n\n(cut; run `reconciler validate`)\n"
+    else:
+        from ..repo import load_repo
+
+        diffs = diff_repos(load_repo(tree_a), tree_a.label, repo_b, tree_b.label)
+        members = repo_b.group_members
+        full = markdown(diffs, tree_a.label, tree_b.label, groups=members)
+        body = markdown(diffs, tree_a.label, tree_b.label, groups=members, max_bytes=limit, artifact_url=artifact_url)
+        # Per inventory group with a changed node: one status, saying what changes there.
+        found = changes(diffs)
+        changed = {n for c in found for n in c.nodes}
+        groups = tuple(GroupStatus(g, True, _what(g, m, changed, found)) for g, m in members.items()
+                       if set(m) & changed)
+    if report_file is not None:
+        atomic_write(report_file, full.encode())
+    valid = repo_b is not None and not problems
+    for line in the_forge.post(Review(tree_b.label, body, valid, groups)):
+        out.print(line)
+    if not valid:
+        sys.exit(1)  # the comment and the vote carry the problems
+
+
+def _what(group: str, members: list[str], changed: set[str], found: list[Change]) -> str:
+    kinds: Counter[str] = Counter()
+    for c in found:
+        kinds[str(c.kind)] += len(set(c.nodes) & set(members))
+    return (f"{len(set(members) & changed)} of {len(members)} nodes change: "
+            + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()) if v))
