@@ -15,16 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conftest import Deployment, git
+from test_rollout import ROLLOUT
 
 from reconciler.agent import Agent
 
-ROLLOUT = """\
-rollout:
-  waves:
-    - {name: canary, nodes: [ctl1]}
-    - {name: controllers, group: controllers, batch: 1}
-    - {name: computes, nodes: ["cmp*"], batch: "100%"}
-"""
 ORDER = ("ctl1", "ctl2", "ctl3", "cmp1", "cmp2")
 
 

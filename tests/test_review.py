@@ -77,15 +77,19 @@ def test_diff_exit_code_says_whether_anything_changes(deployment: Deployment) ->
         bad.stderr
 
 
+def long_files(deployment: Deployment) -> str:
+    """A commit that gives each controller 600 new lines of its own: no two nodes change alike."""
+    deployment.write("services/identity/templates/identity.conf.j2",
+                     deployment.read("services/identity/templates/identity.conf.j2")
+                     + "[extra]\n{% for i in range(600) %}line{{ i }} = {{ port_base + i }}\n{% endfor %}")
+    return deployment.commit("long files")
+
+
 def test_a_huge_diff_is_cut_to_the_limit_with_a_link_and_the_full_report_is_written(
     deployment: Deployment, tmp_path: Path
 ) -> None:
     c1 = git("rev-parse", "HEAD", cwd=deployment.work)
-    # Each controller gets 600 new lines of its own: no two nodes change alike, nothing groups.
-    deployment.write("services/identity/templates/identity.conf.j2",
-                     deployment.read("services/identity/templates/identity.conf.j2")
-                     + "[extra]\n{% for i in range(600) %}line{{ i }} = {{ port_base + i }}\n{% endfor %}")
-    c2 = deployment.commit("long files")
+    c2 = long_files(deployment)
     full_file = tmp_path / "full.md"
     proc = cli("diff", "--repo", str(deployment.work), c1, c2, "-o", "markdown", "--max-bytes", "20000",
                "--artifact-url", "https://ci.example.org/run/7/diff.md", "--report-file", str(full_file))

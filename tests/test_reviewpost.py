@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from conftest import Deployment, git
+from test_review import long_files
 
 TOKEN = "ghp_s3cr3t-token-value"
 PASSWORD = "gerrit-http-p4ssword"
@@ -181,10 +182,7 @@ def test_gerrit_gets_a_huge_diff_cut_to_its_limit_with_the_artifact_link(
     deployment: Deployment, forge: Forge, tmp_path: Path
 ) -> None:
     base = git("rev-parse", "HEAD", cwd=deployment.work)
-    deployment.write("services/identity/templates/identity.conf.j2",
-                     deployment.read("services/identity/templates/identity.conf.j2")
-                     + "[extra]\n{% for i in range(600) %}line{{ i }} = {{ port_base + i }}\n{% endfor %}")
-    head = deployment.commit("long files")
+    head = long_files(deployment)
     report = tmp_path / "diff.md"
     proc = post(deployment, forge, "gerrit", base, head, "--artifact-url", "https://zuul.example.org/b/9/diff.md",
                 "--report-file", str(report))
