@@ -178,10 +178,15 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
             stop = upgrade(agent, run, upgrader, fleet)
             if stop is not None:
                 return stop
+        pending = agent.ledger.get_meta(POST_PENDING)
+        if upgrader.fleet_upgrades and only is None and not pending:
+            # Owed from here on: a run killed after the verdict (before the post steps) still runs them.
+            agent.ledger.set_meta(POST_PENDING, commit)
         result = converge(agent, run, verified, repo=repo, only=only, instantiate=instantiate)
         if result.report is None or result.report.state is not Verdict.APPLIED:
+            if agent.ledger.get_meta(POST_PENDING) == commit:
+                agent.ledger.set_meta(POST_PENDING, "")  # not applied here: no post step is owed
             return result
-        pending = agent.ledger.get_meta(POST_PENDING)
         if pending and pending != commit:  # an earlier upgrade's post steps the branch moved past: first
             earlier = post_upgrade(agent, replace(run, commit=pending), Upgrader.of(agent, pending,
                                                                                    agent.load(pending)), result)
