@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -56,6 +57,12 @@ def dump_dom(page: Path) -> str:
 
 def screenshot(page: Path, png: Path, size: tuple[int, int] = (1280, 1000)) -> None:
     _run(f"--screenshot={png}", f"--window-size={size[0]},{size[1]}", page.as_uri())
+
+
+def hex_colour(computed: str) -> str:
+    """``rgb(198, 40, 40)`` (a computed colour) -> ``#c62828``."""
+    r, g, b = (int(x) for x in re.findall(r"\d+", computed)[:3])
+    return f"#{r:02x}{g:02x}{b:02x}"
 
 
 def evaluate(page: Path, expression: str) -> Any:

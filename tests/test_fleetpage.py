@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import browser
+from browser import hex_colour as hex_of
 from conftest import Deployment, SigningKey, git
 
 from reconciler.agent import Agent
@@ -53,12 +54,6 @@ CELLS = """JSON.stringify({
 def reconciler(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=120)
-
-
-def hex_of(rgb: str) -> str:
-    """``rgb(198, 40, 40)`` (a computed colour) -> ``#c62828``."""
-    r, g, b = (int(x) for x in re.findall(r"\d+", rgb)[:3])
-    return f"#{r:02x}{g:02x}{b:02x}"
 
 
 def drawn(page: Path) -> dict[str, Any]:
