@@ -220,8 +220,10 @@ def to_html(statuses: list[NodeStatus], commit: str, title: str, steps: StepTabl
                    for wave, members in waves.items())
     legend = " ".join(f'<span class="state-{k}">{html.escape(k)}</span>' for k in COLOURS)
     summary = ", ".join(f"{v} {k}" for k, v in counts(statuses).items())
-    failures = "".join(f"<li><b>{html.escape(s.node)}</b> {html.escape(s.state)}: {html.escape(s.detail)}</li>"
-                       for s in statuses if s.state in ("failed", "halted", "refused", "error") and s.detail)
+    failures = "".join(  # a halted node's detail already starts "halted: ..."
+        f"<li><b>{html.escape(s.node)}</b> "
+        + html.escape(s.detail if s.detail.startswith(f"{s.state}:") else f"{s.state}: {s.detail}") + "</li>"
+        for s in statuses if s.state in ("failed", "halted", "refused", "error") and s.detail)
     by = ""
     if info is not None:
         by = (f'<p class="commit-info">by <span class="author">{html.escape(info.author)} '

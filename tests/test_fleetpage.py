@@ -123,6 +123,7 @@ def test_a_stopped_rollout_seen_in_chromium_who_applied_failed_halted_or_waits_a
     assert "<script" not in dump and not re.search(r"\b(src|href)=|url\(", dump)
     dom = html.unescape(dump)
     assert ">Operator <op@example.org></span>" in dom and "<b>ctl2</b> failed: identity: " in dom
+    assert f"<b>ctl3</b> halted: ctl2 failed {bad[:12]} (identity)" in dom  # said once
     png = tmp_path / "rollout.png"
     browser.screenshot(page, png)
     assert_a_png(png)
