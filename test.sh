@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 . ./scripts/ensure-venv.sh
-# Real parts the tests use: ssh-keygen and gpg (signatures), sshd (an ssh:// remote).
+# Real parts the tests use: ssh-keygen and gpg (signatures), sshd (an ssh:// remote), Chromium
+# (the fleet's HTML page, opened headless).
 missing=()
 command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 command -v gpg >/dev/null || missing+=(gnupg)
 [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null || missing+=(openssh-server)
+command -v chromium >/dev/null || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing ${missing[*]} ..." >&2

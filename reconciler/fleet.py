@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from .notes import Note
@@ -17,8 +18,12 @@ from .upgrade import Bases, fleet_upgrades_of, held_back, holding, stage_of, upg
 if TYPE_CHECKING:
     from .repo import DeploymentRepo
 
+# One colour per state, no two alike (the page's legend and cells); text on each is black or white,
+# whichever reads better (``ink``).
 COLOURS = {"applied": "#2e7d32", "failed": "#c62828", "halted": "#ef6c00", "refused": "#6a1b9a",
-           "error": "#c62828", "rebooting": "#0277bd", "pending": "#9e9e9e", "staged": "#f9a825"}
+           "error": "#4e342e", "rebooting": "#0277bd", "waiting": "#00695c", "pending": "#9e9e9e",
+           "staged": "#f9a825"}
+OTHER = "#607d8b"  # a state this version does not know
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,53 @@ def counts(statuses: list[NodeStatus]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-STEP_COLOURS = {"done": "#2e7d32", "skipped": "#81c784", "started": "#0277bd", "waiting": "#9e9e9e",
-                "failed": "#c62828", "undone": "#ef6c00"}
+STEP_COLOURS = {"done": COLOURS["applied"], "skipped": "#81c784", "started": COLOURS["rebooting"],
+                "waiting": COLOURS["waiting"], "failed": COLOURS["failed"], "undone": COLOURS["halted"]}
+NO_STEP = "#eeeeee"  # a node with no such step
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """Who wrote the commit and when it was committed: plain values read from git by the caller."""
+
+    author: str
+    email: str
+    time: int  # the commit time, seconds since the epoch
+    offset: int  # the committer's UTC offset, minutes
+    subject: str = ""
+
+    def when(self) -> str:
+        zone = timezone(timedelta(minutes=self.offset))
+        return datetime.fromtimestamp(self.time, UTC).astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %z")
+
+
+def _luminance(colour: str) -> float:
+    """WCAG relative luminance of ``#rrggbb``."""
+    def channel(c: int) -> float:
+        v = c / 255
+        return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG contrast ratio of two ``#rrggbb`` colours (1 to 21; 4.5 and more reads well)."""
+    hi, lo = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def ink(background: str) -> str:
+    """The text colour that reads better on ``background``: black or white."""
+    return max(("#000000", "#ffffff"), key=lambda c: contrast(c, background))
+
+
+def _css(prefix: str, colours: dict[str, str]) -> str:
+    return "\n".join(f".{prefix}-{name} {{ background: {c}; color: {ink(c)}; }}" for name, c in colours.items())
+
+
+def _cls(prefix: str, word: str, colours: dict[str, str]) -> str:
+    """The class of a cell: its state's (a known word only: states come from notes) or "other"."""
+    return f"{prefix}-{word}" if word in colours else f"{prefix}-other"
 
 
 def _steps_html(table: StepTable | None) -> str:
@@ -140,42 +190,68 @@ def _steps_html(table: StepTable | None) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
     body = "".join(
         f"<tr><th>{html.escape(node)}</th>" + "".join(
-            f'<td style="background:{STEP_COLOURS.get(c, "#eeeeee")}">{html.escape(c)}</td>' for c in cells) + "</tr>"
+            f'<td class="{_cls("step", c, STEP_COLOURS) if c else "step-none"}">{html.escape(c)}</td>'
+            for c in cells) + "</tr>"
         for node, cells in table.rows.items())
-    return f'<h2>Upgrade steps</h2><table class="steps"><tr><th></th>{head}</tr>{body}</table>'
+    return f'<h2>Upgrade steps</h2>\n<table class="steps"><tr><th></th>{head}</tr>{body}</table>'
 
 
-def to_html(statuses: list[NodeStatus], commit: str, title: str, steps: StepTable | None = None) -> str:
-    """A self-contained page: waves as rows, nodes as coloured cells (with their stage), a
-    legend, and the upgrade's nodes x steps table when the commit upgrades something."""
+def _cell(s: NodeStatus) -> str:
+    lines = [f'<b class="node">{html.escape(s.node)}</b>', f'<span class="state">{html.escape(s.state)}</span>']
+    if s.stage:
+        lines.append(f'<span class="stage">{html.escape(s.stage)}</span>')
+    if s.detail:
+        lines.append(f'<span class="detail">{html.escape(s.detail)}</span>')
+    return (f'<td class="{_cls("state", s.state, COLOURS)}" title="{html.escape(s.detail or s.state)}">'
+            + "<br>".join(lines) + "</td>")
+
+
+def to_html(statuses: list[NodeStatus], commit: str, title: str, steps: StepTable | None = None, *,
+            info: CommitInfo | None = None, refresh: int | None = None) -> str:
+    """A self-contained page (no script, no external asset; every value escaped): the commit and
+    its author, waves as rows, nodes as coloured cells (state, stage, and the failing service and
+    reason, also on hover), the nodes that stopped the rollout, the upgrade's nodes x steps table
+    when the commit upgrades something, and a legend. ``refresh``: reload every so many seconds
+    (a page served from a CI artifact while the rollout goes on)."""
     waves: dict[str, list[NodeStatus]] = {}
     for s in statuses:
         waves.setdefault(s.wave, []).append(s)
-    rows = []
-    for wave, members in waves.items():
-        cells = "".join(
-            f'<td style="background:{COLOURS.get(s.state, "#607d8b")}" title="{html.escape(s.detail or s.state)}">'
-            f"{html.escape(s.node)}<br><small>{html.escape(s.state)}</small>"
-            + (f"<br><small>{html.escape(s.stage)}</small>" if s.stage else "") + "</td>" for s in members)
-        rows.append(f"<tr><th>{html.escape(wave)}</th>{cells}</tr>")
-    legend = " ".join(f'<span style="background:{c}">{html.escape(k)}</span>' for k, c in COLOURS.items())
+    rows = "".join(f'<tr><th>{html.escape(wave)}</th>{"".join(_cell(s) for s in members)}</tr>'
+                   for wave, members in waves.items())
+    legend = " ".join(f'<span class="state-{k}">{html.escape(k)}</span>' for k in COLOURS)
     summary = ", ".join(f"{v} {k}" for k, v in counts(statuses).items())
-    failures = "".join(f"<li><b>{html.escape(s.node)}</b> {html.escape(s.state)}: {html.escape(s.detail)}</li>"
-                       for s in statuses if s.state in ("failed", "halted", "refused", "error") and s.detail)
+    failures = "".join(  # a halted node's detail already starts "halted: ..."
+        f"<li><b>{html.escape(s.node)}</b> "
+        + html.escape(s.detail if s.detail.startswith(f"{s.state}:") else f"{s.state}: {s.detail}") + "</li>"
+        for s in statuses if s.state in ("failed", "halted", "refused", "error") and s.detail)
+    by = ""
+    if info is not None:
+        by = (f'<p class="commit-info">by <span class="author">{html.escape(info.author)} '
+              f"&lt;{html.escape(info.email)}&gt;</span>, committed "
+              f'<span class="time">{html.escape(info.when())}</span>'
+              + (f': <span class="subject">{html.escape(info.subject)}</span>' if info.subject else "") + "</p>\n")
+    meta = f'<meta http-equiv="refresh" content="{int(refresh)}">\n' if refresh else ""
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<html><head><meta charset="utf-8">
+{meta}<title>{html.escape(title)}</title>
 <style>
-body {{ font-family: sans-serif; margin: 2em; }}
+body {{ font-family: sans-serif; margin: 2em; color: #000000; background: #ffffff; }}
 table {{ border-collapse: separate; border-spacing: 4px; }}
 th {{ text-align: right; padding-right: 1em; }}
-td {{ color: white; padding: 0.5em 0.8em; border-radius: 4px; text-align: center; min-width: 5em; }}
+td {{ padding: 0.5em 0.8em; border-radius: 4px; text-align: center; min-width: 5em; max-width: 22em; }}
+td .detail {{ font-size: small; }}
 table.steps td {{ min-width: 4em; padding: 0.3em 0.5em; }}
-.legend span {{ color: white; padding: 0.2em 0.6em; border-radius: 3px; margin-right: 0.3em; }}
+.legend span {{ padding: 0.2em 0.6em; border-radius: 3px; margin-right: 0.3em; }}
+{_css("state", COLOURS)}
+.state-other {{ background: {OTHER}; color: {ink(OTHER)}; }}
+{_css("step", STEP_COLOURS)}
+.step-other {{ background: {OTHER}; color: {ink(OTHER)}; }}
+.step-none {{ background: {NO_STEP}; color: {ink(NO_STEP)}; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>commit <code>{html.escape(commit)}</code>: {html.escape(summary)}</p>
-<table>{"".join(rows)}</table>
-<ul>{failures}</ul>
+{by}<table class="waves">{rows}</table>
+<ul class="stopped">{failures}</ul>
 {_steps_html(steps)}
 <p class="legend">{legend}</p>
 </body></html>

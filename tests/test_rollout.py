@@ -92,7 +92,7 @@ def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls
     assert by_node["ctl1"]["detail"].startswith("identity: ")
     assert [s["wave"] for s in status["nodes"]] == ["canary", "controllers", "controllers", "computes", "computes"]
     page = (deployment.work.parent / "rollout.html").read_text()
-    assert "<td style=\"background:#c62828\"" in page and "ctl1" in page
+    assert '<td class="state-failed" title="identity: ' in page and "ctl1" in page
 
     # The fleet's rollback is a reviewed `git revert`: a new commit that rolls out cleanly.
     git("-c", "gpg.format=ssh", "-c", f"user.signingkey={merge_key.key}", "revert", "-S", "--no-edit", "HEAD",

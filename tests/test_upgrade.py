@@ -9,18 +9,22 @@ purpose, until the rollout ends: the order comes from the barriers alone.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import browser
+from browser import hex_colour
 from conftest import NODES, Deployment, SigningKey
 from test_cli import as_json, cli
 from test_faults import processes_of
 
 from reconciler import faults
 from reconciler.agent import Agent
+from reconciler.fleet import STEP_COLOURS
 
 CONTROLLERS = ("ctl1", "ctl2", "ctl3")
 COMPUTES = ("cmp1", "cmp2")
@@ -475,6 +479,13 @@ post_upgrade:
                                                   "node-exporter/start": "", "post/announce": "done"}
     assert {s["node"]: s["stage"] for s in status["nodes"]}["ctl2"] == "not in computes"
     assert "<h2>Upgrade steps</h2>" in page.read_text() and "post/announce" in page.read_text()
+    # In a real browser: every step cell in its status's own colour, every node's stage in its cell.
+    drawn = json.loads(browser.evaluate(page, "JSON.stringify({body: document.body.innerText, steps: [...document"
+                                              ".querySelectorAll('table.steps td')].map(td => [td.textContent, "
+                                              "getComputedStyle(td).backgroundColor])})"))
+    assert {(s, hex_colour(c)) for s, c in drawn["steps"] if s} == {
+        ("done", STEP_COLOURS["done"]), ("skipped", STEP_COLOURS["skipped"])}
+    assert "not in computes" in drawn["body"] and "by Operator <op@example.org>" in drawn["body"]
     human = cli("status", "--fleet", "--node", "ctl1", "--remote", deployment.url, "--state-dir",
                 str(tmp_path / "view"), "--allowed-signers", str(merge_key.allowed_signers))
     assert human.returncode == 0 and "upgrade steps" in human.stdout and "not in computes" in human.stdout, human

@@ -18,7 +18,7 @@ from ..errors import ReconcilerError
 from .common import Failed, emit_json, err, node_agent, out, style
 
 if TYPE_CHECKING:
-    from ..fleet import NodeStatus, StepTable
+    from ..fleet import CommitInfo, NodeStatus, StepTable
     from ..repo import DeploymentRepo
     from ..rollout import FleetView
 
@@ -34,6 +34,7 @@ class Snapshot:
     name: str  # the deployment's name, from reconciler.yaml
     statuses: list[NodeStatus]
     steps: StepTable  # the commit's upgrade as nodes x steps (empty when it upgrades nothing)
+    info: CommitInfo  # its author, commit time and subject
 
 
 class FleetSource:
@@ -72,7 +73,7 @@ class FleetSource:
         return load_repo(open_tree(self.clone, commit))
 
     def snapshot(self, rev: str | None) -> Snapshot:
-        from ..fleet import fleet_status, stage_labels, step_table
+        from ..fleet import CommitInfo, fleet_status, stage_labels, step_table
         from ..rollout import plan_rollout
         from ..upgrader import bases_in
 
@@ -83,13 +84,18 @@ class FleetSource:
         rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
         base = bases_in(git, commit, repo, self.load)
         order = [n for _, m in rollout.batches() for n in m]
+        made = git[commit]
+        assert isinstance(made, pygit2.Commit)
+        info = CommitInfo(made.author.name, made.author.email, made.commit_time, made.commit_time_offset,
+                          made.message.split("\n", 1)[0])
         return Snapshot(commit, repo.name, fleet_status(rollout, sorted(repo.nodes), commit, view,
                                                         stage_labels(repo, base)),
-                        step_table(repo, commit, view, base, order))
+                        step_table(repo, commit, view, base, order), info)
 
 
 def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | None, output: str, *,
-               repo_dir: Path | None = None, watch: bool = False, interval: float = 10.0) -> None:
+               repo_dir: Path | None = None, watch: bool = False, interval: float = 10.0,
+               html_refresh: int | None = None) -> None:
     from ..fleet import counts, to_html
 
     source = FleetSource(agent_opts, repo_dir)
@@ -103,7 +109,9 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
         snap = source.snapshot(snap.commit)
     commit, statuses, steps = snap.commit, snap.statuses, snap.steps
     if html_file is not None:
-        atomic_write(html_file, to_html(statuses, commit, f"{snap.name}: rollout of {commit[:12]}", steps).encode())
+        page = to_html(statuses, commit, f"{snap.name}: rollout of {commit[:12]}", steps, info=snap.info,
+                       refresh=html_refresh)
+        atomic_write(html_file, page.encode())
     tally = counts(statuses)
     stopped = {k: v for k, v in tally.items() if k in STOPPED}
     if output == "json":

@@ -217,6 +217,8 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
 @click.option("--fleet", is_flag=True, help="The whole rollout from every node's notes (fetches them).")
 @click.option("--rev", help="With --fleet: the commit to show [the branch head].")
 @click.option("--html", "html_file", type=click.Path(path_type=Path), help="With --fleet: also write a page.")
+@click.option("--html-refresh", type=click.IntRange(min=1), metavar="SECONDS",
+              help="With --html: the page reloads itself every SECONDS (served from a CI artifact) [off].")
 @click.option("--repo", "repo_dir", type=click.Path(path_type=Path),
               help="With --fleet: a clone of the deployment repo; its notes fetched from --remote [origin]. "
                    "The default with no node settings: the current directory.")
@@ -225,8 +227,8 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
 @click.option("--interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="With --watch: seconds between reads.")
 @output_option
-def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: Path | None, repo_dir: Path | None,
-           watch: bool, interval: float, output: str) -> None:
+def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: Path | None,
+           html_refresh: int | None, repo_dir: Path | None, watch: bool, interval: float, output: str) -> None:
     """What runs on this node now, from which commit, and the last run's verdict; with --fleet,
     every node's state for a commit, per wave.
 
@@ -235,6 +237,7 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
       reconciler status --config /etc/reconciler/agent.yaml -o json
       reconciler status --fleet --config /etc/reconciler/agent.yaml --html rollout.html
       reconciler status --fleet --repo . --watch --interval 30   # from any clone, a CI job
+      reconciler status --fleet --repo . --html rollout.html --html-refresh 60
 
     \b
     Exit codes:
@@ -244,10 +247,13 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
          is stopped); or the remote did not answer
       2  bad input: no node in the state dir, bad settings, an unknown --rev, not a clone
     """
+    if html_refresh is not None and html_file is None:
+        raise BadInput("--html-refresh goes with --html")
     if fleet:
         from .fleet import show_fleet
 
-        show_fleet(agent_opts, rev, html_file, output, repo_dir=repo_dir, watch=watch, interval=interval)
+        show_fleet(agent_opts, rev, html_file, output, repo_dir=repo_dir, watch=watch, interval=interval,
+                   html_refresh=html_refresh)
         return
     if repo_dir is not None or watch:
         raise BadInput("--repo and --watch go with --fleet")
