@@ -218,7 +218,7 @@ def test_a_secret_variable_that_is_not_set_stops_the_start(
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"environment variable {SECRET_ENV} is not set" in done.stderr
-    assert not (tmp_path / "s" / "mirror.git").exists()  # stopped before the pass: nothing fetched
+    assert deployment.note("ctl1") is None  # stopped before the pass: nothing applied, nothing noted
 
 
 @pytest.mark.parametrize("notify, error", [
