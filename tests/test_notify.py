@@ -236,3 +236,40 @@ def test_bad_notify_settings_are_one_line_errors(tmp_path: Path, notify: dict[st
     with pytest.raises(ConfigError, match=error) as caught:
         load_config(config, {})
     assert "\n" not in str(caught.value) and "hunter2" not in str(caught.value)
+
+
+def test_a_hand_edit_under_drift_report_is_sent_once_and_counted(
+    deployment: Deployment, agents: Callable[..., Agent], receiver: Callable[[int], Receiver],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    from conftest import free_port
+    from test_metrics import labelled, scrape, value
+
+    from reconciler.config import MetricsConfig
+
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    deployment.write("services/identity/service.yaml", deployment.read("services/identity/service.yaml")
+                     + "drift: report\n")
+    head = deployment.commit("identity: hand edits are only reported")
+    hook = receiver(fail=0)
+    port = free_port()
+    ctl1 = agents("ctl1", deployment.url, notify=webhook(hook.url),
+                  metrics=MetricsConfig(listen=f"127.0.0.1:{port}"))
+    outputs = Outputs(ctl1)
+    outputs.serve()
+    try:
+        outputs(ctl1.reconcile_once())
+        conf = ctl1.cfg.state_dir / "services" / "identity" / "live" / "identity.conf"
+        conf.write_text(conf.read_text().replace("ttl = 3600", "ttl = 60"))
+
+        outputs(ctl1.reconcile_once())
+        outputs(ctl1.reconcile_once())  # still drifted: not sent again
+        m = scrape(port)
+    finally:
+        outputs.close()
+
+    events = [json.loads(b) for _, b in hook.accepted]
+    assert [(e["event"], e["commit"]) for e in events] == [("applied", head), ("drift", head)]
+    assert events[1]["detail"] == "identity" and events[1]["reason"] == "DRIFT"
+    assert value(m, "reconciler_services_drifted") == 1.0
+    assert labelled(m, "reconciler_applied_commit_info") == {(("commit", head),): 1.0}
