@@ -273,3 +273,29 @@ def test_a_hand_edit_under_drift_report_is_sent_once_and_counted(
     assert events[1]["detail"] == "identity" and events[1]["reason"] == "DRIFT"
     assert value(m, "reconciler_services_drifted") == 1.0
     assert labelled(m, "reconciler_applied_commit_info") == {(("commit", head),): 1.0}
+
+
+def test_a_node_halted_by_a_failure_elsewhere_says_so(
+    deployment: Deployment, agents: Callable[..., Agent], receiver: Callable[[int], Receiver],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + (
+        "rollout:\n  waves:\n    - {name: canary, nodes: [ctl1]}\n    - {name: computes, nodes: [\"cmp*\"]}\n"))
+    deployment.commit("roll out in waves")
+    hook = receiver(fail=0)
+    ctl1 = agents("ctl1", deployment.url)
+    cmp1 = agents("cmp1", deployment.url, notify=webhook(hook.url))
+    outputs = Outputs(cmp1)
+    ctl1.reconcile_once()
+    outputs(cmp1.reconcile_once())
+    bad = break_identity(deployment)
+    assert ctl1.reconcile_once().exit_code == 1  # the canary fails it
+
+    outputs(cmp1.reconcile_once())
+    outputs(cmp1.reconcile_once())
+
+    events = [json.loads(b) for _, b in hook.accepted]
+    assert [e["event"] for e in events] == ["applied", "halted"]
+    assert (events[1]["node"], events[1]["commit"], events[1]["reason"]) == ("cmp1", bad, "HALTED")
+    assert events[1]["detail"].startswith(f"halted: ctl1 failed {bad[:12]}")
