@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -279,9 +279,3 @@ def _json(text: str | None) -> dict[str, Any]:
         return {}
     return data if isinstance(data, dict) else {}
 
-
-def metric_names(text: Iterable[str]) -> set[str]:
-    """Metric names (``reconciler_...``) named in PromQL or dashboard text: what contrib/ uses."""
-    import re
-
-    return {m for t in text for m in re.findall(r"\breconciler_[a-z0-9_]+\b", t)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from reconciler.agent import Agent
 from reconciler.config import MetricsConfig, load_config
 from reconciler.daemon import Outputs
 from reconciler.errors import ConfigError
-from reconciler.metrics import EXPORTED, metric_names
+from reconciler.metrics import EXPORTED
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -48,6 +49,11 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def labelled(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def metric_names(texts: list[str]) -> set[str]:
+    """Metric names (``reconciler_...``) in PromQL expressions."""
+    return {m for t in texts for m in re.findall(r"\breconciler_[a-z0-9_]+\b", t)}
 
 
 def commit_time(deployment: Deployment, commit: str) -> int:
