@@ -66,6 +66,46 @@ class HostConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics: served over HTTP, written as a node_exporter textfile, or both."""
+
+    listen: str | None = None
+    """``host:port`` the daemon serves ``/metrics`` on (``127.0.0.1:9469``); none: not served."""
+    textfile: Path | None = None
+    """A ``.prom`` file written (atomically) after every pass, for node_exporter's textfile collector."""
+    allow_non_loopback: bool = False
+    """Serve on an address other than loopback. Off by default: the metrics name commits and
+    services, and the exporter has no authentication of its own."""
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    url: str
+    """Where events are POSTed (JSON body)."""
+    secret_env: str | None = None
+    """Name of the environment variable that holds the HMAC secret (never the secret itself)."""
+    tries: int = 3
+    """Attempts per event, the first included."""
+    retry_delay: float = 1.0
+    """Seconds before the second try; doubled before each next one."""
+    timeout: float = 5.0
+    """Seconds one try may take."""
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """Who is told about events that need a person (refused, failed, halted, applied, drift)."""
+
+    webhook: WebhookConfig | None = None
+    apprise: tuple[str, ...] = ()
+    """Apprise URLs (``mailto://...``, ``slack://...``): chat and mail targets."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.webhook is not None or bool(self.apprise)
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     node: str
     """This node's name, as in inventory.yaml."""
@@ -89,11 +129,18 @@ class AgentConfig:
     """Who may sign the commits this node applies."""
     host: HostConfig = HostConfig()
     """The node's own OS, for the systemd and host drivers."""
+    metrics: MetricsConfig = MetricsConfig()
+    """Prometheus metrics (``/metrics``, textfile)."""
+    notify: NotifyConfig = NotifyConfig()
+    """Notifications (webhook, apprise)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
         out["trust"] = self.trust.to_dict()
         out["host"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.host).items()}
+        out["metrics"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.metrics).items()}
+        hook = self.notify.webhook
+        out["notify"] = {"webhook": vars(hook).copy() if hook else None, "apprise": list(self.notify.apprise)}
         return out
 
 
@@ -135,6 +182,8 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         raise ConfigError(f"unknown trust setting {sorted(unknown)[0]!r}", file=file)
     if not isinstance(trust_values.get("require_branch_binding", False), bool):
         raise ConfigError("trust.require_branch_binding must be true or false", file=file)
+    metrics = _metrics(values.pop("metrics", None), overrides.pop("metrics_textfile", None), file)
+    notify = _notify(values.pop("notify", None), file)
     values.update({k: v for k, v in overrides.items() if v is not None})
     for required in ("node", "remote"):
         if not values.get(required):
@@ -173,6 +222,8 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
                 reboot_command=str(host_values.get("reboot_command", "systemctl reboot")),
                 boot_id_file=Path(str(host_values.get("boot_id_file", "/proc/sys/kernel/random/boot_id"))),
             ),
+            metrics=metrics,
+            notify=notify,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc
@@ -182,6 +233,89 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     if not all(math.isfinite(n) for n in numbers) or cfg.interval <= 0 or cfg.jitter < 0 or cfg.supervise_interval <= 0:
         raise ConfigError("interval and supervise_interval must be > 0, jitter >= 0", file=file)
     return cfg
+
+
+def _mapping(value: Any, what: str, keys: tuple[str, ...], file: str) -> dict[str, Any]:
+    """A nested settings mapping, its keys with '-' read as '_'; unknown keys are an error."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} must be a mapping of {', '.join(keys)}", file=file)
+    out = {str(k).replace("-", "_"): v for k, v in value.items()}
+    unknown = sorted(set(out) - set(keys))
+    if unknown:
+        raise ConfigError(f"unknown setting {what}.{unknown[0]} (known: {', '.join(keys)})", file=file)
+    return out
+
+
+def _metrics(value: Any, textfile_flag: Any, file: str) -> MetricsConfig:
+    m = _mapping(value, "metrics", ("listen", "textfile", "allow_non_loopback"), file)
+    allow = m.get("allow_non_loopback", False)
+    if not isinstance(allow, bool):
+        raise ConfigError("metrics.allow_non_loopback must be true or false", file=file)
+    listen = m.get("listen")
+    if listen is not None:
+        host, port = split_listen(listen, file)
+        if not allow and not is_loopback(host):
+            raise ConfigError(f"metrics.listen {listen!r} is not a loopback address (the exporter has no "
+                              "authentication): use 127.0.0.1 or ::1, or set metrics.allow_non_loopback: true",
+                              file=file)
+        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    textfile = textfile_flag if textfile_flag is not None else m.get("textfile")
+    if textfile is not None and (not isinstance(textfile, str | Path) or not str(textfile)):
+        raise ConfigError("metrics.textfile must be a file path", file=file)
+    return MetricsConfig(listen, _path(textfile), allow)
+
+
+def split_listen(listen: Any, file: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:9469`` for IPv6) -> (host, port); a clear error otherwise."""
+    text = str(listen)
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not isinstance(listen, str) or not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"metrics.listen {text!r} must be host:port (127.0.0.1:9469)", file=file)
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def _notify(value: Any, file: str) -> NotifyConfig:
+    n = _mapping(value, "notify", ("webhook", "apprise"), file)
+    webhook = None
+    if n.get("webhook") is not None:
+        w = _mapping(n["webhook"], "notify.webhook", ("url", "secret_env", "tries", "retry_delay", "timeout"), file)
+        url = w.get("url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError("notify.webhook.url must be an http:// or https:// URL", file=file)
+        env = w.get("secret_env")
+        if env is not None and (not isinstance(env, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env)):
+            raise ConfigError("notify.webhook.secret_env must be the name of an environment variable "
+                              "(the secret itself never goes in a config file)", file=file)
+        try:
+            tries, delay, timeout = int(w.get("tries", 3)), float(w.get("retry_delay", 1.0)), \
+                float(w.get("timeout", 5.0))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"notify.webhook: tries, retry_delay and timeout must be numbers ({exc})",
+                              file=file) from exc
+        if not 1 <= tries <= 10 or not 0 <= delay <= 60 or not 0 < timeout <= 60:
+            raise ConfigError("notify.webhook: tries must be 1..10, retry_delay 0..60s, timeout above 0 up to "
+                              "60s (a delivery must not hold a pass up for long)", file=file)
+        webhook = WebhookConfig(url, env, tries, delay, timeout)
+    targets = n.get("apprise", [])
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, list) or not all(isinstance(t, str) and "://" in t for t in targets):
+        raise ConfigError("notify.apprise must be a list of apprise URLs (mailto://..., slack://...)", file=file)
+    return NotifyConfig(webhook, tuple(targets))
 
 
 def _argv(value: Any) -> tuple[str, ...]:

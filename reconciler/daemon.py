@@ -20,6 +20,8 @@ from typing import Any
 from .agent import Agent
 from .drivers import Driver
 from .errors import Busy, ReconcilerError
+from .metrics import Metrics
+from .notify import Notifier
 from .pipeline import RunResult
 
 log = logging.getLogger("reconciler.agent")
@@ -113,6 +115,47 @@ class VerdictLog:
         log.info("%s @ %s: %s", result.node, result.commit[:12], text)
 
 
+class Outputs:
+    """What follows every pass: notifications sent, metrics refreshed (and the textfile written).
+    Built before the first pass, so a bad setting (a secret's variable unset, an address in use)
+    stops the start with a one-line error. After a pass, neither may fail it: a problem is
+    logged once (``strict``: raised, for ``agent --once``, whose exit code should say so)."""
+
+    def __init__(self, agent: Agent) -> None:
+        cfg = agent.cfg
+        self.agent = agent
+        self.notifier = Notifier(cfg.notify, cfg.state_dir) if cfg.notify.enabled else None
+        self.metrics = Metrics(agent) if cfg.metrics.listen or cfg.metrics.textfile else None
+
+    def serve(self) -> int | None:
+        """``/metrics`` on the configured address; the port it listens on."""
+        if self.metrics is None or self.agent.cfg.metrics.listen is None:
+            return None
+        return self.metrics.serve(self.agent.cfg.metrics.listen)
+
+    def __call__(self, result: RunResult | None, error: ReconcilerError | None = None, strict: bool = False) -> None:
+        if self.notifier is not None and result is not None:
+            try:
+                self.notifier.after_pass(result)
+            except Exception as exc:  # a notification must never cost the node its pass
+                if strict and isinstance(exc, ReconcilerError):
+                    raise
+                self.agent.say_once(("notify", str(exc)), logging.WARNING, "%s: notifications: %s", self.agent.cfg.node,
+                                    exc)
+        if self.metrics is not None:
+            try:
+                self.metrics.after_pass(result, error)
+            except ReconcilerError as exc:
+                if strict:
+                    raise
+                self.agent.say_once(("metrics", str(exc)), logging.WARNING, "%s: metrics: %s", self.agent.cfg.node,
+                                    exc)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
+
 def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None) -> None:
     from apscheduler.schedulers.blocking import BlockingScheduler
     from apscheduler.triggers.interval import IntervalTrigger
@@ -124,6 +167,10 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
         failures = 0
         polling = threading.Lock()  # apscheduler runs jobs in threads; one pass at a time in-process
         say = on_result or VerdictLog(agent)
+        outputs = Outputs(agent)
+        port = outputs.serve()
+        if port is not None:
+            log.info("%s: metrics on http://%s/metrics", cfg.node, cfg.metrics.listen)
 
         def poll() -> None:
             nonlocal failures
@@ -133,9 +180,11 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
                 result = agent.reconcile_once()
                 failures = 0
                 say(result)
+                outputs(result)
             except Busy:
                 return
             except ReconcilerError as exc:
+                outputs(None, exc)
                 if not exc.temporary:  # the same input fails the same way: say it once, poll on for a new one
                     agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s]", cfg.node, exc,
                                    exc.reason)

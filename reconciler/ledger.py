@@ -645,6 +645,27 @@ class Ledger:
             return None
         return {"time": row[0], "commit": row[1], "state": row[2], "reason": row[3]}
 
+    # counts (what metrics read: totals that outlive the process) ------------------------
+    def run_counts(self) -> dict[tuple[str, str], int]:
+        """(verdict, reason) -> how many runs settled on it."""
+        return {(str(s), str(r)): int(n) for s, r, n in self._all(
+            "SELECT state, reason, COUNT(*) FROM runs GROUP BY state, reason ORDER BY state, reason")}
+
+    def action_counts(self) -> dict[tuple[str, str], int]:
+        """(action, result) -> how many were done (the supervisor's revives included)."""
+        return {(str(a), str(r)): int(n) for a, r, n in self._all(
+            "SELECT action, result, COUNT(*) FROM history GROUP BY action, result ORDER BY action, result")}
+
+    def event_count(self, prefix: str) -> int:
+        """Events (on any commit) whose text starts with ``prefix``."""
+        row = self._one("SELECT COUNT(*) FROM events WHERE substr(text, 1, ?) = ?", len(prefix), prefix)
+        return int(row[0]) if row else 0
+
+    def last_applied(self) -> str | None:
+        """The commit this node most recently applied (healthy), if any."""
+        row = self._one("SELECT commit_id FROM commits WHERE verdict='applied' ORDER BY time DESC LIMIT 1")
+        return None if row is None else str(row[0])
+
     # upgrades ----------------------------------------------------------------------------
     def begin_upgrade(self, commit: str, service: str, from_commit: str, from_version: str, to_version: str) -> None:
         """Once per commit and service: what a failure puts back. A commit that has no verdict

@@ -23,6 +23,7 @@ log = logging.getLogger("reconciler.report")
 
 NOTES_PREFIX = "refs/notes/reconciler/"
 PUSHED_KEY = "notes_pushed"
+PUSHED_TIME_KEY = "notes_pushed_time"  # when the last push went through (seconds since the epoch; metrics)
 
 
 def notes_ref(node: str) -> str:
@@ -105,6 +106,7 @@ class Reporter:
             log.warning("note not pushed, will retry on the next run: %s", exc)
             return False
         self.ledger.set_meta(PUSHED_KEY, self._local() or "")
+        self.ledger.set_meta(PUSHED_TIME_KEY, repr(time.time()))
         return True
 
     def _contains(self, ref: str) -> bool:

@@ -134,9 +134,11 @@ def apply(agent_opts: dict[str, Any], commit: str | None, rev: str | None, servi
 @click.option("--once", is_flag=True, help="Run one pass (poll, apply, report) and exit.")
 @click.option("--interval", type=float, help="Seconds between polls.")
 @click.option("--jitter", type=float, help="Random extra seconds per poll.")
+@click.option("--metrics-textfile", type=click.Path(path_type=Path),
+              help="Write Prometheus metrics there after each pass (node_exporter's textfile format).")
 @output_option
 def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None, jitter: float | None,
-                  output: str) -> None:
+                  metrics_textfile: Path | None, output: str) -> None:
     """Run the agent: poll the repo, apply, report; supervise services in between.
 
     \b
@@ -144,6 +146,8 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
       reconciler agent --config /etc/reconciler/agent.yaml
       reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1 \\
           --allowed-signers /etc/reconciler/allowed_signers
+      reconciler agent --once --config /etc/reconciler/agent.yaml \\
+          --metrics-textfile /var/lib/node_exporter/textfile/reconciler.prom
 
     \b
     Exit codes (the daemon exits 0 when stopped; these are for --once, and for a start refused):
@@ -154,10 +158,18 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
       2  bad input or refused, nothing applied: a problem in the repo at that commit, an
          unsigned or rewound commit, bad settings
     """
-    the_agent = node_agent(agent_opts, interval=interval, jitter=jitter)
+    from ..daemon import Outputs, run_daemon
+
+    the_agent = node_agent(agent_opts, interval=interval, jitter=jitter, metrics_textfile=metrics_textfile)
     if once:
-        _finish_run(the_agent.reconcile_once(), output)
-    from ..daemon import run_daemon
+        outputs = Outputs(the_agent)  # a bad notify or metrics setting stops before the pass
+        try:
+            result = the_agent.reconcile_once()
+        except ReconcilerError as exc:
+            outputs(None, exc)  # the metrics say the poll failed; the error is the command's
+            raise
+        outputs(result, strict=True)
+        _finish_run(result, output)
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)
