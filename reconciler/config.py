@@ -66,6 +66,15 @@ class HostConfig:
 
 
 @dataclass(frozen=True)
+class SecretsConfig:
+    """How this node reads the repo's SOPS files (``secrets/*.yaml``)."""
+
+    age_identity: Path | None = None
+    """The node's age identity file (AGE-SECRET-KEY-1..., root-only); none: templates that use
+    ``secrets`` fail to render (SECRET_UNREADABLE)."""
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     node: str
     """This node's name, as in inventory.yaml."""
@@ -89,11 +98,14 @@ class AgentConfig:
     """Who may sign the commits this node applies."""
     host: HostConfig = HostConfig()
     """The node's own OS, for the systemd and host drivers."""
+    secrets: SecretsConfig = SecretsConfig()
+    """Decrypting the repo's secrets on this node."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
         out["trust"] = self.trust.to_dict()
         out["host"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.host).items()}
+        out["secrets"] = {"age_identity": str(self.secrets.age_identity) if self.secrets.age_identity else None}
         return out
 
 
@@ -122,6 +134,9 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         host_values = {str(k).replace("-", "_"): v for k, v in host_values.items()}
     if not isinstance(host_values, dict) or set(host_values) - {f.name for f in fields(HostConfig)}:
         raise ConfigError(f"host: a mapping of {', '.join(f.name for f in fields(HostConfig))}", file=file)
+    secrets_values = values.pop("secrets", None) or {}
+    if not isinstance(secrets_values, dict) or set(secrets_values) - {"age_identity", "age-identity"}:
+        raise ConfigError("secrets: a mapping with age_identity (the node's age key file)", file=file)
     trust_values = values.pop("trust", None) or {}
     if not isinstance(trust_values, dict):
         raise ConfigError("trust must be a mapping", file=file)
@@ -173,6 +188,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
                 reboot_command=str(host_values.get("reboot_command", "systemctl reboot")),
                 boot_id_file=Path(str(host_values.get("boot_id_file", "/proc/sys/kernel/random/boot_id"))),
             ),
+            secrets=SecretsConfig(_path(secrets_values.get("age_identity", secrets_values.get("age-identity")))),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc

@@ -73,7 +73,7 @@ def _rfc3339(value: Any) -> str:
     """``lastmodified`` as SOPS formats it for the MAC's additional data (Go's RFC3339, UTC)."""
     if isinstance(value, datetime.datetime):
         value = value.astimezone(datetime.UTC) if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return str(value.strftime("%Y-%m-%dT%H:%M:%SZ"))
     return str(value)
 
 
