@@ -138,7 +138,25 @@ class Agent:
         from .repo import load_repo
         from .tree import GitTree
 
-        return load_repo(GitTree(self.source.repo, commit))
+        repo = load_repo(GitTree(self.source.repo, commit))
+        return self.unlock(repo) if repo.secret_files else repo
+
+    def unlock(self, repo: DeploymentRepo) -> DeploymentRepo:
+        """The repo with this node's secrets decrypted (only the files encrypted to its key). No
+        identity configured: none decrypted, and a template that reads one fails SECRET_UNREADABLE."""
+        from dataclasses import replace
+
+        from .secrets import SecretUnreadable, identities, unlock
+
+        path = self.cfg.secrets.age_identity
+        if path is None:
+            return replace(repo, unlocked={})
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SecretUnreadable(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
+                                   file=str(path)) from None
+        return replace(repo, unlocked=unlock(repo.secret_files, identities(text, str(path))))
 
     def desired(self, rev: VerifiedRevision, repo: DeploymentRepo | None = None) -> Desired:
         """The node's slice at ``rev``, with pinned services at their pinned commit (vouched for

@@ -106,6 +106,15 @@ class NotifyConfig:
 
 
 @dataclass(frozen=True)
+class SecretsConfig:
+    """How this node reads the repo's SOPS files (``secrets/*.yaml``)."""
+
+    age_identity: Path | None = None
+    """The node's age identity file (AGE-SECRET-KEY-1..., root-only); none: templates that use
+    ``secrets`` fail to render (SECRET_UNREADABLE)."""
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     node: str
     """This node's name, as in inventory.yaml."""
@@ -133,6 +142,8 @@ class AgentConfig:
     """Prometheus metrics (``/metrics``, textfile)."""
     notify: NotifyConfig = NotifyConfig()
     """Notifications (webhook, apprise)."""
+    secrets: SecretsConfig = SecretsConfig()
+    """Decrypting the repo's secrets on this node."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
@@ -141,6 +152,7 @@ class AgentConfig:
         out["metrics"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.metrics).items()}
         hook = self.notify.webhook
         out["notify"] = {"webhook": vars(hook).copy() if hook else None, "apprise": list(self.notify.apprise)}
+        out["secrets"] = {"age_identity": str(self.secrets.age_identity) if self.secrets.age_identity else None}
         return out
 
 
@@ -169,6 +181,9 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         host_values = {str(k).replace("-", "_"): v for k, v in host_values.items()}
     if not isinstance(host_values, dict) or set(host_values) - {f.name for f in fields(HostConfig)}:
         raise ConfigError(f"host: a mapping of {', '.join(f.name for f in fields(HostConfig))}", file=file)
+    secrets_values = values.pop("secrets", None) or {}
+    if not isinstance(secrets_values, dict) or set(secrets_values) - {"age_identity", "age-identity"}:
+        raise ConfigError("secrets: a mapping with age_identity (the node's age key file)", file=file)
     trust_values = values.pop("trust", None) or {}
     if not isinstance(trust_values, dict):
         raise ConfigError("trust must be a mapping", file=file)
@@ -224,6 +239,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
             ),
             metrics=metrics,
             notify=notify,
+            secrets=SecretsConfig(_path(secrets_values.get("age_identity", secrets_values.get("age-identity")))),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc

@@ -59,13 +59,18 @@ class FileSpec:
     path: str
     mode: int
     content: bytes
+    # Holds a secret (render saw its template read one): 0600, and printed only as "changed".
+    secret: bool = False
 
     @property
     def sha256(self) -> str:
         return sha256_hex(self.content)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "mode": f"{self.mode:04o}", "sha256": self.sha256}
+        out: dict[str, Any] = {"path": self.path, "mode": f"{self.mode:04o}", "sha256": self.sha256}
+        if self.secret:  # other files print (and hash) as they always did
+            out["secret"] = True
+        return out
 
 
 # Long enough for a program that cannot bind its port or read its config to have exited (a

@@ -13,7 +13,15 @@ Context of every template, runtime string and health target:
   node's groups' ``vars`` (in the order the node lists its groups), the node's own ``vars``;
 - ``node`` (this node's name), ``service`` (this service's name), ``release``;
 - ``groups``: group name -> sorted member node names;
-- ``hostvars``: node name -> that node's variables (without service defaults).
+- ``hostvars``: node name -> that node's variables (without service defaults);
+- ``secrets``: name -> value, from the ``secrets/*.yaml`` files this node can decrypt (the
+  agent's identity; see ``secrets``). Without a key (review, validate) the values are markers
+  ``<secret NAME HASH>``, for the files encrypted to the node's ``age_recipient`` variable.
+
+A file whose template reads a secret, or whose content holds a secret's value, is a secret
+file: mode 0600 (the owner's bits of its declared mode), and whoever prints it shows only that
+it changed. Runtime strings (command, env, health, hooks) may not use secrets: they reach
+process tables, notes and logs.
 
 The commit id is deliberately not in the context: a slice must change only when its inputs do.
 """
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Any, cast
@@ -35,6 +43,7 @@ from .limits import Limits
 from .model import MIN_HEALTHY, ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
 from .repo import DeploymentRepo, ServiceDef
 from .sandbox import Budget, Sandbox, budget_in_use
+from .secrets import SecretUnreadable, leaf_strings, placeholders
 
 PORT = re.compile(r"((\d{1,3}\.){3}\d{1,3}:)?\d{1,5}:\d{1,5}(/(tcp|udp))?")
 HOSTPORT = re.compile(r"[^:\s]+:\d{1,5}")
@@ -169,9 +178,88 @@ def _render(
     except jinja2.exceptions.SecurityError as exc:
         where, at = _template_where(exc.__traceback__, sources) or (name or file, None if name else line)
         raise RenderError(f"node {node}: unsafe template: {exc}", file=where, line=at) from exc
+    except (SecretUnreadable, RenderError) as exc:  # from ``secrets.<name>``: located, never a value
+        where, at = _template_where(exc.__traceback__, sources) or (name or file, None if name else line)
+        text = str(exc).split(": ", 1)[1] if exc.file else str(exc)
+        raise type(exc)(f"node {node}, service {service}: {text}", file=where, line=at) from exc
     except Exception as exc:  # any error a template's expression raises (1/0, bad filter arg)
         where, at = _template_where(exc.__traceback__, sources) or (name or file, None if name else line)
         raise RenderError(f"node {node}: {type(exc).__name__}: {exc}", file=where, line=at) from exc
+
+
+class SecretView(Mapping[str, Any]):
+    """``secrets`` in a template: the node's secrets by name. It notes that it was read (the
+    file being rendered is then a secret file), and a name this node cannot read is an error
+    naming the file that defines it, never an empty value."""
+
+    def __init__(self, node: str, values: Mapping[str, Any], elsewhere: Mapping[str, str], why: str) -> None:
+        self._node = node
+        self._values = dict(values)
+        self._elsewhere = dict(elsewhere)  # name -> the file defining it, which this node cannot read
+        self._why = why
+        # Private (the sandbox refuses ``_`` names): a template cannot read the values as a set,
+        # nor clear the mark of the file it is printing.
+        self._touched = False
+        self._texts = leaf_strings(self._values)
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._values:
+            self._touched = True
+            return self._values[name]
+        if name in self._elsewhere:
+            raise SecretUnreadable(f"secrets.{name} is in {self._elsewhere[name]}, which node {self._node} cannot "
+                                   f"decrypt ({self._why})")
+        raise RenderError(f"secrets.{name}: no such secret in secrets/*.yaml")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def __iter__(self) -> Iterator[str]:
+        self._touched = True
+        return iter(sorted(self._values))
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"<secrets: {len(self._values)} names>"  # what {{ secrets }} prints: never the values
+
+
+
+def _unmark(view: SecretView) -> None:
+    view._touched = False
+
+
+def _holds_secret(view: SecretView, text: str) -> bool:
+    """Whether what was just rendered read a secret, or holds a secret's value as it is."""
+    return view._touched or any(t in text for t in view._texts)
+
+
+def secret_view(repo: DeploymentRepo, node: str) -> SecretView:
+    """The secrets this node reads: the files it decrypted (on the node), or without a key the
+    files encrypted to its ``age_recipient`` (a reviewer's render: markers, not values)."""
+    if repo.unlocked is not None:
+        readable: dict[str, Mapping[str, Any]] = dict(repo.unlocked)
+        why = "its age key is not among the file's recipients"
+    else:
+        mine = repo.node_vars(node).get("age_recipient") or ()
+        mine = {mine} if isinstance(mine, str) else set(mine)
+        readable = {p: placeholders(f) for p, f in repo.secret_files.items() if mine & set(f.recipients)}
+        why = ("the file is not encrypted to its age_recipient" if mine else
+               "it has no age_recipient variable in the inventory")
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for path in sorted(readable):
+        for name, value in readable[path].items():
+            if name in origin:
+                raise RenderError(f"node {node}: secrets.{name} is defined in {origin[name]} and {path}, "
+                                  "both readable by this node", file=path)
+            values[name], origin[name] = value, path
+    elsewhere = {name: path for path, f in sorted(repo.secret_files.items()) if path not in readable
+                 for name in f.names if name not in origin}
+    return SecretView(node, values, elsewhere, why)
 
 
 def context(repo: DeploymentRepo, node: str, svc: ServiceDef,
@@ -187,6 +275,7 @@ def context(repo: DeploymentRepo, node: str, svc: ServiceDef,
         release=repo.release,
         groups=repo.group_members,
         hostvars=repo.hostvars,
+        secrets=secret_view(repo, node),
     )
     return ctx
 
@@ -220,13 +309,21 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     env = _environment_for(svc)
     ctx = context(repo, node, svc, pinned)
     budget = budget or Budget(repo.limits)
+    secrets: SecretView = ctx["secrets"]
 
     def inline(text: str, key: str) -> str:
-        return _render(env, ctx, name=None, text=text, file=svc.file, line=svc.lines.get(key), node=node,
-                       service=svc.name, what=key, budget=budget)
+        _unmark(secrets)
+        out = _render(env, ctx, name=None, text=text, file=svc.file, line=svc.lines.get(key), node=node,
+                      service=svc.name, what=key, budget=budget)
+        if _holds_secret(secrets, out):
+            # Never the value: a runtime string reaches ps, notes and logs; a file is private.
+            raise RenderError(f"node {node}, service {svc.name}: {key} uses a secret: secrets belong in files "
+                              "(written 0600)", file=svc.file, line=svc.lines.get(key))
+        return out
 
     files = []
     for decl in sorted(svc.files, key=lambda d: d.path):
+        _unmark(secrets)
         if decl.template is not None:
             tpl = svc.template_path(decl.template)
             text = _render(env, ctx, name=tpl, text=None, file=svc.file, line=decl.line, node=node,
@@ -244,7 +341,9 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
             over = budget.output(len(content), len(content), decl.path)
         if over is not None:
             raise RenderLimit(f"node {node}, service {svc.name}: {over}", file=tpl)
-        files.append(FileSpec(decl.path, decl.mode, content))
+        secret = _holds_secret(secrets, content.decode("utf-8", errors="replace"))
+        # Only the owner (the service's user, see the process driver) may read a secret file.
+        files.append(FileSpec(decl.path, decl.mode & 0o700 if secret else decl.mode, content, secret))
 
     command = tuple(inline(arg, "command") for arg in svc.command)
     env_vars = tuple(sorted((k, inline(v, "env")) for k, v in svc.env.items()))

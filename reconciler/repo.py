@@ -7,6 +7,7 @@ Layout::
     services/<name>/service.yaml    runtime, files, health, depends_on, defaults
     services/<name>/templates/      Jinja2 templates named by files[].template, and what they include
     services/<name>/files/          files copied verbatim, named by files[].source
+    secrets/*.yaml                  SOPS files (age): ``secrets.<name>`` in templates (see ``secrets``)
 
 Every problem is collected with its file and line, so ``validate`` reports all at once.
 No rendering here (see ``render``), and no I/O beyond reading the ``Tree``. What is read is
@@ -24,9 +25,11 @@ from typing import Any
 
 from .errors import BadInput, InvalidRepo, UnknownNode
 from .limits import LIMITS, Limits
+from .secrets import SopsFile
+from .secrets import parse as parse_sops
 from .tree import Tree
 from .upgrade import PostStep, Stage, Step, StepAction, check_steps, parse_post, parse_steps
-from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml
+from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml, safe_load
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,10 @@ class DeploymentRepo:
     limits: Limits = LIMITS  # what rendering this repo may cost (see ``render``)
     post_upgrade: tuple[PostStep, ...] = ()
     stages: Mapping[str, Stage] = field(default_factory=dict)  # reconciler.yaml `stages`, by name
+    secret_files: Mapping[str, SopsFile] = field(default_factory=dict)  # secrets/*.yaml, still encrypted
+    # Path -> values of the secret files this node decrypted (the agent sets it with its identity);
+    # None where no key is at hand (review, validate): templates then see placeholders.
+    unlocked: Mapping[str, Mapping[str, Any]] | None = None
 
     def node(self, name: str) -> NodeDef:
         try:
@@ -352,6 +359,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
             nodes[nname] = NodeDef(nname, tuple(n["groups"]), n.get("driver"), dict(n.get("vars", {})),
                                    n.get("apply") == "manual")
 
+    secret_files = _secret_files(tree, limits, problems)
     problems.extend(_check_dependencies(services))
     post = parse_post(settings.data.get("post_upgrade", ())) if settings is not None else ()
     problems.extend(_check_upgrades(services, post, groups, nodes, settings))
@@ -371,11 +379,34 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         limits=limits,
         post_upgrade=post,
         stages=stages,
+        secret_files=secret_files,
     )
     problems = repo.check_drivers()
     if problems:
         raise RepoProblems(problems)
     return repo
+
+
+def _secret_files(tree: Tree, limits: Limits, problems: list[Problem]) -> dict[str, SopsFile]:
+    """``secrets/*.yaml`` as SOPS files: metadata and ciphertext only, nothing decrypted here."""
+    out: dict[str, SopsFile] = {}
+    try:
+        paths = tree.files("secrets")
+    except BadInput as exc:
+        problems.append(_problem(exc, "secrets"))
+        return out
+    for path in paths:
+        if not path.endswith((".yaml", ".yml")):
+            problems.append(Problem(path, None, "only SOPS YAML files belong under secrets/ (*.yaml)"))
+            continue
+        raw = _read(tree, path, limits, problems)
+        if raw is None:
+            continue
+        try:
+            out[path] = parse_sops(path, safe_load(raw, path, limits.yaml_nodes))
+        except BadInput as exc:
+            problems.append(_problem(exc, path))
+    return out
 
 
 def _stages(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],

@@ -93,7 +93,13 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
                 continue
             la = _text(old.content) if old else []
             lb = _text(new.content) if new else []
-            if la is None or lb is None:
+            if (old is not None and old.secret) or (new is not None and new.secret):
+                # Never the content of a file that holds a secret: that it changed, and short hashes.
+                text = (f"<secret changed> {node}/{name}/{path}: sha256 {old.sha256[:12] if old else '(none)'}"
+                        f" -> {new.sha256[:12] if new else '(none)'}\n")
+                if old is not None and new is not None and old.mode != new.mode:
+                    text = f"mode {old.mode:04o} -> {new.mode:04o}\n" + text
+            elif la is None or lb is None:
                 text = "binary content differs\n"
             else:
                 text = "".join(difflib.unified_diff(la, lb, f"a/{node}/{name}/{path}", f"b/{node}/{name}/{path}"))
