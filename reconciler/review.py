@@ -10,11 +10,11 @@ from __future__ import annotations
 import difflib
 import html
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BadInput
+from .errors import BadInput, ReconcilerError
 from .model import ActionKind, Desired, Observed, ObservedService, Plan
 from .plan import plan as make_plan
 from .render import render_node
@@ -47,9 +47,10 @@ class NodeDiff:
                 "actions": [a.to_dict() for a in self.plan.changes], "upgrade": list(self.upgrade)}
 
 
-def validate_tree(tree: Tree) -> tuple[DeploymentRepo | None, list[Problem], int, int]:
+def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo | None, list[Problem], int, int]:
     """``reconciler validate``: the repo (None when it does not load), each problem located, and
-    how many nodes and service instances rendered."""
+    how many nodes and service instances rendered. ``keys`` (age identities): also look for the
+    values of the secrets they open in plain text elsewhere in the repo."""
     problems: list[Problem] = []
     nodes = services = 0
     try:
@@ -63,7 +64,47 @@ def validate_tree(tree: Tree) -> tuple[DeploymentRepo | None, list[Problem], int
         except BadInput as exc:
             message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
             problems.append(Problem(exc.file or "?", exc.line, message))
+    keys = tuple(keys)
+    if keys:
+        try:
+            problems += plain_text_secrets(tree, repo, keys)
+        except BadInput as exc:  # a file these keys should open and cannot: said, never its value
+            problems.append(Problem(exc.file or "?", exc.line, str(exc).split(": ", 1)[-1]))
     return repo, problems, nodes, services
+
+
+PLAIN_MIN = 8  # shorter values ("true", a port) would match plain text by chance
+
+
+def plain_text_secrets(tree: Tree, repo: DeploymentRepo, keys: Iterable[Any]) -> list[Problem]:
+    """Secret values (those ``keys`` open) that also appear in plain text anywhere else in the
+    repo, e.g. a password pasted into inventory.yaml: each located by file and line, naming the
+    secret, never showing the value. Values under ``PLAIN_MIN`` characters are not looked for."""
+    from .secrets import named_values, unlock
+
+    opened = unlock(repo.secret_files, keys)
+    wanted = {value.encode(): f"{name} of {path}" for path, values in opened.items()
+              for name, value in named_values(values) if len(value) >= PLAIN_MIN}
+    if not wanted:
+        return []
+    paths = []
+    for entry in tree.listdir(""):
+        if entry in ("secrets", ".git"):
+            continue
+        below = tree.files(entry)
+        paths += below if below else [entry]
+    problems = []
+    for path in paths:
+        try:
+            data = tree.read(path, repo.limits.file_bytes)
+        except (OSError, ReconcilerError):
+            continue  # load_repo reports what cannot be read
+        for value, what in wanted.items():
+            at = data.find(value)
+            if at >= 0:
+                problems.append(Problem(path, data.count(b"\n", 0, at) + 1,
+                                        f"a plain-text value matches secret {what}: use {{{{ secrets.<name> }}}}"))
+    return problems
 
 
 def as_applied(desired: Desired) -> Observed:

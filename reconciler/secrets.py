@@ -281,6 +281,13 @@ def placeholders(f: SopsFile) -> dict[str, Any]:
     return {k: walk(v, [k]) for k, v in f.tree.items()}
 
 
+def named_values(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(dotted name, value as text) of every leaf, for telling where a value is and never what."""
+    for path, value in _leaves(dict(values), []):
+        if str(value):
+            yield ".".join(path), str(value)
+
+
 def leaf_strings(values: Mapping[str, Any]) -> frozenset[str]:
     """Every value as text, to recognise it in a rendered file (empty ones match everything)."""
     return frozenset(str(v) for _, v in _leaves(dict(values), []) if str(v))

@@ -225,3 +225,31 @@ def test_canary_the_password_is_nowhere_but_in_0600_files_and_a_node_dropped_as_
     # ctl2 is still a recipient after the rotation: it decrypts the re-encrypted file.
     _, on_ctl2 = unlocked(deployment, k["ctl2"])
     assert on_ctl2 == {"secrets/controllers.yaml": {"db_password": CANARY}}
+
+
+def test_validate_with_a_key_finds_the_password_pasted_in_plain_text_and_never_prints_it(
+        deployment: Deployment, tmp_path: Path) -> None:
+    k = keys(tmp_path)
+    add_secret(deployment, k)
+    deployment.edit("inventory.yaml", "token_ttl: 3600", f"token_ttl: 3600\n  legacy_db_password: {CANARY}")
+    deployment.commit("an old copy of the password, in plain text")
+
+    def validate(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", ".", "--rev", "HEAD", *args],
+                              cwd=deployment.work, capture_output=True, text=True)
+
+    assert validate().returncode == 0  # without a key nothing can tell the value is a secret
+    found = validate("--age-identity", str(k["ctl1"]))
+    assert found.returncode == 2
+    line = next(n for n, text in enumerate(deployment.read("inventory.yaml").splitlines(), 1)
+                if "legacy_db_password" in text)
+    assert found.stderr.splitlines() == [
+        f"inventory.yaml:{line}: a plain-text value matches secret db_password of secrets/controllers.yaml: "
+        "use {{ secrets.<name> }}"]
+    assert CANARY not in found.stdout + found.stderr
+    # A compute's key opens nothing: nothing to compare, nothing found.
+    assert validate("--age-identity", str(k["cmp1"])).returncode == 0
+    broken = tmp_path / "not-a-key"
+    broken.write_text("AGE-SECRET-KEY-1NOTAKEY\n")
+    bad = validate("--age-identity", str(broken))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "NOTAKEY" not in bad.stderr

@@ -30,8 +30,11 @@ if TYPE_CHECKING:
 @click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="Deployment repo: a directory, or a git repo when --rev is given.")
 @click.option("--rev", help="Check this commit instead of the files on disk.")
+@click.option("--age-identity", "age_identity", type=click.Path(path_type=Path),
+              help="An age identity file: also find the values of the secrets it opens in plain text "
+                   "elsewhere in the repo (named, never shown).")
 @output_option
-def validate(repo_dir: Path, rev: str | None, output: str) -> None:
+def validate(repo_dir: Path, rev: str | None, age_identity: Path | None, output: str) -> None:
     """Check schemas and references, and render every node.
 
     Each problem is printed as file:line: message; exit 2 if there is any.
@@ -40,6 +43,7 @@ def validate(repo_dir: Path, rev: str | None, output: str) -> None:
     Example:
       reconciler validate --repo examples/repo
       reconciler validate --repo . --rev HEAD
+      reconciler validate --repo . --age-identity ~/.config/sops/age/keys.txt
 
     \b
     Exit codes:
@@ -51,7 +55,18 @@ def validate(repo_dir: Path, rev: str | None, output: str) -> None:
     from ..yamlfile import RepoProblems
 
     tree = open_tree(repo_dir, rev)
-    _, problems, nodes, services = validate_tree(tree)
+    keys: tuple[object, ...] = ()
+    if age_identity is not None:
+        from ..errors import BadInput
+        from ..secrets import identities
+
+        try:
+            text = age_identity.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
+                           file=str(age_identity)) from None
+        keys = identities(text, str(age_identity))
+    _, problems, nodes, services = validate_tree(tree, keys)
     if output == "json":
         result = {"ok": not problems, "nodes": nodes, "services": services,
                   "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in problems]}
