@@ -376,3 +376,20 @@ upgrade:
     assert new.exec_run(["cat", "/var/lib/worker/schema"]).output == b"2\n"  # the same data volume
     left = docker_engine.containers.list(all=True, filters={"label": "reconciler.step-of=worker"})
     assert [c for c in left if c.labels.get("reconciler.node") == dock.node] == []
+
+
+def test_logs_prints_a_containers_output(dock: DockerDeployment, agents: Callable[..., Agent],
+                                         merge_key: SigningKey) -> None:
+    import subprocess
+    import sys
+
+    dock.edit("services/worker/service.yaml", 'command: [sh, -c, "while true;',
+              'command: [sh, -c, "echo worker up on $RECONCILER_NODE; while true;')
+    dock.commit("the worker says when it is up")
+    node = agents(dock.node, dock.url)
+    assert node.reconcile_once().exit_code == 0
+    proc = subprocess.run([sys.executable, "-m", "reconciler", "logs", "worker", "--node", dock.node, "--remote",
+                           dock.url, "--state-dir", str(node.cfg.state_dir), "--allowed-signers",
+                           str(merge_key.allowed_signers), "-n", "5"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"worker up on {dock.node}\n"

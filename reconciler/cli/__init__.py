@@ -22,7 +22,7 @@ import click
 from .. import __version__
 from ..errors import ReconcilerError
 from .common import Failed, emit_json, err
-from .node import agent_command, apply, history, plan, retry, rollback, status, unpin, verify
+from .node import agent_command, apply, history, logs, plan, retry, rollback, status, unpin, verify
 from .repo import diff, render, validate
 from .review import review_post
 
@@ -49,7 +49,7 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
 
 
-for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, rollback, unpin,
+for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, logs, rollback, unpin,
                 retry, review_post):
     cli.add_command(command)
 

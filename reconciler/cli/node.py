@@ -426,3 +426,44 @@ def retry(agent_opts: dict[str, Any], output: str) -> None:
         emit_json({"retry": failed})
         return
     out.print(f"will try {failed[:12]} again on the next run" if failed else "nothing to retry")
+
+
+@click.command()
+@agent_options
+@click.argument("service")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what the service writes, until interrupted.")
+@click.option("-n", "--lines", type=click.IntRange(min=0), default=50, show_default=True,
+              help="How many of the last lines to print first.")
+def logs(agent_opts: dict[str, Any], service: str, follow: bool, lines: int) -> None:
+    """A service's own output, from its driver: the process driver's log file (rotated files
+    followed), the container's log, or journalctl for the systemd unit.
+
+    \b
+    Example:
+      reconciler logs identity --config /etc/reconciler/agent.yaml -n 100
+      reconciler logs db -f --config /etc/reconciler/agent.yaml
+
+    \b
+    Exit codes:
+      0  printed (with -f: until interrupted)
+      1  the runtime did not answer (a docker engine down)
+      2  bad input: SERVICE does not run on this node (UNKNOWN_SERVICE), bad settings
+    """
+    cfg = agent_config(agent_opts, remote="unused")
+    from ..agent import drivers_for
+    from ..state import State
+
+    State(cfg.state_dir, create=False)  # a read: no state dir is made for it
+    found = [(d, o) for d in drivers_for(cfg, None).values() for o in d.observe() if o.name == service]
+    if not found:
+        known = sorted({o.name for d in drivers_for(cfg, None).values() for o in d.observe()})
+        raise BadInput(f"service {service} does not run on node {cfg.node} (it runs: {', '.join(known) or 'nothing'})",
+                       reason="UNKNOWN_SERVICE")
+    driver = found[0][0]
+    stream = sys.stdout.buffer
+    try:
+        for chunk in driver.logs(service, lines, follow):
+            stream.write(chunk)
+            stream.flush()
+    except KeyboardInterrupt:  # -f ends with ^C: not an error
+        pass

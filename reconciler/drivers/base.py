@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from ..model import DesiredService, ObservedService
@@ -73,6 +73,11 @@ class Driver(Protocol):
         ...
 
     def running(self, name: str) -> bool: ...
+
+    def logs(self, name: str, lines: int, follow: bool) -> Iterator[bytes]:
+        """The service's own output: its last ``lines`` lines, then (``follow``) what it writes
+        next, until the caller stops reading."""
+        ...
 
     def native_health(self, name: str) -> str | None:
         """The runtime's own verdict ("healthy", "unhealthy", "starting"), None if it has none."""

@@ -18,6 +18,7 @@ import contextlib
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,17 @@ class DockerDriver:
         except docker.errors.APIError:
             return False
         return bool(result.exit_code == 0)
+
+    def logs(self, name: str, lines: int, follow: bool) -> Iterator[bytes]:
+        c = self._container(name)
+        if c is None:
+            return iter(())
+        try:
+            if follow:
+                return iter(c.logs(tail=lines, stream=True, follow=True))
+            return iter((c.logs(tail=lines),))
+        except docker.errors.APIError as exc:
+            raise EngineDown(f"node {self.node}: docker engine error: {exc.explanation}") from exc
 
     def last_output(self, name: str, lines: int = 5) -> str:
         c = self._container(name)

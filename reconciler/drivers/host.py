@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write
 from ..compare import action_for, domains
-from ..errors import ApplyError, ReconcilerError
+from ..errors import ApplyError, BadInput, ReconcilerError
 from ..model import ActionKind, DesiredService, FileSpec, ObservedService, Rule
 from .base import Check
 from .files import read_record, write_record
@@ -79,6 +79,10 @@ class HostDriver:
 
     def run_check(self, name: str, command: str) -> bool:
         return self.host.sh(command, timeout=30).returncode == 0
+
+    def logs(self, name: str, lines: int, follow: bool) -> Iterator[bytes]:
+        raise BadInput(f"{name} is a host domain (files and the units they configure): it has no output of its "
+                       "own; read the units' journal")
 
     def last_output(self, name: str, lines: int = 5) -> str:
         return ""

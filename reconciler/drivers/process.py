@@ -33,7 +33,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -530,6 +530,9 @@ class ProcessDriver:
         for old in entries[KEEP_REVISIONS - 1 :]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def logs(self, name: str, lines: int, follow: bool) -> Iterator[bytes]:
+        return tail_file(self._dir(name) / "service.log", lines, follow)
+
     def last_output(self, name: str, lines: int = 5) -> str:
         try:
             text = (self._dir(name) / "service.log").read_bytes()[-4000:].decode(errors="replace")
@@ -537,6 +540,34 @@ class ProcessDriver:
             return ""
         since_start = text.rsplit("\n--- ", 1)[-1].split("\n", 1)[-1]  # this start's output only
         return " | ".join(t.strip() for t in since_start.splitlines()[-lines:] if t.strip())
+
+
+def tail_file(path: Path, lines: int, follow: bool, poll: float = 0.2) -> Iterator[bytes]:
+    """The last ``lines`` lines of a log file, then (``follow``) what is appended to it; a file
+    cut short or replaced (rotated) is read again from its start."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return
+    with f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        f.seek(max(0, end - 64 * 1024 * max(1, lines // 100)))
+        tail = f.read()  # and the position is at the end: following starts from there
+        yield b"".join(tail.splitlines(keepends=True)[-lines:]) if lines else b""
+        while follow:
+            chunk = f.read()
+            if chunk:
+                yield chunk
+                continue
+            try:
+                moved = path.stat().st_ino != os.fstat(f.fileno()).st_ino or path.stat().st_size < f.tell()
+            except FileNotFoundError:
+                moved = False
+            if moved:
+                yield from tail_file(path, 1 << 30, follow, poll)
+                return
+            time.sleep(poll)
 
 
 def _targets(procs: Iterable[Proc], recorded: tuple[int, str] | None = None) -> list[tuple[int, str, bool]]:

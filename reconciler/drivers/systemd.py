@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +105,18 @@ class SystemdDriver:
 
     def run_check(self, name: str, command: str) -> bool:
         return self.host.sh(command, cwd=str(self._live(name)), timeout=10).returncode == 0
+
+    def logs(self, name: str, lines: int, follow: bool) -> Iterator[bytes]:
+        """journalctl for the unit, where the units run (``exec``: the systemd container's)."""
+        argv = [*self.host.exec, "journalctl", "-u", self.unit(name), "-n", str(lines), "--no-pager", "-o",
+                "short-iso", *(["-f"] if follow else [])]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        try:
+            yield from iter(lambda: proc.stdout.readline() if proc.stdout else b"", b"")
+        finally:
+            proc.kill()
+            proc.wait()
 
     def last_output(self, name: str, lines: int = 5) -> str:
         done = self.host.sh(f"journalctl -u {self.unit(name)} -n {lines} --no-pager -o cat", timeout=10)

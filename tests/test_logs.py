@@ -1,0 +1,77 @@
+"""`reconciler logs`: a service's own output, from its driver, printed and followed."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import Deployment, SigningKey
+from test_cli import node_args
+
+from reconciler.agent import Agent
+
+
+def live_conf(agent: Agent) -> str:
+    return (agent.cfg.state_dir / "services" / "identity" / "live" / "identity.conf").read_text()
+
+
+def logs(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reconciler", "logs", *args], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ))
+
+
+def test_logs_prints_the_last_lines_then_follows_what_the_service_writes(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    assert ctl1.reconcile_once().exit_code == 0
+    args = node_args(ctl1, merge_key)
+
+    port = next(int(line.split("=")[1]) for line in live_conf(ctl1).splitlines() if line.startswith("port ="))
+    log = (ctl1.cfg.state_dir / "services" / "identity" / "service.log").read_text()
+    last = logs("identity", *args, "-n", "3")
+    assert last.returncode == 0, last.stderr
+    assert last.stdout == "".join(log.splitlines(keepends=True)[-3:])
+    everything = logs("identity", *args, "-n", "1000").stdout
+    assert everything == log and f"identity ready on 127.0.0.1:{port} (node=ctl1" in everything
+
+    follow = subprocess.Popen([sys.executable, "-m", "reconciler", "logs", "identity", *args, "-n", "0", "-f"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))
+    try:
+        time.sleep(1)  # it reads from the end of the log before the request comes
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as resp:
+            assert resp.status == 200
+        seen = b""
+        sel = selectors.DefaultSelector()
+        assert follow.stdout is not None
+        sel.register(follow.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 20
+        while b"GET /status" not in seen and time.monotonic() < deadline:
+            if sel.select(timeout=1):
+                seen += os.read(follow.stdout.fileno(), 4096)
+        assert b"GET /status" in seen, seen
+        assert b"ready on" not in seen  # -n 0: only what came after it started
+    finally:
+        follow.terminate()
+        follow.wait(timeout=10)
+
+
+def test_logs_of_a_service_the_node_does_not_run_is_one_line_and_exit_2(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    assert ctl1.reconcile_once().exit_code == 0
+    proc = logs("compute-agent", *node_args(ctl1, merge_key))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: service compute-agent does not run on node ctl1 (it runs: db, identity, lb, node-exporter) "
+        "[UNKNOWN_SERVICE]"]
+    nowhere = logs("identity", "--node", "ctl9", "--state-dir", str(tmp_path / "none"))
+    assert nowhere.returncode == 2 and len(nowhere.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "none").exists()  # a read makes no state dir
