@@ -19,6 +19,7 @@ from typing import Any
 
 from .agent import Agent
 from .drivers import Driver
+from .drivers.process import ProcessDriver
 from .errors import Busy, ReconcilerError
 from .metrics import Metrics
 from .notify import Notifier
@@ -48,6 +49,8 @@ class Supervisor:
         try:
             with self.agent.state.services_lock():
                 for driver in self.agent.drivers(None).values():
+                    if isinstance(driver, ProcessDriver):
+                        driver.rotate_logs()  # the services' own logs must not fill the disk
                     for o in driver.observe():
                         if o.drift == "report":
                             continue  # hands off: a stop by hand is noted by the next run, not undone

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import subprocess
@@ -75,3 +76,33 @@ def test_logs_of_a_service_the_node_does_not_run_is_one_line_and_exit_2(
     nowhere = logs("identity", "--node", "ctl9", "--state-dir", str(tmp_path / "none"))
     assert nowhere.returncode == 2 and len(nowhere.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "none").exists()  # a read makes no state dir
+
+
+def test_a_service_log_past_its_limit_is_rotated_by_the_supervisor_without_a_restart(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    from reconciler.daemon import Supervisor
+    from reconciler.drivers.process import LOG_LIMIT
+
+    ctl1 = agents("ctl1", deployment.url)
+    assert ctl1.reconcile_once().exit_code == 0
+    d = ctl1.cfg.state_dir / "services" / "identity"
+    pid = int(json.loads((d / "record.json").read_text())["pid"])
+    with (d / "service.log").open("ab") as log:  # as if it had run for months
+        log.write(b"x" * (LOG_LIMIT + 1) + b"\n")
+
+    Supervisor(ctl1).tick()
+
+    assert (d / "service.log.1").stat().st_size > LOG_LIMIT
+    assert (d / "service.log").stat().st_size == 0
+    assert oct((d / "service.log.1").stat().st_mode & 0o777) == "0o600"
+    port = next(int(line.split("=")[1]) for line in live_conf(ctl1).splitlines() if line.startswith("port ="))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as resp:
+        assert resp.status == 200
+    deadline = time.monotonic() + 10
+    while b"GET /status" not in (d / "service.log").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # the same process writes on, at the start of the cut file
+    assert (d / "service.log").read_bytes().startswith(b"identity 127.0.0.1 \"GET /status")
+    assert int(json.loads((d / "record.json").read_text())["pid"]) == pid
+    os.kill(pid, 0)

@@ -172,6 +172,9 @@ def file_drift(rec: dict[str, Any], live: tuple[FileSpec, ...]) -> str:
     return "files: " + ", ".join(changes) if changes else ""
 
 
+LOG_LIMIT = 16 * 1024 * 1024  # service.log is rotated past this many bytes (one older file kept)
+
+
 class ProcessDriver:
     name = "process"
 
@@ -185,6 +188,28 @@ class ProcessDriver:
 
     def _record(self, name: str) -> dict[str, Any] | None:
         return read_record(self._dir(name))
+
+    def rotate_logs(self, limit: int = LOG_LIMIT) -> list[str]:
+        """Each service.log past ``limit`` bytes copied to service.log.1 (the one before it
+        dropped) and cut to nothing. The service keeps writing through its O_APPEND descriptor,
+        so its next line lands at the start of the cut file: nothing restarts. What it writes
+        between the copy and the cut is lost (logrotate's copytruncate has the same gap)."""
+        rotated = []
+        for log in sorted(self.root.glob("*/service.log")):
+            try:
+                if log.stat().st_size <= limit:
+                    continue
+                older = log.with_name("service.log.1")
+                tmp = log.with_name(".service.log.1.tmp")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with open(fd, "wb") as out, log.open("rb") as src:
+                    shutil.copyfileobj(src, out)
+                os.replace(tmp, older)
+                os.truncate(log, 0)
+            except OSError:
+                continue  # a log that cannot be rotated now is tried again on the next tick
+            rotated.append(log.parent.name)
+        return rotated
 
     def _alive(self, rec: dict[str, Any] | None) -> bool:
         # No recorded start time means it died before it could be seen: never "alive".
