@@ -23,9 +23,10 @@ import pytest
 from conftest import EXAMPLE, Deployment, SigningKey
 
 from reconciler.agent import Agent
+from reconciler.errors import ConfigError
 
 COMMANDS = ("validate", "render", "diff", "plan", "apply", "agent", "verify", "status", "history", "rollback",
-            "unpin", "retry")
+            "unpin", "retry", "logs")
 
 ROLLOUT = """\
 rollout:
@@ -199,3 +200,21 @@ def test_a_failing_canary_fails_its_apply_and_status_fleet_and_retry_names_the_c
 
     proc = cli("retry", *node_args(ctl1, merge_key), "-o", "json")
     assert proc.returncode == 0 and as_json(proc) == {"retry": bad}
+
+
+def test_an_installed_node_reads_etc_reconciler_agent_yaml_when_no_config_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciler.cli import common
+
+    installed = tmp_path / "etc" / "agent.yaml"
+    installed.parent.mkdir()
+    installed.write_text(f"node: ctl1\nremote: file://{tmp_path}/cloud.git\nstate_dir: {tmp_path}/state\n")
+    monkeypatch.setattr(common, "DEFAULT_CONFIG", installed)
+    opts = dict.fromkeys(common.AGENT_KEYS)
+    cfg = common.agent_config(opts)
+    assert (cfg.node, cfg.state_dir) == ("ctl1", tmp_path / "state")
+    assert common.agent_config({**opts, "node": "ctl2"}).node == "ctl2"  # flags still win
+    monkeypatch.setattr(common, "DEFAULT_CONFIG", tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError, match="missing setting 'node'"):
+        common.agent_config(opts)

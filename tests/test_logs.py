@@ -41,6 +41,8 @@ def test_logs_prints_the_last_lines_then_follows_what_the_service_writes(
     assert last.stdout == "".join(log.splitlines(keepends=True)[-3:])
     everything = logs("identity", *args, "-n", "1000").stdout
     assert everything == log and f"identity ready on 127.0.0.1:{port} (node=ctl1" in everything
+    as_json = json.loads(logs("identity", *args, "-n", "1000", "-o", "json").stdout)
+    assert as_json == {"service": "identity", "driver": "process", "output": log}
 
     follow = subprocess.Popen([sys.executable, "-m", "reconciler", "logs", "identity", *args, "-n", "0", "-f"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))

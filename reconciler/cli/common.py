@@ -68,7 +68,7 @@ def agent_options(f: F) -> F:
     path = click.Path(path_type=Path)
     for opt in reversed([
         click.option("--config", "config_file", type=path, envvar="RECONCILER_CONFIG",
-                     help="Agent settings (YAML). Flags override it."),
+                     help="Agent settings (YAML) [/etc/reconciler/agent.yaml, when it exists]. Flags override it."),
         click.option("--node", help="This node's name in inventory.yaml."),
         click.option("--remote", help="Deployment repo URL (file://, git://, ssh://, https://)."),
         click.option("--branch", help="Branch to follow [main]."),
@@ -85,11 +85,20 @@ def agent_options(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+DEFAULT_CONFIG = Path("/etc/reconciler/agent.yaml")
+
+
+def default_config() -> Path | None:
+    """The config a node's commands read when neither --config nor $RECONCILER_CONFIG names one:
+    /etc/reconciler/agent.yaml, when it exists (an installed node needs no flags)."""
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+
+
 def agent_config(agent_opts: dict[str, Any], **defaults: Any) -> AgentConfig:
     """The settings from --config and flags; ``defaults`` fill what neither gives (a read-only
     command passes a placeholder remote, since it never contacts one)."""
     opts = dict(agent_opts)
-    config_file = opts.pop("config_file")
+    config_file = opts.pop("config_file") or default_config()
     for key, value in defaults.items():
         if opts.get(key) is None:
             opts[key] = value

@@ -434,9 +434,11 @@ def retry(agent_opts: dict[str, Any], output: str) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing what the service writes, until interrupted.")
 @click.option("-n", "--lines", type=click.IntRange(min=0), default=50, show_default=True,
               help="How many of the last lines to print first.")
-def logs(agent_opts: dict[str, Any], service: str, follow: bool, lines: int) -> None:
+@output_option
+def logs(agent_opts: dict[str, Any], service: str, follow: bool, lines: int, output: str) -> None:
     """A service's own output, from its driver: the process driver's log file (rotated files
-    followed), the container's log, or journalctl for the systemd unit.
+    followed), the container's log, or journalctl for the systemd unit. With -o json (not with
+    -f): {"service", "driver", "output"}.
 
     \b
     Example:
@@ -460,6 +462,12 @@ def logs(agent_opts: dict[str, Any], service: str, follow: bool, lines: int) -> 
         raise BadInput(f"service {service} does not run on node {cfg.node} (it runs: {', '.join(known) or 'nothing'})",
                        reason="UNKNOWN_SERVICE")
     driver = found[0][0]
+    if output == "json":
+        if follow:
+            raise BadInput("-f prints as the service writes: not with -o json")
+        text = b"".join(driver.logs(service, lines, False)).decode(errors="replace")
+        emit_json({"service": service, "driver": driver.name, "output": text})
+        return
     stream = sys.stdout.buffer
     try:
         for chunk in driver.logs(service, lines, follow):
