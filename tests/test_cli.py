@@ -25,7 +25,7 @@ from conftest import EXAMPLE, Deployment, SigningKey
 from reconciler.agent import Agent
 
 COMMANDS = ("validate", "render", "diff", "plan", "apply", "agent", "verify", "status", "history", "rollback",
-            "unpin", "retry")
+            "unpin", "retry", "suspend", "resume")
 
 ROLLOUT = """\
 rollout:
