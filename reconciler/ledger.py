@@ -521,8 +521,10 @@ class Ledger:
         verdicts = tuple(json.loads(r[0]) for r in self._all(
             "SELECT body FROM trust_verdicts WHERE commit_id=? ORDER BY seq", commit))
         pins = {p.service: p.commit for p in self.pins() if p.head == commit}
-        # The suspension shows on the note of the commit a suspended pass held back, while it lasts.
-        suspended = self.suspension() if rec.verdict is Verdict.WAITING and rec.reason == "SUSPENDED" else None
+        # While it lasts, the suspension shows on the note of the commit a suspended pass held back,
+        # and on the head's (an applied one whose drift is left alone).
+        held = rec.verdict is Verdict.WAITING and rec.reason == "SUSPENDED"
+        suspended = self.suspension() if held or commit == self.mark().commit else None
         return Report(node, commit, rec.verdict, time_text, services=results, reason=rec.reason, error=rec.error,
                       plan_hash=rec.plan_hash, signer=rec.signer, verdicts=verdicts, events=events, pins=pins,
                       steps=tuple(self.steps(commit)), suspended=suspended)

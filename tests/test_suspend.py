@@ -44,16 +44,23 @@ def test_a_suspended_node_applies_nothing_reports_drift_and_converges_after_resu
     assert as_json(proc)["already"] is True
     assert as_json(proc)["suspended"] == {**first, "reason": "disk swap, ticket 4411"}
 
-    deployment.edit("services/identity/templates/identity.conf.j2", *WORKERS)
-    head = deployment.commit("identity: four workers")
     conf = ctl1.cfg.state_dir / "services" / "identity" / "live" / "identity.conf"
     conf.write_text(conf.read_text() + "# edited by hand\n")
+    assert cli("agent", "--once", *args).returncode == 0  # same head, drifted
+
+    assert conf.read_text().endswith("# edited by hand\n")  # the drift is reported, not put back
+    note = deployment.note("ctl1") or {}
+    assert note["state"] == "applied" and note["suspended"] == {**first, "reason": "disk swap, ticket 4411"}
+    assert any("identity drifted" in e for e in note["events"])  # type: ignore[attr-defined]
+
+    deployment.edit("services/identity/templates/identity.conf.j2", *WORKERS)
+    head = deployment.commit("identity: four workers")
     textfile = tmp_path / "r.prom"
     proc = cli("agent", "--once", *args, "--metrics-textfile", str(textfile), "-o", "json")
 
     assert proc.returncode == 0, proc.stderr  # held back on purpose: not a failure
     assert running(ctl1) == before  # same pid, same config: nothing applied
-    assert conf.read_text().endswith("# edited by hand\n")  # the drift is reported, not put back
+    assert conf.read_text().endswith("# edited by hand\n")
     note = deployment.note("ctl1", head) or {}
     assert note["state"] == "waiting" and note["reason"] == "SUSPENDED"
     assert note["suspended"] == {**first, "reason": "disk swap, ticket 4411"}

@@ -445,7 +445,7 @@ def suspend(agent_opts: dict[str, Any], reason: str, output: str) -> None:
 
     \b
     Example:
-      sudo reconciler suspend --reason "disk swap, ticket 4411" --config /etc/reconciler/agent.yaml
+      reconciler suspend --reason "disk swap, ticket 4411" --config /etc/reconciler/agent.yaml
 
     \b
     Exit codes:
@@ -474,6 +474,10 @@ def resume(agent_opts: dict[str, Any], output: str) -> None:
     repo stays until a commit removes it.
 
     With -o json: {"node": NODE, "resumed": {"reason", "by", "since"} or null}.
+
+    \b
+    Example:
+      reconciler resume --config /etc/reconciler/agent.yaml && reconciler agent --once --config ...
 
     \b
     Exit codes:
