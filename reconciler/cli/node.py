@@ -449,8 +449,8 @@ def suspend(agent_opts: dict[str, Any], reason: str, output: str) -> None:
 
     \b
     Exit codes:
-      0  suspended (or its reason updated)
-      2  bad input: no node in the state dir, bad settings
+      0  suspended (or its reason updated); a node that never ran yet starts out suspended
+      2  bad input: bad settings
     """
     from ..operations import invoker
     from ..operations import suspend as suspend_node
@@ -482,7 +482,7 @@ def resume(agent_opts: dict[str, Any], output: str) -> None:
     \b
     Exit codes:
       0  resumed, or it was not suspended
-      2  bad input: no node in the state dir, bad settings
+      2  bad input: bad settings
     """
     from ..operations import resume as resume_node
 
