@@ -150,6 +150,8 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         run = replace(run, events=run.events + tuple(release_pins(agent, commit)))
         try:
             repo = agent.load(commit)
+            # the fleet's suspend is the head's word, even when an owed upgrade would run first
+            head, head_repo = commit, repo
             debt = owed(agent, commit, repo)
             if debt.first:  # the head moved past an upgrade this node has not run: that commit first
                 agent.say_once(("owed", commit, debt.first), logging.WARNING, "%s: %s is past the upgrade of %s, "
@@ -167,7 +169,7 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         except BadInput as exc:
             return stopped(agent, run, Verdict.ERROR, exc)
         # Read here, after trust: only a verified head's reconciler.yaml can suspend the fleet.
-        suspension = suspended_by(agent, repo, commit)
+        suspension = suspended_by(agent, head_repo, head)
         if suspension is not None:
             return hold(agent, run, verified, repo, suspension)
         if not verdict.go:
