@@ -195,6 +195,10 @@ ALLOWED: Mapping[Verdict | None, frozenset[Verdict]] = {
 }
 
 
+SUSPENDED_KEY = "suspended"  # meta: an operator's suspension, JSON {reason, by, since}
+REPO_SUSPENDED_KEY = "suspended_repo"  # meta: the verified head's `suspend: true`, same shape
+
+
 class IllegalTransition(ReconcilerError):
     reason = "LEDGER_TRANSITION"
 
@@ -517,9 +521,13 @@ class Ledger:
         verdicts = tuple(json.loads(r[0]) for r in self._all(
             "SELECT body FROM trust_verdicts WHERE commit_id=? ORDER BY seq", commit))
         pins = {p.service: p.commit for p in self.pins() if p.head == commit}
+        # While it lasts, the suspension shows on the note of the commit a suspended pass held back,
+        # and on the head's (an applied one whose drift is left alone).
+        held = rec.verdict is Verdict.WAITING and rec.reason == "SUSPENDED"
+        suspended = self.suspension() if held or commit == self.mark().commit else None
         return Report(node, commit, rec.verdict, time_text, services=results, reason=rec.reason, error=rec.error,
                       plan_hash=rec.plan_hash, signer=rec.signer, verdicts=verdicts, events=events, pins=pins,
-                      steps=tuple(self.steps(commit)))
+                      steps=tuple(self.steps(commit)), suspended=suspended)
 
     def acted_on(self) -> Iterable[CommitRecord]:
         for (commit,) in self._all("SELECT commit_id FROM commits ORDER BY time"):
@@ -741,6 +749,51 @@ class Ledger:
             elif commit is not None:
                 db.execute("DELETE FROM held WHERE service=? AND commit_id=?", (service, commit))
             db.execute("DELETE FROM converged")
+
+    # suspension --------------------------------------------------------------------------
+    def suspend(self, reason: str, by: str, since: str) -> bool:
+        """An operator's `suspend`: passes apply nothing until `resume`. Returns whether it was
+        suspended already (then only the reason changes; who and since stay the first ones).
+        The no-op marker goes in the same transaction, so the next pass notes the suspension."""
+        with self._tx("suspend") as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (SUSPENDED_KEY,)).fetchone()
+            old = json.loads(row[0]) if row else None
+            record = {"reason": reason, "by": old["by"] if old else by, "since": old["since"] if old else since}
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)", (SUSPENDED_KEY, json.dumps(record)))
+            db.execute("DELETE FROM converged")
+        return old is not None
+
+    def resume(self) -> dict[str, str] | None:
+        """An operator's `resume`: the suspension it lifted, or None when there was none."""
+        with self._tx("resume") as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (SUSPENDED_KEY,)).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM meta WHERE key=?", (SUSPENDED_KEY,))
+            db.execute("DELETE FROM converged")  # the next pass converges, and notes it resumed
+        return dict(json.loads(row[0]))
+
+    def suspend_from_repo(self, record: Mapping[str, str] | None) -> None:
+        """The verified head's ``suspend: true`` (None: the head has none). Kept apart from the
+        operator's, so a commit lifting the fleet's never lifts an operator's own."""
+        with self._tx("suspend from repo") as db:
+            if record is None:
+                db.execute("DELETE FROM meta WHERE key=?", (REPO_SUSPENDED_KEY,))
+            else:
+                row = db.execute("SELECT value FROM meta WHERE key=?", (REPO_SUSPENDED_KEY,)).fetchone()
+                kept = dict(record)
+                if row is not None:  # suspended since the first commit that said so, not since this pass
+                    kept.update({k: v for k, v in json.loads(row[0]).items() if k in ("by", "since")})
+                db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)",
+                           (REPO_SUSPENDED_KEY, json.dumps(kept)))
+
+    def suspension(self) -> dict[str, str] | None:
+        """In force now: the operator's suspension first, else the fleet's from the repo."""
+        for key in (SUSPENDED_KEY, REPO_SUSPENDED_KEY):
+            value = self.get_meta(key)
+            if value:
+                return dict(json.loads(value))
+        return None
 
     # meta --------------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:

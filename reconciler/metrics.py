@@ -62,6 +62,7 @@ EXPORTED = (
     "reconciler_refusals_total",
     "reconciler_last_note_push_timestamp_seconds",
     "reconciler_suspended",
+    "reconciler_suspended_info",
     "reconciler_services",
     "reconciler_services_running",
     "reconciler_services_drifted",
@@ -183,8 +184,15 @@ def families(agent: Agent, services: Services | None) -> list[Metric]:
     if pushed:
         out.append(GaugeMetricFamily("reconciler_last_note_push_timestamp_seconds",
                                      "When this node's notes were last pushed.", value=float(pushed)))
-    # There is no suspend yet (issue 15's third part): always 0, so dashboards and alerts can use it now.
-    out.append(GaugeMetricFamily("reconciler_suspended", "1 while the agent is suspended.", value=0.0))
+    # The ledger's record that passes read too: the metric says what the agent does.
+    suspended = ledger.suspension()
+    out.append(GaugeMetricFamily("reconciler_suspended", "1 while the agent is suspended.",
+                                 value=1.0 if suspended else 0.0))
+    if suspended:
+        info = GaugeMetricFamily("reconciler_suspended_info", "The suspension in force: why, by whom.",
+                                 labels=["reason", "by"])
+        info.add_metric([suspended.get("reason", ""), suspended.get("by", "")], 1.0)
+        out.append(info)
     if services is not None:
         out.append(GaugeMetricFamily("reconciler_services", "Services of this node (observed).",
                                      value=services.total))

@@ -446,3 +446,4 @@ class Report:
     events: tuple[str, ...] = ()  # what happened around the run: a reboot finished, a run interrupted
     pins: Mapping[str, str] = field(default_factory=dict)  # service -> commit it is held at
     steps: tuple[StepRecord, ...] = ()  # upgrade steps of this commit on this node
+    suspended: Mapping[str, str] | None = None  # held back by a suspension: {reason, by, since}

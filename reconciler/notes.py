@@ -42,6 +42,8 @@ def to_dict(report: Report) -> dict[str, Any]:
         out["pins"] = dict(report.pins)
     if report.steps:
         out["upgrade"] = [s.to_dict() for s in report.steps]
+    if report.suspended:
+        out["suspended"] = dict(report.suspended)
     return out
 
 

@@ -98,3 +98,31 @@ def retry(agent: Agent) -> str | None:
         if rec is None or rec.verdict not in (Verdict.FAILED, Verdict.HALTED):
             return None
         return head if agent.ledger.retry(head) else None
+
+
+def invoker() -> str:
+    """Who runs the command: the person behind sudo, else the login name (a service user, a
+    container without a login: its uid's name, or the uid itself)."""
+    import getpass
+    import os
+
+    who = os.environ.get("SUDO_USER")
+    if who:
+        return who
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return str(os.getuid())
+
+
+def suspend(agent: Agent, reason: str, by: str) -> bool:
+    """Passes apply nothing from now on; True when it was suspended already (the reason changes).
+    The ledger alone, no lock: a pass under way finishes as it began, the next one holds."""
+    from .pipeline import now_iso
+
+    return agent.ledger.suspend(reason, by, now_iso())
+
+
+def resume(agent: Agent) -> dict[str, str] | None:
+    """The operator's suspension lifted (the next pass converges); None when there was none."""
+    return agent.ledger.resume()

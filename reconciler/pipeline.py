@@ -78,12 +78,13 @@ class RunResult:
     waiting: str = ""  # a rollout holds this node back: why
     skipped: str = ""  # the pass did nothing on purpose: why (failed here before, refused before)
     operation: str = ""  # an operator's rollback: its own outcome decides the exit code, not the head's
+    suspended: str = ""  # a suspension held the pass back on purpose (exit 0): by whom, since, why
 
     @property
     def exit_code(self) -> int:
         if self.error is not None:
             return self.error.exit_code
-        if self.operation:
+        if self.operation or self.suspended:
             return 0
         if self.report is not None and self.report.state not in (Verdict.APPLIED, Verdict.REBOOTING, Verdict.STAGED):
             return 1  # failed here, or halted by a failure elsewhere
@@ -103,6 +104,7 @@ class RunResult:
             "error": {"reason": self.error.reason, "message": str(self.error)} if self.error else None,
             "waiting": self.waiting,
             "skipped": self.skipped,
+            "suspended": self.suspended,
         }
 
 
@@ -148,6 +150,8 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         run = replace(run, events=run.events + tuple(release_pins(agent, commit)))
         try:
             repo = agent.load(commit)
+            # the fleet's suspend is the head's word, even when an owed upgrade would run first
+            head, head_repo = commit, repo
             debt = owed(agent, commit, repo)
             if debt.first:  # the head moved past an upgrade this node has not run: that commit first
                 agent.say_once(("owed", commit, debt.first), logging.WARNING, "%s: %s is past the upgrade of %s, "
@@ -164,6 +168,10 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
             verdict = agent.rollout_gate(repo, commit, barriers=upgrader.barriers, fleet=fleet)
         except BadInput as exc:
             return stopped(agent, run, Verdict.ERROR, exc)
+        # Read here, after trust: only a verified head's reconciler.yaml can suspend the fleet.
+        suspension = suspended_by(agent, head_repo, head)
+        if suspension is not None:
+            return hold(agent, run, verified, repo, suspension)
         if not verdict.go:
             if not verdict.halted:
                 agent.say_once(("waiting", commit, verdict.reason), logging.INFO, "%s: %s: %s",
@@ -196,6 +204,63 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         if upgrader.fleet_upgrades:
             return post_upgrade(agent, run, upgrader, result)
         return result
+
+
+def suspended_by(agent: Agent, repo: DeploymentRepo, commit: str) -> dict[str, str] | None:
+    """The suspension in force: the operator's (`reconciler suspend`), else the verified head's
+    ``suspend: true``, which is kept in the ledger so status and metrics read the same record."""
+    settings = repo.settings
+    if settings.get("suspend") is True:
+        reason = str(settings.get("suspend_reason") or "suspended fleet-wide in reconciler.yaml")
+        agent.ledger.suspend_from_repo({"reason": reason, "by": f"repo at {commit[:12]}", "since": now_iso()})
+    else:
+        agent.ledger.suspend_from_repo(None)
+    return agent.ledger.suspension()
+
+
+def hold(agent: Agent, run: Run, rev: VerifiedRevision, repo: DeploymentRepo,
+         suspension: Mapping[str, str]) -> RunResult:
+    """A suspended pass: render, observe and plan as usual, apply nothing. The head is noted
+    waiting (SUSPENDED) with what the pass would do and the drift it leaves alone, so an operator
+    reads from the note what `resume` will change."""
+    node, commit = agent.cfg.node, run.commit
+    why = f"suspended by {suspension.get('by', '?')} since {suspension.get('since', '?')}: " \
+          f"{suspension.get('reason') or 'no reason given'}"
+    try:
+        desired = agent.desired(rev, repo)
+        with agent.state.services_lock(wait=60):
+            drivers = agent.drivers(desired)
+            observed = observe(node, drivers)
+            the_plan = make_plan(desired, observed)
+    except BadInput as exc:
+        return stopped(agent, run, Verdict.ERROR, exc)
+    except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
+        return stopped(agent, run, Verdict.FAILED, exc)
+    lines = [f"suspended: {o.name} drifted ({o.drifted}), not put back" for o in observed.services if o.drifted]
+    lines += [f"suspended: would {a.kind} {a.service}" + (f" ({a.reason})" if a.reason else "")
+              for a in the_plan.changes]
+    agent.say_once(("suspended", commit, why), logging.WARNING, "%s: %s: %s; nothing applied", node, commit[:12], why)
+    before = agent.ledger.report(commit, node, now_iso())
+    if Verdict.WAITING not in ALLOWED[agent.ledger.verdict(commit)]:
+        # Settled here already (applied, failed): its verdict stays; what the pass left alone is
+        # an event on it, once per text.
+        seen = set(before.events) if before is not None else set()
+        for text in [why, *lines]:
+            if text not in seen:
+                agent.ledger.add_event(commit, text)
+        write_note(agent, commit)
+        return RunResult(node, commit, run.fetched, plan=the_plan, pushed=agent.reporter.push(), waiting=why,
+                         suspended=why)
+    seen = set(before.events) if before is not None and before.reason == "SUSPENDED" else set()
+    new_events = tuple(e for e in run.events + tuple(lines) if e not in seen)
+    if before is not None and before.reason == "SUSPENDED" and before.error == why and not new_events:
+        # held back already, nothing new seen: no new run in the ledger, the note stays
+        write_note(agent, commit)
+        return RunResult(node, commit, run.fetched, plan=the_plan, report=before, pushed=agent.reporter.push(),
+                         waiting=why, suspended=why)
+    report = Report(node, commit, Verdict.WAITING, now_iso(), reason="SUSPENDED", error=why, plan_hash=the_plan.hash,
+                    signer=run.signer, events=new_events, suspended=suspension)
+    return replace(settle(agent, run, report, None), plan=the_plan, waiting=why, suspended=why)
 
 
 def upgrade(agent: Agent, run: Run, upgrader: Upgrader, fleet: FleetView) -> RunResult | None:

@@ -111,8 +111,9 @@ def test_metrics_over_http_agree_with_the_notes_and_survive_a_restart(
     assert value(m, "reconciler_last_note_push_timestamp_seconds") <= value(
         m, "reconciler_last_poll_timestamp_seconds")
     assert failed.report is not None and failed.report.state == "failed"
-    # Every name the code says it exports is on the page (refusals once there is one), and nothing else.
-    assert {name for name, _ in m} == set(EXPORTED) - {"reconciler_refusals_total"}
+    # Every name the code says it exports is on the page (refusals once there is one, the
+    # suspension's info while suspended), and nothing else.
+    assert {name for name, _ in m} == set(EXPORTED) - {"reconciler_refusals_total", "reconciler_suspended_info"}
 
     # A restarted agent (a new process: nothing kept in memory) reports the same totals.
     ctl1.close()

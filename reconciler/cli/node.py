@@ -283,13 +283,18 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     converged = ledger.converged()
     applied = converged[0] if converged else None
     pins = [p.to_dict() for p in ledger.pins()]
+    suspended = ledger.suspension()
     if output == "json":
         emit_json({"node": cfg.node, "head": head, "verdict": str(record.verdict) if record else None,
-                   "applied_commit": applied, "pins": pins, "last_run": last, **observed.to_dict()})
+                   "applied_commit": applied, "pins": pins, "last_run": last, "suspended": suspended,
+                   **observed.to_dict()})
         return
     out.print(f"node {cfg.node}: head {head[:12] if head else 'none yet'}"
               + (f" {style(str(record.verdict))}" if record else "")
               + (f"; last run {last['commit'][:12]} {style(last['state'])}" if last else ""))
+    if suspended:
+        out.print(f"suspended by {escape(suspended.get('by', '?'))} since {suspended.get('since', '?')}: "
+                  f"{escape(suspended.get('reason') or 'no reason given')}; nothing is applied")
     table = Table("service", "driver", "running", "pid", "commit", "hash", "pinned")
     pinned = {p["service"]: p["commit"] for p in pins}
     for s in observed.services:
@@ -475,3 +480,69 @@ def logs(agent_opts: dict[str, Any], service: str, follow: bool, lines: int, out
             stream.flush()
     except KeyboardInterrupt:  # -f ends with ^C: not an error
         pass
+
+
+@click.command()
+@agent_options
+@click.option("--reason", default="", help="Why: shown in the node's note, status and metrics.")
+@output_option
+def suspend(agent_opts: dict[str, Any], reason: str, output: str) -> None:
+    """Hold this node still: passes still fetch, verify and observe, report drift and what they
+    would do, and apply nothing until `reconciler resume`. Again: the reason changes.
+
+    With -o json: {"node": NODE, "suspended": {"reason", "by", "since"}, "already": BOOL}.
+
+    \b
+    Example:
+      reconciler suspend --reason "disk swap, ticket 4411" --config /etc/reconciler/agent.yaml
+
+    \b
+    Exit codes:
+      0  suspended (or its reason updated); a node that never ran yet starts out suspended
+      2  bad input: bad settings
+    """
+    from ..operations import invoker
+    from ..operations import suspend as suspend_node
+
+    the_agent = node_agent(agent_opts)
+    already = suspend_node(the_agent, reason, invoker())
+    record = the_agent.ledger.suspension() or {}
+    if output == "json":
+        emit_json({"node": the_agent.cfg.node, "suspended": record, "already": already})
+        return
+    out.print(f"{the_agent.cfg.node}: suspended by {record.get('by', '?')} since {record.get('since', '?')}"
+              + (f": {escape(reason)}" if reason else "") + ("" if not already else " (reason updated)")
+              + "; nothing is applied until `reconciler resume`")
+
+
+@click.command()
+@agent_options
+@output_option
+def resume(agent_opts: dict[str, Any], output: str) -> None:
+    """Lift `reconciler suspend`: the next pass converges. A fleet-wide `suspend: true` in the
+    repo stays until a commit removes it.
+
+    With -o json: {"node": NODE, "resumed": {"reason", "by", "since"} or null}.
+
+    \b
+    Example:
+      reconciler resume --config /etc/reconciler/agent.yaml && reconciler agent --once --config ...
+
+    \b
+    Exit codes:
+      0  resumed, or it was not suspended
+      2  bad input: bad settings
+    """
+    from ..operations import resume as resume_node
+
+    the_agent = node_agent(agent_opts)
+    lifted = resume_node(the_agent)
+    if output == "json":
+        emit_json({"node": the_agent.cfg.node, "resumed": lifted})
+        return
+    if lifted is None:
+        out.print(f"{the_agent.cfg.node}: not suspended")
+        return
+    still = the_agent.ledger.suspension()
+    out.print(f"{the_agent.cfg.node}: resumed; the next pass applies the branch head"
+              + (f" (the repo still suspends the fleet: {escape(still.get('reason', ''))})" if still else ""))
