@@ -71,6 +71,7 @@ from .upgrade import (
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .drivers.hostaccess import HostAccess
     from .repo import DeploymentRepo, ServiceDef
 
 log = logging.getLogger("reconciler.upgrade")
@@ -473,9 +474,8 @@ class Upgrader:
             if before != boot:
                 detail = f"rebooted (boot id {before} -> {boot})"
                 if post.undrain:
-                    back = host.sh(post.undrain, timeout=post.timeout)
-                    detail += "; undrain " + ("ok" if back.returncode == 0 else
-                                              f"failed: {(back.stderr or back.stdout).strip()[-200:]}")
+                    failed = _host_command(host, post.undrain, post.timeout)
+                    detail += "; undrain " + (f"failed: {failed}" if failed else "ok")
                 ledger.step(self.commit, k, replace(rec, status=StepStatus.DONE, ended=time.time(), detail=detail))
                 note()
                 return "", ""
@@ -489,23 +489,22 @@ class Upgrader:
             if waiting:
                 return f"post_upgrade {post.name} waits for {_shown(waiting)} to reboot", ""
             started = time.time()
-            if post.drain:
-                drained = host.sh(post.drain, timeout=post.timeout)
-                if drained.returncode != 0:
-                    why = f"drain failed: {(drained.stderr or drained.stdout).strip()[-200:]}"
-                    ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED, started,
-                                                           time.time(), why))
-                    note()
-                    return "", f"post_upgrade {post.name} failed on {self.node}: {why}"
+            failed = _host_command(host, post.drain, post.timeout) if post.drain else ""
+            if failed:
+                why = f"drain failed: {failed}"
+                ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED, started,
+                                                       time.time(), why))
+                note()
+                return "", f"post_upgrade {post.name} failed on {self.node}: {why}"
             ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started,
                                                    detail=f"rebooting: boot id {boot}"))
             note()  # the fleet sees this node go down for its reboot before it does
         faults.point("spawn", f"post_upgrade reboot {post.name}")
-        done = host.sh(host.reboot_command, timeout=120)
-        if done.returncode != 0:
-            why = f"reboot command failed: {(done.stderr or done.stdout).strip()[-200:]}"
+        failed = _host_command(host, host.reboot_command, 120)
+        if failed:
+            why = f"reboot command failed: {failed}"
             ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED,
-                                                   rec.started if rec else time.time(), time.time(), why))
+                                                   rec.started if rec else started, time.time(), why))
             note()
             return "", f"post_upgrade {post.name} failed on {self.node}: {why}"
         return f"post_upgrade {post.name}: rebooting (boot id {boot[:8]})", ""
@@ -603,6 +602,18 @@ def _running_version(agent: Agent, service: str) -> tuple[str, str]:
             return "", ""
     prior = agent.ledger.upgrade_under_way(service, "")
     return (prior[2], prior[1]) if prior is not None else ("", "")
+
+
+def _host_command(host: HostAccess, command: str, timeout: float) -> str:
+    """A reboot step's hook or reboot command on the host: "" when it succeeded, else why not
+    (its output's end, a timeout, a command that cannot start): a failed step, never a traceback."""
+    try:
+        done = host.sh(command, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:g}s"
+    except OSError as exc:
+        return str(exc)
+    return "" if done.returncode == 0 else (done.stderr or done.stdout).strip()[-200:] or f"exit {done.returncode}"
 
 
 def _shown(nodes: Sequence[str]) -> str:

@@ -20,17 +20,11 @@ from typing import Any
 import browser
 from browser import hex_colour as hex_of
 from conftest import Deployment, SigningKey, git
+from test_rollout import ROLLOUT
 
 from reconciler.agent import Agent
 from reconciler.fleet import COLOURS, STEP_COLOURS, CommitInfo, NodeStatus, StepTable, contrast, ink, to_html
 
-ROLLOUT = """\
-rollout:
-  waves:
-    - {name: canary, nodes: [ctl1]}
-    - {name: controllers, group: controllers, batch: 1}
-    - {name: computes, nodes: ["cmp*"], batch: "100%"}
-"""
 READABLE = 4.5  # WCAG AA contrast for normal text
 
 # Every cell of the page as the browser draws it: text, hover title, computed colours.

@@ -126,3 +126,15 @@ def test_drain_restart_runs_the_hooks_around_the_restart(
     agent_result = next(r for r in result.report.services if r.service == "compute-agent")  # type: ignore[union-attr]
     assert str(agent_result.action) == "drain+restart" and agent_result.steps == ("drain+restart: ok",)
     assert log.read_text() == "drain compute-agent\nundrain\n"
+
+
+def test_a_reboot_steps_hook_that_hangs_or_fails_is_a_reason_not_a_traceback() -> None:
+    from reconciler.drivers.hostaccess import HostAccess
+    from reconciler.upgrader import _host_command
+
+    host = HostAccess()
+    assert _host_command(host, "true", 5) == ""
+    assert _host_command(host, "echo no compute service to disable >&2; exit 3", 5) == \
+        "no compute service to disable"
+    assert _host_command(host, "exit 4", 5) == "exit 4"
+    assert _host_command(host, "sleep 5", 0.2) == "timed out after 0.2s"

@@ -91,6 +91,23 @@ def fleet_at_version_1(deployment: Deployment, agents: Callable[..., Agent]) -> 
     return fleet
 
 
+def pass_in_child(agent: Agent, env: dict[str, str], again: Callable[[], Agent]) -> Agent:
+    """One pass of ``agent``'s node in a forked child with ``env`` (RECONCILER_FAULT_AT kills it
+    at that side effect; RECONCILER_FAULT_LOG numbers them); the node's agent afresh after it."""
+    agent.close()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.environ.update(env)
+        faults.reset()
+        child = Agent(agent.cfg, progress=False)
+        try:
+            child.reconcile_once()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    return again()
+
+
 def leftovers(agent: Agent) -> list[Path]:
     """Temp files a killed run left, and scratch directories of upgrades that are over."""
     state = agent.cfg.state_dir
@@ -257,20 +274,8 @@ def test_killed_at_every_side_effect_of_the_once_step_the_migration_still_runs_o
         for node in ("ctl2", "ctl3", "ctl1", "ctl2", "ctl3"):
             fleet[node].reconcile_once()  # ctl1 stops, then the others reach the db-sync barrier
 
-    def ctl1_in_child(env: dict[str, str]) -> int:
-        fleet["ctl1"].close()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.environ.update(env)
-            faults.reset()
-            agent = Agent(fleet["ctl1"].cfg, progress=False)
-            try:
-                agent.reconcile_once()
-            finally:
-                os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        fleet["ctl1"] = agents("ctl1", deployment.url)
-        return status
+    def ctl1_in_child(env: dict[str, str]) -> None:
+        fleet["ctl1"] = pass_in_child(fleet["ctl1"], env, lambda: agents("ctl1", deployment.url))
 
     version = 2
     head = upgrade_to(version, tmp_path / "count-2")
@@ -623,18 +628,7 @@ post_upgrade:
         return deployment.commit(f"compute-agent version {version}")
 
     def cmp1_in_child(env: dict[str, str]) -> None:
-        fleet["cmp1"].close()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.environ.update(env)
-            faults.reset()
-            agent = Agent(fleet["cmp1"].cfg, progress=False)
-            try:
-                agent.reconcile_once()
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
-        fleet["cmp1"] = agents("cmp1", deployment.url, host=host)
+        fleet["cmp1"] = pass_in_child(fleet["cmp1"], env, lambda: agents("cmp1", deployment.url, host=host))
 
     def settled(commit: str) -> bool:
         steps = steps_of_nodes(deployment, commit, ("cmp1",))

@@ -204,7 +204,9 @@ class ProcessDriver:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with open(fd, "wb") as out, log.open("rb") as src:
                     shutil.copyfileobj(src, out)
+                faults.point("rename", str(older))
                 os.replace(tmp, older)
+                faults.point("truncate", str(log))  # killed here: the next tick copies it again
                 os.truncate(log, 0)
             except OSError:
                 continue  # a log that cannot be rotated now is tried again on the next tick
