@@ -259,6 +259,10 @@ def test_killed_at_every_side_effect_of_the_once_step_the_migration_still_runs_o
     runs db-sync and start, in turn (each time on a fresh upgrade commit), and polled again."""
     fleet = {n: agents(n, deployment.url) for n in CONTROLLERS}
     versioned(deployment)
+    # Some 30 kill points, each a few restarts: a short health hold keeps it quick (the hold's
+    # own rules are proven in test_health).
+    for svc in ("db", "identity"):
+        deployment.edit(f"services/{svc}/service.yaml", "health:\n", "health:\n  min_healthy: 0.05\n")
     deployment.commit("identity: version 1")
     for node in CONTROLLERS:
         fleet[node].reconcile_once()
@@ -616,6 +620,7 @@ def test_killed_at_every_side_effect_of_the_pass_that_reboots_the_node_reboots_o
 post_upgrade:
   - {name: new-kernel, after: [compute-agent], node: cmp1, action: reboot}
 """)
+    deployment.edit("services/compute-agent/service.yaml", "health:\n", "health:\n  min_healthy: 0.05\n")
     deployment.commit("compute-agent version 1")
     for node in fleet:
         assert fleet[node].reconcile_once().exit_code == 0

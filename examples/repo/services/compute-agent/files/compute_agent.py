@@ -148,7 +148,7 @@ def main() -> int:
     worker = threading.Thread(target=loop, name="heartbeat", daemon=True)
     worker.start()
     log(f"ready on 127.0.0.1:{config['port']} (node={NODE}, commit={COMMIT})")
-    server.serve_forever()
+    server.serve_forever(poll_interval=0.1)  # SIGTERM stops it within 0.1 s, not 0.5 s
     server.server_close()
     worker.join(timeout=HTTP_TIMEOUT * 2 + 1)
     log("stopped")

@@ -156,7 +156,7 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: threading.Thread(target=server.shutdown).start())
     log(f"ready on 127.0.0.1:{config['port']} (node={NODE}, commit={COMMIT})")
-    server.serve_forever()
+    server.serve_forever(poll_interval=0.1)  # SIGTERM stops it within 0.1 s, not 0.5 s
     server.server_close()
     log("stopped")
     return 0
