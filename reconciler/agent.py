@@ -23,6 +23,7 @@ from .ledger import Ledger
 from .model import Desired, Plan, Revision, VerifiedRevision
 from .observe import observe
 from .pipeline import RunResult, reconcile
+from .plan import in_windows, stage
 from .plan import plan as make_plan
 from .report import Reporter, notes_ref
 from .source import Source
@@ -225,9 +226,11 @@ class Agent:
         with self.state.lock(wait=30):
             commit, fetched = self.head(fetch, rev)
             self.decide(commit)  # a refusal is raised: nothing unverified is even rendered
-            desired = self.desired(self.keeper.vouch(self.revision(commit)))
+            repo = self.load(commit)
+            desired = self.desired(self.keeper.vouch(self.revision(commit)), repo)
             observed = observe(self.cfg.node, self.drivers(desired))
-            return make_plan(desired, observed), fetched
+            # what the next pass would do now: apply: manual staged, closed windows waited for
+            return in_windows(stage(make_plan(desired, observed)), repo.windows, self.clock()), fetched
 
     def reconcile_once(self, *, fetch: bool = True, rev: str | None = None, instantiate: bool = False,
                        only: set[str] | None = None) -> RunResult:

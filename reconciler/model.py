@@ -309,9 +309,13 @@ class Action:
     driver: str = ""
     sync: bool = False  # a "none" whose files still change on disk (comments, none-rules)
     staged: bool = False  # held back by apply: manual until an operator's `reconciler apply`
+    waiting: str = ""  # held back by a closed maintenance window: which, and when it opens
 
     def to_dict(self) -> dict[str, Any]:
-        return {"service": self.service, "action": str(self.kind), "reason": self.reason}
+        out = {"service": self.service, "action": str(self.kind), "reason": self.reason}
+        if self.waiting:
+            out["waiting"] = self.waiting
+        return out
 
 
 @dataclass(frozen=True)

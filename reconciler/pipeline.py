@@ -43,8 +43,8 @@ from .model import (
     VerifiedRevision,
 )
 from .observe import observe
+from .plan import in_windows, stage
 from .plan import plan as make_plan
-from .plan import stage
 from .trust import TrustError
 from .upgrader import Upgrader, owed
 
@@ -86,7 +86,8 @@ class RunResult:
             return self.error.exit_code
         if self.operation or self.suspended:
             return 0
-        if self.report is not None and self.report.state not in (Verdict.APPLIED, Verdict.REBOOTING, Verdict.STAGED):
+        if self.report is not None and self.report.state not in (Verdict.APPLIED, Verdict.REBOOTING, Verdict.STAGED,
+                                                                 Verdict.WAITING):  # a barrier, a window: on purpose
             return 1  # failed here, or halted by a failure elsewhere
         return 0
 
@@ -240,27 +241,35 @@ def hold(agent: Agent, run: Run, rev: VerifiedRevision, repo: DeploymentRepo,
     lines += [f"suspended: would {a.kind} {a.service}" + (f" ({a.reason})" if a.reason else "")
               for a in the_plan.changes]
     agent.say_once(("suspended", commit, why), logging.WARNING, "%s: %s: %s; nothing applied", node, commit[:12], why)
+    return held(agent, run, the_plan, "SUSPENDED", why, lines, suspension)
+
+
+def held(agent: Agent, run: Run, the_plan: Plan, reason: str, why: str, lines: list[str],
+         suspension: Mapping[str, str] | None = None) -> RunResult:
+    """A pass that held changes back on purpose (SUSPENDED, WINDOW): the commit is noted
+    waiting with ``why`` and ``lines`` (what it held back), or, when it settled here already
+    (applied, failed), keeps its verdict and gets them as events, once per text. A pass that
+    finds the same hold again and nothing new adds no run to the ledger."""
+    node, commit = agent.cfg.node, run.commit
     before = agent.ledger.report(commit, node, now_iso())
+    also = why if suspension is not None else ""  # RunResult.suspended: only a suspension says it
     if Verdict.WAITING not in ALLOWED[agent.ledger.verdict(commit)]:
-        # Settled here already (applied, failed): its verdict stays; what the pass left alone is
-        # an event on it, once per text.
         seen = set(before.events) if before is not None else set()
         for text in [why, *lines]:
             if text not in seen:
                 agent.ledger.add_event(commit, text)
         write_note(agent, commit)
         return RunResult(node, commit, run.fetched, plan=the_plan, pushed=agent.reporter.push(), waiting=why,
-                         suspended=why)
-    seen = set(before.events) if before is not None and before.reason == "SUSPENDED" else set()
+                         suspended=also)
+    seen = set(before.events) if before is not None and before.reason == reason else set()
     new_events = tuple(e for e in run.events + tuple(lines) if e not in seen)
-    if before is not None and before.reason == "SUSPENDED" and before.error == why and not new_events:
-        # held back already, nothing new seen: no new run in the ledger, the note stays
+    if before is not None and before.reason == reason and before.error == why and not new_events:
         write_note(agent, commit)
         return RunResult(node, commit, run.fetched, plan=the_plan, report=before, pushed=agent.reporter.push(),
-                         waiting=why, suspended=why)
-    report = Report(node, commit, Verdict.WAITING, now_iso(), reason="SUSPENDED", error=why, plan_hash=the_plan.hash,
+                         waiting=why, suspended=also)
+    report = Report(node, commit, Verdict.WAITING, now_iso(), reason=reason, error=why, plan_hash=the_plan.hash,
                     signer=run.signer, events=new_events, suspended=suspension)
-    return replace(settle(agent, run, report, None), plan=the_plan, waiting=why, suspended=why)
+    return replace(settle(agent, run, report, None), plan=the_plan, waiting=why, suspended=also)
 
 
 def upgrade(agent: Agent, run: Run, upgrader: Upgrader, fleet: FleetView) -> RunResult | None:
@@ -422,6 +431,8 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
             the_plan = redo_interrupted(the_plan, run.interrupted)
             if not instantiate:
                 the_plan = stage(the_plan)
+                if not operation and repo is not None:  # an operator's own command is not held by windows
+                    the_plan = in_windows(the_plan, repo.windows, agent.clock())
             if only is not None:
                 the_plan = Plan(the_plan.node, the_plan.commit, tuple(a for a in the_plan.actions if a.service in only))
         except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
@@ -438,6 +449,9 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
     if operation:
         return rolled_back(agent, run, the_plan, results, operation)
     reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
+    waits = [a for a in the_plan.actions if a.waiting]
+    if waits and not failed and not reboots:
+        return window_wait(agent, run, the_plan, results, waits)
     staged = any(a.staged for a in the_plan.actions)
     held_back = only is not None and any(a.kind is not ActionKind.NONE or a.sync
                                          for a in make_plan(desired, observe(agent.cfg.node, drivers)).actions)
@@ -466,6 +480,18 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
     hashes = {s.name: s.hash for s in desired.services} if verdict is Verdict.APPLIED else None
     result = settle(agent, run, report, proof, converged=hashes)
     return replace(result, plan=the_plan)
+
+
+def window_wait(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceResult], waits: list[Action]) -> RunResult:
+    """Changes a closed maintenance window holds back: what could go went; the commit is noted
+    waiting (window) with each held action and the window's next opening, so the rollout waits
+    for this node and the next poll inside the window finishes it."""
+    why = f"{waits[0].service}: {waits[0].waiting}" + (f" (and {len(waits) - 1} more)" if len(waits) > 1 else "")
+    lines = [f"{a.service}: {a.waiting}" for a in waits]
+    lines += [f"{r.service}: {r.action} {r.state}" + (f" ({r.detail})" if r.detail else "")
+              for r in results if r.action is not ActionKind.NONE]
+    agent.say_once(("window", run.commit, why), logging.INFO, "%s: %s: %s", agent.cfg.node, run.commit[:12], why)
+    return held(agent, run, the_plan, "WINDOW", why, lines)
 
 
 def _on_failure(agent: Agent, repo: DeploymentRepo | None, commit: str) -> str:

@@ -20,9 +20,11 @@ Stops come first; then the rest in dependency order (``depends_on``), ties broke
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 
 from .compare import decide
 from .model import Action, ActionKind, Desired, DesiredService, Observed, ObservedService, Plan
+from .windows import Window, closed
 
 
 def dependency_order(services: Iterable[DesiredService]) -> list[DesiredService]:
@@ -96,6 +98,24 @@ def stage(plan: Plan) -> Plan:
         else:
             held.append(a)
     return Plan(plan.node, plan.commit, tuple(held))
+
+
+def in_windows(plan: Plan, windows: Iterable[Window], now: datetime) -> Plan:
+    """Hold back each change whose kind a closed maintenance window gates on this node: it
+    becomes "none" (its files are not touched either), its reason and ``waiting`` say which
+    window it waits for and when that opens."""
+    windows = tuple(windows)
+    if not windows:
+        return plan
+    actions = []
+    for a in plan.actions:
+        shut = closed(a.kind, plan.node, windows, now) if a.kind is not ActionKind.NONE else None
+        if shut is None:
+            actions.append(a)
+        else:
+            actions.append(Action(ActionKind.NONE, a.service, f"{shut}: {a.kind}: {a.reason}", a.desired, a.driver,
+                                  waiting=f"{a.kind}: {shut}"))
+    return Plan(plan.node, plan.commit, tuple(actions))
 
 
 def _put_back(svc: DesiredService, o: ObservedService, what: str) -> Action:

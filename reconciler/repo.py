@@ -29,6 +29,7 @@ from .secrets import SopsFile
 from .secrets import parse as parse_sops
 from .tree import Tree
 from .upgrade import PostStep, Stage, Step, StepAction, check_steps, parse_post, parse_steps
+from .windows import Window, WindowError, parse_windows
 from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml, safe_load
 
 
@@ -103,6 +104,7 @@ class DeploymentRepo:
     limits: Limits = LIMITS  # what rendering this repo may cost (see ``render``)
     post_upgrade: tuple[PostStep, ...] = ()
     stages: Mapping[str, Stage] = field(default_factory=dict)  # reconciler.yaml `stages`, by name
+    windows: tuple[Window, ...] = ()  # reconciler.yaml `windows`: when each kind of disruption may happen
     secret_files: Mapping[str, SopsFile] = field(default_factory=dict)  # secrets/*.yaml, still encrypted
     # Path -> values of the secret files this node decrypted (the agent sets it with its identity);
     # None where no key is at hand (review, validate): templates then see placeholders.
@@ -364,6 +366,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
     post = parse_post(settings.data.get("post_upgrade", ())) if settings is not None else ()
     problems.extend(_check_upgrades(services, post, groups, nodes, settings))
     stages = _stages(settings, groups, nodes, problems) if settings is not None else {}
+    windows = _windows(settings, groups, nodes, problems) if settings is not None else ()
     if problems:
         raise RepoProblems(problems)
     assert settings is not None and inventory is not None
@@ -379,6 +382,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         limits=limits,
         post_upgrade=post,
         stages=stages,
+        windows=windows,
         secret_files=secret_files,
     )
     problems = repo.check_drivers()
@@ -434,6 +438,18 @@ def _stages(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[st
         problems.append(Problem("reconciler.yaml", settings.line(("rollout", "stage")),
                                 f"rollout.stage {wanted!r} is not a stage (stages: {known})"))
     return out
+
+
+def _windows(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],
+             problems: list[Problem]) -> tuple[Window, ...]:
+    members = {g: [n for n, d in nodes.items() if g in d.groups] for g in groups}
+    out = []
+    for i, w in parse_windows(settings.data.get("windows") or (), nodes, members):
+        if isinstance(w, WindowError):
+            problems.append(Problem("reconciler.yaml", settings.line(("windows", i)), str(w)))
+        else:
+            out.append(w)
+    return tuple(out)
 
 
 def _check_dependencies(services: Mapping[str, ServiceDef]) -> list[Problem]:

@@ -116,7 +116,7 @@ def apply(agent_opts: dict[str, Any], commit: str | None, rev: str | None, servi
 
     \b
     Exit codes:
-      0  applied, or nothing to do, or waiting for an earlier wave
+      0  applied, or nothing to do, or waiting (an earlier wave, a barrier, a maintenance window)
       1  failed: a service failed its change (and was put back), the node is halted by a
          failure elsewhere, the remote did not answer, DISK_FULL, another run holds the lock
       2  bad input or refused, nothing applied: a --service this node does not run, a
@@ -151,7 +151,7 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
 
     \b
     Exit codes (the daemon exits 0 when stopped; these are for --once, and for a start refused):
-      0  applied, or nothing to do, or waiting for an earlier wave
+      0  applied, or nothing to do, or waiting (an earlier wave, a barrier, a maintenance window)
       1  failed: a service failed its change (and was put back), the node is halted by a
          failure elsewhere, the remote did not answer, DISK_FULL, another run (or daemon)
          holds the lock
