@@ -17,7 +17,7 @@ import pygit2
 
 from . import notes
 from .errors import BadInput, RemoteError
-from .notes import Note
+from .notes import CLAIM_OBJECT, Claim, Note
 from .rollout import FleetView
 from .source import GIT_TIMEOUT, NOTES_PREFIX, git_cause, scrub
 
@@ -32,6 +32,7 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
     refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
     refs.update(own or {})
     found: dict[str, tuple[Note, ...]] = {}
+    claims: dict[str, Claim] = {}
     for node, ref in sorted(refs.items()):
         try:
             entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
@@ -40,7 +41,13 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
         parsed = []
         for entry in entries:
             data = notes.decode(entry.message)
-            if data is not None:  # a note that is not ours is not a node's report
+            if data is None:  # a note that is not ours is not a node's report
+                continue
+            if str(entry.annotated_id) == CLAIM_OBJECT:
+                claim = Claim.parse(node, data)
+                if claim is not None:
+                    claims[node] = claim
+            else:
                 parsed.append(Note.parse(node, str(entry.annotated_id), data))
         found[node] = tuple(parsed)
 
@@ -49,7 +56,7 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
 
         return is_descendant(repo, a, b)
 
-    return FleetView(found, descends)
+    return FleetView(found, descends, claims)
 
 
 def open_clone(repo_dir: Path) -> pygit2.Repository:

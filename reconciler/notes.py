@@ -81,3 +81,38 @@ class Note:
                  for s in data.get("upgrade") or () if isinstance(s, Mapping)}
         return Note(node, commit, str(data.get("state", "")), str(data.get("time", "")),
                     failed[0] if failed else "", str(data.get("error", "")), steps)
+
+
+# A node's claim on a disruption slot (see ``budget``) is a note too, in the same ref, on an
+# object no commit is: the empty tree, which every repository knows without storing it.
+CLAIM_OBJECT = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A node's register in the disruption bakery: ``choosing`` while it picks a ticket,
+    ``queued`` with its ticket until it is done, ``free`` (ticket 0) once its change passed."""
+
+    node: str
+    state: str  # choosing | queued | free
+    ticket: int = 0
+    time: float = 0.0  # when the node last wrote it (seconds since the epoch, its clock)
+    action: str = ""  # what it needs the slot for: "restart db, identity"
+
+    def encode(self) -> str:
+        return json.dumps({"format": FORMAT, "claim": {"node": self.node, "state": self.state, "ticket": self.ticket,
+                                                       "time": self.time, "action": self.action}},
+                          indent=2, sort_keys=True) + "\n"
+
+    @staticmethod
+    def parse(node: str, data: Mapping[str, Any]) -> Claim | None:
+        """The claim in a note body, or None for one that is not (an old agent's, garbage): a
+        claim that cannot be read is no claim, as if the node held none."""
+        c = data.get("claim")
+        if not isinstance(c, Mapping) or c.get("state") not in ("choosing", "queued", "free"):
+            return None
+        try:
+            return Claim(node, str(c["state"]), int(c.get("ticket", 0)), float(c.get("time", 0.0)),
+                         str(c.get("action", "")))
+        except (TypeError, ValueError):
+            return None

@@ -26,7 +26,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from . import slots
 from .apply import apply_plan
+from .budget import DISRUPTIVE
 from .drivers import Driver
 from .errors import BadInput, ReconcilerError
 from .ledger import ALLOWED, Interrupted, Proof, ServiceRecord
@@ -43,7 +45,7 @@ from .model import (
     VerifiedRevision,
 )
 from .observe import observe
-from .plan import in_windows, stage
+from .plan import hold_back, in_windows, stage
 from .plan import plan as make_plan
 from .trust import TrustError
 from .upgrader import Upgrader, owed
@@ -136,6 +138,7 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
                 upgrader = Upgrader.of(agent, pending, agent.load(pending))
                 return post_upgrade(agent, replace(run, commit=pending), upgrader,
                                     RunResult(agent.cfg.node, commit, fetched))
+            slots.release(agent)  # a pass killed after its change settled, before it freed its slot
             return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push())
         verified = verify(agent, run)
         if isinstance(verified, RunResult):
@@ -241,6 +244,7 @@ def hold(agent: Agent, run: Run, rev: VerifiedRevision, repo: DeploymentRepo,
     lines += [f"suspended: would {a.kind} {a.service}" + (f" ({a.reason})" if a.reason else "")
               for a in the_plan.changes]
     agent.say_once(("suspended", commit, why), logging.WARNING, "%s: %s: %s; nothing applied", node, commit[:12], why)
+    slots.release(agent)  # nothing disrupted while suspended: no slot kept from the others
     return held(agent, run, the_plan, "SUSPENDED", why, lines, suspension)
 
 
@@ -433,6 +437,10 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
                 the_plan = stage(the_plan)
                 if not operation and repo is not None:  # an operator's own command is not held by windows
                     the_plan = in_windows(the_plan, repo.windows, agent.clock())
+            if not operation and repo is not None and repo.budgets:  # nor by budgets, nor is a rollback
+                why = slots.take(agent, repo, the_plan)
+                if why is not None:
+                    the_plan = hold_back(the_plan, DISRUPTIVE, why)
             if only is not None:
                 the_plan = Plan(the_plan.node, the_plan.commit, tuple(a for a in the_plan.actions if a.service in only))
         except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
@@ -450,8 +458,10 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
         return rolled_back(agent, run, the_plan, results, operation)
     reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
     waits = [a for a in the_plan.actions if a.waiting]
+    if not reboots and not any("waiting (budget)" in a.waiting for a in waits):
+        slots.release(agent)  # this pass's disruption is over (a reboot keeps it until the node is back)
     if waits and not failed and not reboots:
-        return window_wait(agent, run, the_plan, results, waits)
+        return held_for(agent, run, the_plan, results, waits)
     staged = any(a.staged for a in the_plan.actions)
     held_back = only is not None and any(a.kind is not ActionKind.NONE or a.sync
                                          for a in make_plan(desired, observe(agent.cfg.node, drivers)).actions)
@@ -482,16 +492,17 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
     return replace(result, plan=the_plan)
 
 
-def window_wait(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceResult], waits: list[Action]) -> RunResult:
-    """Changes a closed maintenance window holds back: what could go went; the commit is noted
-    waiting (window) with each held action and the window's next opening, so the rollout waits
-    for this node and the next poll inside the window finishes it."""
+def held_for(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceResult], waits: list[Action]) -> RunResult:
+    """Changes a closed maintenance window or a disruption budget holds back: what could go
+    went; the commit is noted waiting (WINDOW: with the window's next opening; BUDGET: with the
+    nodes whose slots it waits for), so the rollout waits for this node and a later poll
+    finishes it."""
     why = f"{waits[0].service}: {waits[0].waiting}" + (f" (and {len(waits) - 1} more)" if len(waits) > 1 else "")
     lines = [f"{a.service}: {a.waiting}" for a in waits]
     lines += [f"{r.service}: {r.action} {r.state}" + (f" ({r.detail})" if r.detail else "")
               for r in results if r.action is not ActionKind.NONE]
-    agent.say_once(("window", run.commit, why), logging.INFO, "%s: %s: %s", agent.cfg.node, run.commit[:12], why)
-    return held(agent, run, the_plan, "WINDOW", why, lines)
+    agent.say_once(("held", run.commit, why), logging.INFO, "%s: %s: %s", agent.cfg.node, run.commit[:12], why)
+    return held(agent, run, the_plan, "BUDGET" if "waiting (budget)" in waits[0].waiting else "WINDOW", why, lines)
 
 
 def _on_failure(agent: Agent, repo: DeploymentRepo | None, commit: str) -> str:

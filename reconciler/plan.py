@@ -110,12 +110,19 @@ def in_windows(plan: Plan, windows: Iterable[Window], now: datetime) -> Plan:
     actions = []
     for a in plan.actions:
         shut = closed(a.kind, plan.node, windows, now) if a.kind is not ActionKind.NONE else None
-        if shut is None:
-            actions.append(a)
-        else:
-            actions.append(Action(ActionKind.NONE, a.service, f"{shut}: {a.kind}: {a.reason}", a.desired, a.driver,
-                                  waiting=f"{a.kind}: {shut}"))
+        actions.append(a if shut is None else _held(a, str(shut)))
     return Plan(plan.node, plan.commit, tuple(actions))
+
+
+def hold_back(plan: Plan, kinds: Iterable[ActionKind], why: str) -> Plan:
+    """Hold back every change of these kinds, for ``why`` (a disruption budget's wait)."""
+    kinds = frozenset(kinds)
+    return Plan(plan.node, plan.commit, tuple(_held(a, why) if a.kind in kinds else a for a in plan.actions))
+
+
+def _held(a: Action, why: str) -> Action:
+    return Action(ActionKind.NONE, a.service, f"{why}: {a.kind}: {a.reason}", a.desired, a.driver,
+                  waiting=f"{a.kind}: {why}")
 
 
 def _put_back(svc: DesiredService, o: ObservedService, what: str) -> Action:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from .budget import Budget, BudgetError, parse_budgets
 from .errors import BadInput, InvalidRepo, UnknownNode
 from .limits import LIMITS, Limits
 from .secrets import SopsFile
@@ -105,6 +106,7 @@ class DeploymentRepo:
     post_upgrade: tuple[PostStep, ...] = ()
     stages: Mapping[str, Stage] = field(default_factory=dict)  # reconciler.yaml `stages`, by name
     windows: tuple[Window, ...] = ()  # reconciler.yaml `windows`: when each kind of disruption may happen
+    budgets: tuple[Budget, ...] = ()  # reconciler.yaml `disruption_budgets`: how many of a group at once
     secret_files: Mapping[str, SopsFile] = field(default_factory=dict)  # secrets/*.yaml, still encrypted
     # Path -> values of the secret files this node decrypted (the agent sets it with its identity);
     # None where no key is at hand (review, validate): templates then see placeholders.
@@ -367,6 +369,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
     problems.extend(_check_upgrades(services, post, groups, nodes, settings))
     stages = _stages(settings, groups, nodes, problems) if settings is not None else {}
     windows = _windows(settings, groups, nodes, problems) if settings is not None else ()
+    budgets = _budgets(settings, groups, nodes, problems) if settings is not None else ()
     if problems:
         raise RepoProblems(problems)
     assert settings is not None and inventory is not None
@@ -383,6 +386,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         post_upgrade=post,
         stages=stages,
         windows=windows,
+        budgets=budgets,
         secret_files=secret_files,
     )
     problems = repo.check_drivers()
@@ -449,6 +453,18 @@ def _windows(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[s
             problems.append(Problem("reconciler.yaml", settings.line(("windows", i)), str(w)))
         else:
             out.append(w)
+    return tuple(out)
+
+
+def _budgets(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],
+             problems: list[Problem]) -> tuple[Budget, ...]:
+    members = {g: [n for n, d in nodes.items() if g in d.groups] for g in groups}
+    out = []
+    for i, b in parse_budgets(settings.data.get("disruption_budgets") or (), members):
+        if isinstance(b, BudgetError):
+            problems.append(Problem("reconciler.yaml", settings.line(("disruption_budgets", i)), str(b)))
+        else:
+            out.append(b)
     return tuple(out)
 
 

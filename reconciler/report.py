@@ -51,6 +51,17 @@ class Reporter:
             notes.encode(report), sig, sig, report.commit, self.ref, True,
         )
 
+    def write_claim(self, claim: notes.Claim) -> None:
+        """This node's disruption-slot register (``budget``): a note in its own ref, on the
+        claim object; pushed like its reports."""
+        sig = pygit2.Signature(f"reconciler {self.node}", f"{self.node}@reconciler.invalid", int(time.time()), 0)
+        faults.point("claim", f"{claim.state} {claim.ticket}")
+        self.source.repo.create_note(claim.encode(), sig, sig, notes.CLAIM_OBJECT, self.ref, True)
+
+    def claim(self) -> notes.Claim | None:
+        data = self.read(notes.CLAIM_OBJECT)
+        return notes.Claim.parse(self.node, data) if data is not None else None
+
     def read(self, commit: str, ref: str | None = None) -> dict[str, Any] | None:
         try:
             note = self.source.repo.lookup_note(commit, ref or self.ref)

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any
 
-from .notes import Note
+from .notes import Claim, Note
 
 __all__ = ["FleetView", "Note", "Rollout", "Verdict", "Wave", "decide", "plan_rollout"]
 
@@ -107,6 +107,7 @@ class FleetView:
 
     notes: Mapping[str, tuple[Note, ...]] = field(default_factory=dict)
     descends: Callable[[str, str], bool] = lambda a, b: a == b
+    claims: Mapping[str, Claim] = field(default_factory=dict)  # node -> its disruption-slot claim
 
     def reached(self, node: str, commit: str) -> Note | None:
         """The node's applied note for ``commit`` or a descendant of it."""

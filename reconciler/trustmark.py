@@ -132,7 +132,9 @@ class TrustKeeper:
         for note in entries:
             data = notes.decode(note.message)
             # The mark moves for every verified commit the node acted on, whatever came of it.
-            if data is None or data.get("state") == str(Verdict.REFUSED):
+            # (a disruption claim is not about a commit)
+            if data is None or data.get("state") == str(Verdict.REFUSED) \
+                    or str(note.annotated_id) == notes.CLAIM_OBJECT:
                 continue
             if newest is None or str(data.get("time", "")) > newest[0]:
                 newest = (str(data.get("time", "")), str(note.annotated_id), data)
