@@ -108,3 +108,34 @@ def test_a_service_log_past_its_limit_is_rotated_by_the_supervisor_without_a_res
     assert (d / "service.log").read_bytes().startswith(b"identity 127.0.0.1 \"GET /status")
     assert int(json.loads((d / "record.json").read_text())["pid"]) == pid
     os.kill(pid, 0)
+
+
+def test_the_agents_own_log_for_the_journal_and_for_log_shippers(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path
+) -> None:
+    """Under systemd (stderr is the journal's stream) no timestamps, a syslog priority prefix
+    per line; `--log-format json` one object a line. Each node's first pass, which logs."""
+    def first_pass(node: str, *options: str, **kw: object) -> subprocess.CompletedProcess[str]:
+        args = node_args(agents(node, deployment.url), merge_key)
+        return subprocess.run([sys.executable, "-m", "reconciler", "-v", *options, "agent", "--once", *args],
+                              text=True, timeout=120, **kw)  # type: ignore[call-overload]
+
+    err = tmp_path / "stderr"
+    with err.open("w") as f:
+        st = os.fstat(f.fileno())
+        journal = {**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+        done = first_pass("ctl1", stderr=f, stdout=subprocess.DEVNULL, env=journal)
+    lines = err.read_text().splitlines()
+    assert done.returncode == 0 and lines, lines
+    assert all(line[:3] in ("<6>", "<4>", "<3>") for line in lines), lines
+    assert "<6>INFO start db: not running on this node yet" in lines, lines
+    assert not any(line[3:7].isdigit() for line in lines)  # no date: journald stamps it
+
+    # the same variable inherited by a process whose stderr is elsewhere: text, with the time
+    other = first_pass("ctl2", capture_output=True, env=journal)
+    assert other.returncode == 0 and other.stderr[:2] == "20", other.stderr
+
+    shipped = first_pass("ctl3", "--log-format", "json", capture_output=True)
+    records = [json.loads(line) for line in shipped.stderr.splitlines()]
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records), shipped.stderr
+    assert any(r["level"] == "info" and r["message"].startswith("start db") for r in records), records

@@ -30,7 +30,12 @@ from .review import review_post
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="reconciler")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-def cli(verbose: int) -> None:
+@click.option("--log-format", type=click.Choice(["auto", "text", "journal", "json"]), default="auto",
+              envvar="RECONCILER_LOG_FORMAT", show_default=True,
+              help="The agent's own log on stderr: text (with timestamps), journal (no timestamps, syslog "
+                   "priority prefixes: journald adds the time), json (one object a line, for log shippers). "
+                   "auto: journal when stderr is the journal (under systemd), else text.")
+def cli(verbose: int, log_format: str) -> None:
     """Pull-based GitOps agent: every node converges on the reviewed deployment repo.
 
     \b
@@ -46,7 +51,56 @@ def cli(verbose: int) -> None:
       2  bad input or refused: repo, settings, arguments, an untrusted commit
     """
     level = logging.WARNING - 10 * verbose
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_formatter(log_format))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+class _JournalFormatter(logging.Formatter):
+    """``<priority>message``: journald reads the syslog priority from the prefix and stamps
+    the time itself (sd-daemon(3))."""
+
+    PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record).replace("\n", " | ")  # one journal entry per record
+        return f"<{self.PRIORITY.get(record.levelno, 6)}>{text}"
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+        from datetime import UTC, datetime
+
+        out = {"time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, sort_keys=True)
+
+
+def _formatter(choice: str) -> logging.Formatter:
+    if choice == "auto":
+        choice = "journal" if _stderr_is_journal() else "text"
+    if choice == "journal":
+        return _JournalFormatter("%(levelname)s %(message)s")
+    if choice == "json":
+        return _JsonFormatter()
+    return logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+
+
+def _stderr_is_journal() -> bool:
+    """systemd sets $JOURNAL_STREAM to the device:inode of the journal's socket; stderr is the
+    journal when they match (not merely when a child inherited the variable)."""
+    import os
+
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        dev, ino = (int(x) for x in stream.split(":"))
+        st = os.fstat(sys.stderr.fileno())
+    except (ValueError, OSError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
 
 
 for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, logs, rollback, unpin,
