@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -71,6 +71,7 @@ class Agent:
         self.source = Source(
             self.cfg.remote, self.cfg.branch, self.state.mirror,
             ssh_command=self.cfg.ssh_command, progress=self.progress,
+            reads=self.cfg.read_urls, write=self.cfg.write_url,
         )
         self.keeper = TrustKeeper(self.cfg.trust, self.cfg.state_dir, self.ledger, lambda: self.source.repo,
                                   notes_ref(self.cfg.node), self.clock, self.cfg.node, self.cfg.branch)
@@ -260,13 +261,21 @@ class Agent:
         return retry(self)
 
     # fleet -----------------------------------------------------------------------------
-    def fleet_view(self) -> FleetView:
-        """Every node's notes, fetched now (only refs/notes/reconciler/*, only when a rollout
-        waits on them); this node's own from its local ref, the freshest."""
+    def fleet_view(self, nodes: Iterable[str] | None = None) -> FleetView:
+        """The notes of ``nodes`` (None: every node's), fetched now from the read remote this
+        pass uses (only those refs: a node waiting on three predecessors reads three refs, not
+        the fleet's); this node's own from its local ref, the freshest."""
         from .fleetview import FLEET_PREFIX, fleet_view
 
-        self.source.run("fetch", "--no-tags", "--prune", self.source.url,
-                        f"+refs/notes/reconciler/*:{FLEET_PREFIX}*", what="notes fetch from")
+        if nodes is None:
+            specs = [f"+refs/notes/reconciler/*:{FLEET_PREFIX}*"]
+        else:
+            # One glob per node: protocol v2 asks the server for that prefix only, and a node that
+            # has noted nothing yet (no ref) is no error, as it would be for an exact refspec.
+            specs = [f"+refs/notes/reconciler/{n}*:{FLEET_PREFIX}{n}*" for n in sorted(set(nodes))
+                     if n != self.cfg.node]
+        if specs:
+            self.source.run("fetch", "--no-tags", "--prune", self.source.url, *specs, what="notes fetch from")
         # its own ref is fresher than what it fetched back, once it has one (a state dir that has
         # noted nothing, a view from another state dir, reads the remote's)
         own = {self.cfg.node: self.reporter.ref} if self.reporter.ref in self.source.repo.references else {}
@@ -286,4 +295,6 @@ class Agent:
         own = self.ledger.verdict(commit)
         if own is not None and own not in (Verdict.HALTED, Verdict.WAITING, Verdict.ERROR, Verdict.REFUSED):
             return Go(True, reason="already started")  # started it: finish it whatever others do
-        return decide(rollout, self.cfg.node, commit, fleet or self.fleet_view(), time.time(), barriers=barriers)
+        if fleet is None:  # waves alone: its turn depends on the batches before it, nobody else
+            fleet = self.fleet_view(None if barriers else rollout.before(self.cfg.node))
+        return decide(rollout, self.cfg.node, commit, fleet, time.time(), barriers=barriers)

@@ -114,12 +114,35 @@ class SecretsConfig:
     ``secrets`` fail to render (SECRET_UNREADABLE)."""
 
 
+ROLES = ("read", "write", "both")
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """One place the deployment repo is: a read mirror, the primary the notes are pushed to, or
+    a git bundle carried to an air-gapped site (a ``.bundle`` file's path, read only)."""
+
+    url: str
+    role: str = "both"
+    """read: polled and fetched from, other nodes' notes read from; write: this node's notes
+    pushed to; both."""
+
+    @property
+    def reads(self) -> bool:
+        return self.role in ("read", "both")
+
+    @property
+    def writes(self) -> bool:
+        return self.role in ("write", "both")
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     node: str
     """This node's name, as in inventory.yaml."""
     remote: str
-    """URL of the deployment repo: file://, git://, ssh://, https:// or a local path."""
+    """URL of the deployment repo: file://, git://, ssh://, https:// or a local path. With
+    ``remotes``, the write remote (or the first read one when none writes)."""
     branch: str = "main"
     """Branch the node follows."""
     state_dir: Path = Path("/var/lib/reconciler")
@@ -144,9 +167,25 @@ class AgentConfig:
     """Notifications (webhook, apprise)."""
     secrets: SecretsConfig = SecretsConfig()
     """Decrypting the repo's secrets on this node."""
+    remotes: tuple[RemoteConfig, ...] = ()
+    """Read mirrors and a write primary, in order: polls go to the first read remote that
+    answers (the first again once it is back); notes are pushed to the write remote. Empty:
+    ``remote`` does both."""
+
+    @property
+    def read_urls(self) -> tuple[str, ...]:
+        return tuple(r.url for r in self.remotes if r.reads) or (self.remote,)
+
+    @property
+    def write_url(self) -> str | None:
+        """Where this node's notes go; None at a site with no write remote (kept until one is set)."""
+        if not self.remotes:
+            return self.remote
+        return next((r.url for r in self.remotes if r.writes), None)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
+        out["remotes"] = [{"url": r.url, "role": r.role} for r in self.remotes]
         out["trust"] = self.trust.to_dict()
         out["host"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.host).items()}
         out["metrics"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.metrics).items()}
@@ -199,7 +238,10 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         raise ConfigError("trust.require_branch_binding must be true or false", file=file)
     metrics = _metrics(values.pop("metrics", None), overrides.pop("metrics_textfile", None), file)
     notify = _notify(values.pop("notify", None), file)
+    remotes = _remotes(values.pop("remotes", None), file)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if remotes and not values.get("remote"):
+        values["remote"] = next((r.url for r in remotes if r.writes), remotes[0].url)
     for required in ("node", "remote"):
         if not values.get(required):
             flag = "--" + required.replace("_", "-")
@@ -240,6 +282,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
             metrics=metrics,
             notify=notify,
             secrets=SecretsConfig(_path(secrets_values.get("age_identity", secrets_values.get("age-identity")))),
+            remotes=remotes,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc
@@ -345,7 +388,35 @@ def _path(value: Any) -> Path | None:
 
 
 def _remote(url: str) -> str:
-    """A plain local path is taken as a file:// URL (absolute), like git does."""
+    """A plain local path is taken as a file:// URL (absolute), like git does; a git bundle
+    (``bundle:///media/usb/cloud.bundle`` or a path ending in ``.bundle``) stays a path, the only
+    way git reads one."""
+    if url.startswith("bundle://"):
+        return os.path.abspath(url.removeprefix("bundle://"))
     if "://" in url or url.startswith("git@") or ":" in url.split("/")[0]:
         return url
+    if url.endswith(".bundle"):
+        return os.path.abspath(url)
     return "file://" + os.path.abspath(url)
+
+
+def _remotes(value: Any, file: str) -> tuple[RemoteConfig, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise ConfigError("remotes: a list of {url, role} (role: read, write or both)", file=file)
+    out = []
+    for i, item in enumerate(value):
+        item = {"url": item} if isinstance(item, str) else item
+        if not isinstance(item, dict) or not item.get("url") or set(item) - {"url", "role"}:
+            raise ConfigError(f"remotes[{i}]: a URL, or a mapping of url and role", file=file)
+        role = str(item.get("role", "both"))
+        if role not in ROLES:
+            raise ConfigError(f"remotes[{i}]: role {role!r} is not one of {', '.join(ROLES)}", file=file)
+        url = _remote(str(item["url"]))
+        if role != "read" and not ("://" in url or ":" in url.split("/")[0]):
+            raise ConfigError(f"remotes[{i}]: a git bundle can only be read (role: read)", file=file)
+        out.append(RemoteConfig(url, role))
+    if not any(r.reads for r in out):
+        raise ConfigError("remotes: none can be read (give one a role of read or both)", file=file)
+    return tuple(out)

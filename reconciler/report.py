@@ -77,7 +77,7 @@ class Reporter:
         """Bring the remote's copy of our notes ref; False if the remote has none. A fetch of the
         one ref (protocol v2 sends its name as a ref prefix), not an ls-remote of every ref."""
         try:
-            self.source.run("fetch", "--no-tags", self.source.url, f"+{self.ref}:{self.tracking}",
+            self.source.run("fetch", "--no-tags", self.write_url, f"+{self.ref}:{self.tracking}",
                             what="notes fetch from")
         except RemoteError as exc:
             if "couldn't find remote ref" in str(exc):
@@ -100,6 +100,8 @@ class Reporter:
         """Push our notes ref if it moved; False (and retried next run) when the remote fails."""
         if not self.pending():
             return True
+        if self.source.write_url is None:  # an air-gapped site: kept until a write remote is set
+            return False
         try:
             try:
                 self._push()
@@ -128,4 +130,12 @@ class Reporter:
 
     def _push(self) -> None:
         faults.point("push", self.ref)
-        self.source.run("push", "--porcelain", self.source.url, f"{self.ref}:{self.ref}", what="note push to")
+        self.source.run("push", "--porcelain", self.write_url, f"{self.ref}:{self.ref}", what="note push to")
+
+    @property
+    def write_url(self) -> str:
+        url = self.source.write_url
+        if url is None:
+            raise RemoteError("no write remote in the agent config: notes are kept here until one is set",
+                              reason="NO_WRITE_REMOTE")
+        return url

@@ -52,6 +52,15 @@ class Rollout:
                 out.append((wave, wave.nodes[i:i + wave.batch]))
         return out
 
+    def before(self, node: str) -> tuple[str, ...]:
+        """The nodes of the batches before ``node``'s: the only notes its turn depends on (a
+        node outside the plan, or in the first batch, waits on none)."""
+        try:
+            mine = self.position(node)
+        except KeyError:
+            return ()
+        return tuple(n for _, members in self.batches()[:mine] for n in members)
+
     def position(self, node: str) -> int:
         for i, (_, members) in enumerate(self.batches()):
             if node in members:

@@ -41,7 +41,8 @@ def take(agent: Agent, repo: DeploymentRepo, plan: Plan) -> str | None:
         agent.reporter.write_claim(Claim(node, "choosing", 0, now, what))
         if not agent.reporter.push():
             return "waiting (budget): this node's claim could not be pushed (the remote did not answer)"
-        seen = agent.fleet_view().claims
+        group = {n for b in mine for n in b.members}
+        seen = agent.fleet_view(group).claims
         claim = Claim(node, "queued", next_ticket(seen, mine, time.time()), time.time(), what)
         agent.reporter.write_claim(claim)
         if not agent.reporter.push():
@@ -50,7 +51,7 @@ def take(agent: Agent, repo: DeploymentRepo, plan: Plan) -> str | None:
         claim = replace(claim, time=now, action=what)  # still here: kept live while it waits
         agent.reporter.write_claim(claim)
         agent.reporter.push()
-    held = wait(claim, agent.fleet_view().claims, mine, time.time())
+    held = wait(claim, agent.fleet_view({n for b in mine for n in b.members}).claims, mine, time.time())
     if held is not None:
         return str(held)
     log.info("%s: disruption slot taken (ticket %d): %s", node, claim.ticket, what)

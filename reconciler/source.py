@@ -131,9 +131,12 @@ class _Progress(git.RemoteProgress):
 class Source:
     def __init__(
         self, url: str, branch: str, mirror: Path, *, ssh_command: str | None = None,
-        progress: bool | None = None,
+        progress: bool | None = None, reads: tuple[str, ...] = (), write: str | None = "",
     ) -> None:
-        self.url = url
+        self.reads = reads or (url,)
+        self.url = self.reads[0]  # the read remote this pass uses: the first that answered
+        self.write_url = url if write == "" else write  # this node's notes go there (None: nowhere yet)
+        self._lag_said = ""
         self.branch = branch
         self.path = mirror
         self.env = git_env(ssh_command)
@@ -188,14 +191,43 @@ class Source:
             return None
 
     def remote_head(self) -> str:
+        """The branch head on the first read remote that answers, from the first on every poll
+        (a mirror that failed is asked again first once it is back); ``self.url`` is that remote
+        for the rest of the pass."""
+        first: RemoteError | None = None
+        for url in self.reads:
+            self.url = url
+            try:
+                return self._head_at(url)
+            except RemoteError as exc:
+                if len(self.reads) == 1:
+                    raise
+                first = first or exc
+                log.warning("%s; trying the next read remote", exc)
+        assert first is not None
+        raise RemoteError(f"no read remote answered ({len(self.reads)} tried); the first: {first}",
+                          reason=first.reason)
+
+    def _head_at(self, url: str) -> str:
         # --heads makes git send "ref-prefix refs/heads/" (a bare pattern would not: ls-remote
         # patterns match from the tail), so review refs, tags and notes are never listed.
-        out = self.run("ls-remote", "--heads", self.url, self.ref, what="ref check of")
+        out = self.run("ls-remote", "--heads", url, self.ref, what="ref check of")
         for line in out.splitlines():
             oid, _, name = line.partition("\t")
             if name == self.ref:
                 return oid
-        raise RemoteError(f"branch {self.branch!r} not found on {safe_url(self.url)}", reason="NO_BRANCH")
+        raise RemoteError(f"branch {self.branch!r} not found on {safe_url(url)}", reason="NO_BRANCH")
+
+    def lags(self, remote_head: str, local_head: str | None) -> bool:
+        """A read mirror behind what this node has (its head an ancestor of ours): it lags, and
+        the node stays where it is. Only a mirror: the write remote (the primary) going back is a
+        rewind, and is judged by trust like any other head."""
+        if local_head is None or self.url == self.write_url or remote_head not in self.repo:
+            return False
+        try:
+            return bool(self.repo.descendant_of(local_head, remote_head))
+        except pygit2.GitError:
+            return False
 
     def poll(self) -> Poll:
         return Poll(self.remote_head(), self.local_head())
@@ -240,6 +272,13 @@ class Source:
         self._sweep()
         p = self.poll()
         try:
+            if p.moved and self.lags(p.remote_head, p.local_head):
+                if self._lag_said != p.remote_head:
+                    log.warning("read remote %s lags (at %s, an ancestor of %s): staying at %s",
+                                safe_url(self.url), p.remote_head[:12], str(p.local_head)[:12], str(p.local_head)[:12])
+                    self._lag_said = p.remote_head
+                self.check(p.local_head)
+                return str(p.local_head), False
             if not p.moved:
                 self.check(p.local_head)
                 return p.remote_head, False
