@@ -78,7 +78,7 @@ class Reporter:
         one ref (protocol v2 sends its name as a ref prefix), not an ls-remote of every ref."""
         try:
             self.source.run("fetch", "--no-tags", self.write_url, f"+{self.ref}:{self.tracking}",
-                            what="notes fetch from")
+                            what="notes fetch from", url=self.write_url)
         except RemoteError as exc:
             if "couldn't find remote ref" in str(exc):
                 return False
@@ -130,7 +130,8 @@ class Reporter:
 
     def _push(self) -> None:
         faults.point("push", self.ref)
-        self.source.run("push", "--porcelain", self.write_url, f"{self.ref}:{self.ref}", what="note push to")
+        self.source.run("push", "--porcelain", self.write_url, f"{self.ref}:{self.ref}", what="note push to",
+                        url=self.write_url)
 
     @property
     def write_url(self) -> str:

@@ -161,8 +161,9 @@ class Source:
     def ref(self) -> str:
         return f"refs/heads/{self.branch}"
 
-    def run(self, *args: str, what: str, cwd: Path | None = None) -> str:
-        """A git command against the remote; its failure is a ``RemoteError`` with git's words."""
+    def run(self, *args: str, what: str, cwd: Path | None = None, url: str | None = None) -> str:
+        """A git command against the remote (``url``: another than the read remote this pass
+        uses, for messages); its failure is a ``RemoteError`` with git's words."""
         try:
             out: str = (git.Git(str(cwd)) if cwd else self._git).execute(
                 ["git", "-c", "protocol.version=2", *args],
@@ -171,9 +172,10 @@ class Source:
             )
             return out
         except git.GitCommandError as exc:
-            raise self.error(what, exc) from None
+            raise self.error(what, exc, url=url) from None
 
-    def error(self, what: str, exc: git.GitCommandError, progress: _Progress | None = None) -> RemoteError:
+    def error(self, what: str, exc: git.GitCommandError, progress: _Progress | None = None,
+              url: str | None = None) -> RemoteError:
         """``what URL failed: <git's cause>``, free of credentials."""
         # With a progress handler GitPython keeps only the lines after the first "fatal:" as
         # stderr; the handler saw them all.
@@ -182,7 +184,8 @@ class Source:
         if stderr.startswith("stderr: '") and stderr.endswith("'"):
             stderr = stderr[len("stderr: '"):-1]
         cause = git_cause(stderr) or f"git exited with {exc.status}"
-        return RemoteError(scrub(f"{what} {safe_url(self.url)} failed: {cause}", self.url))
+        url = url or self.url
+        return RemoteError(scrub(f"{what} {safe_url(url)} failed: {cause}", url))
 
     def local_head(self) -> str | None:
         try:

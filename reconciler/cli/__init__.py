@@ -21,6 +21,7 @@ import click
 
 from .. import __version__
 from ..errors import ReconcilerError
+from .bundle import bundle
 from .common import Failed, emit_json, err
 from .node import agent_command, apply, history, logs, plan, resume, retry, rollback, status, suspend, unpin, verify
 from .repo import diff, render, validate
@@ -104,7 +105,7 @@ def _stderr_is_journal() -> bool:
 
 
 for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, logs, rollback, unpin,
-                retry, suspend, resume, review_post):
+                retry, suspend, resume, review_post, bundle):
     cli.add_command(command)
 
 

@@ -1,0 +1,189 @@
+"""Read mirrors, a write primary and bundles: the agent polls the first read remote that
+answers, pushes its notes to the primary, stays put on a mirror that lags, refuses one that
+rewrote history, and converges on a site with no network from a bundle file.
+
+Real git servers: the primary and a mirror, each behind its own `git daemon`; the mirror is
+replicated from the primary by the test (as Gerrit replication or a cron'd `git fetch` would).
+
+History::
+
+    C0 initial --- C1 identity: four workers --- C2 identity: eight workers
+                                              \\
+                                               X  (the mirror's rewritten history: refused)
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Deployment, SigningKey, free_port, git, wait_for
+from test_cli import as_json, cli
+
+from reconciler.agent import Agent
+from reconciler.config import RemoteConfig
+
+WORKERS = "port = {{ port_base + ports.identity }}"
+
+
+class Daemon:
+    """A `git daemon` serving the repos under ``base``; stopped and started again at will."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, name: str) -> str:
+        return f"git://127.0.0.1:{self.port}/{name}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["git", "daemon", "--reuseaddr", f"--base-path={self.base}", "--export-all", "--enable=receive-pack",
+             f"--port={self.port}", "--listen=127.0.0.1", str(self.base)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+        wait_for(up, 10, "git daemon")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def servers(tmp_path: Path, deployment: Deployment) -> Iterator[tuple[Daemon, Daemon, Path]]:
+    """The primary (the deployment's bare repo) and a mirror of it, each behind a git daemon."""
+    mirror = tmp_path / "mirror" / "cloud.git"
+    git("init", "-q", "--bare", "-b", "main", str(mirror))
+    primary, second = Daemon(deployment.bare.parent), Daemon(mirror.parent)
+    primary.start()
+    second.start()
+    try:
+        yield primary, second, mirror
+    finally:
+        primary.stop()
+        second.stop()
+
+
+def replicate(deployment: Deployment, mirror: Path) -> None:
+    git("--git-dir", str(mirror), "fetch", "-q", "--prune", str(deployment.bare), "+refs/heads/*:refs/heads/*",
+        "+refs/notes/*:refs/notes/*")
+
+
+def identity_workers(deployment: Deployment, n: int, push: bool = True) -> str:
+    text = deployment.read("services/identity/templates/identity.conf.j2")
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("workers ="))
+    deployment.write("services/identity/templates/identity.conf.j2", text.replace(WORKERS, f"{WORKERS}\nworkers = {n}"))
+    return deployment.commit(f"identity: {n} workers", push=push)
+
+
+def live(agent: Agent) -> str:
+    return (agent.cfg.state_dir / "services" / "identity" / "live" / "identity.conf").read_text()
+
+
+def test_polls_go_to_the_mirror_fail_over_to_the_primary_and_notes_go_to_the_primary(
+    deployment: Deployment, agents: Callable[..., Agent], servers: tuple[Daemon, Daemon, Path]
+) -> None:
+    primary, second, mirror = servers
+    replicate(deployment, mirror)
+    remotes = (RemoteConfig(second.url("cloud.git"), "read"), RemoteConfig(primary.url("cloud.git"), "both"))
+    ctl1 = agents("ctl1", primary.url("cloud.git"), remotes=remotes)
+
+    first = ctl1.reconcile_once()
+    assert first.exit_code == 0 and ctl1.source.url == second.url("cloud.git")  # read from the mirror
+    assert (deployment.note("ctl1", first.commit) or {}).get("state") == "applied"  # noted on the primary
+    assert git("--git-dir", str(mirror), "for-each-ref", "refs/notes/") == ""  # never pushed to the mirror
+
+    second.stop()  # the mirror goes down mid-run; a commit lands on the primary
+    c1 = identity_workers(deployment, 4)
+    result = ctl1.reconcile_once()
+    assert result.exit_code == 0 and result.commit == c1 and ctl1.source.url == primary.url("cloud.git")
+    assert "workers = 4" in live(ctl1)
+
+    # The mirror comes back, not yet replicated: it lags; the node stays where it is (no refusal)
+    second.start()
+    lagging = ctl1.reconcile_once()
+    assert lagging.exit_code == 0 and lagging.commit == c1 and ctl1.source.url == second.url("cloud.git")
+    assert lagging.report is None and (deployment.note("ctl1", c1) or {}).get("state") == "applied"
+
+    # replicated: back on the mirror for the next commit
+    c2 = identity_workers(deployment, 8)
+    replicate(deployment, mirror)
+    assert ctl1.reconcile_once().commit == c2 and "workers = 8" in live(ctl1)
+    assert ctl1.source.url == second.url("cloud.git")
+    assert (deployment.note("ctl1", c2) or {}).get("state") == "applied"
+
+
+def test_a_mirror_that_rewrites_history_is_refused_like_a_force_push(
+    deployment: Deployment, agents: Callable[..., Agent], servers: tuple[Daemon, Daemon, Path], merge_key: SigningKey
+) -> None:
+    primary, second, mirror = servers
+    c1 = identity_workers(deployment, 4)
+    replicate(deployment, mirror)
+    remotes = (RemoteConfig(second.url("cloud.git"), "read"), RemoteConfig(primary.url("cloud.git"), "write"))
+    ctl1 = agents("ctl1", primary.url("cloud.git"), remotes=remotes)
+    assert ctl1.reconcile_once().commit == c1
+
+    # the mirror's branch is replaced by another history: signed by the merge key, but not a descendant
+    git("reset", "-q", "--hard", "HEAD~1", cwd=deployment.work)
+    other = identity_workers(deployment, 16, push=False)
+    git("push", "-q", "--force", str(mirror), f"{other}:refs/heads/main", cwd=deployment.work)
+    result = ctl1.reconcile_once()
+    assert result.exit_code == 2 and result.error is not None, result
+    assert "does not descend from" in str(result.error)
+    assert "workers = 4" in live(ctl1)  # still running what it had
+
+
+def test_a_site_with_no_network_converges_from_a_bundle_and_pushes_its_notes_when_the_primary_answers(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    c0 = git("rev-parse", "HEAD", cwd=deployment.work)
+    c1 = identity_workers(deployment, 4)
+    usb = tmp_path / "usb" / "cloud.bundle"
+    usb.parent.mkdir()
+    made = cli("bundle", "create", "--repo", str(deployment.work), "--remote", deployment.url, "main", str(usb),
+               "-o", "json")
+    assert made.returncode == 0, made.stderr
+    assert as_json(made)["head"] == c1
+
+    # the site: it reads the bundle; its write remote is a server it cannot reach yet
+    unreachable = tmp_path / "primary-at-hq" / "cloud.git"
+    remotes = (RemoteConfig(str(usb), "read"), RemoteConfig(f"file://{unreachable}", "write"))
+    site = agents("ctl1", f"file://{unreachable}", remotes=remotes)
+    first = site.reconcile_once()
+    assert first.exit_code == 0 and first.commit == c1 and not first.pushed, first
+    assert "workers = 4" in live(site)
+    assert site.reporter.read(c1) is not None  # the note is kept on the node
+
+    # the next bundle carries only what the site lacks
+    c2 = identity_workers(deployment, 8)
+    later = cli("bundle", "create", "--repo", str(deployment.work), "--remote", deployment.url, f"{c1}..main",
+                str(usb), "-o", "json")
+    assert later.returncode == 0 and as_json(later)["since"] == c1, later.stderr
+    assert site.reconcile_once().commit == c2 and "workers = 8" in live(site)
+    git("checkout", "-q", "-b", "side", c0, cwd=deployment.work)
+    side = deployment.commit("a side branch", push=False)
+    git("push", "-q", deployment.url, "side", cwd=deployment.work)
+    git("checkout", "-q", "main", cwd=deployment.work)
+    for since in ("0123456789abcdef0123456789abcdef01234567", side):
+        bad = cli("bundle", "create", "--repo", str(deployment.work), "--remote", deployment.url, f"{since}..main",
+                  str(tmp_path / "x.bundle"))
+        assert bad.returncode == 2 and "not a commit of main" in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
+
+    # headquarters comes within reach: the notes written offline go there
+    unreachable.parent.mkdir()
+    subprocess.run(["cp", "-a", str(deployment.bare), str(unreachable)], check=True)
+    assert site.reconcile_once().pushed
+    for commit in (c1, c2):
+        note = git("--git-dir", str(unreachable), "notes", "--ref=reconciler/ctl1", "show", commit)
+        assert '"state": "applied"' in note
