@@ -1,0 +1,170 @@
+"""The git server's cost of a fleet, replayed at the protocol level: a real `git daemon`, real
+git clients making the requests the agent makes, no rendering.
+
+For N nodes (each with its notes ref on the server, one note per node on the head), per request:
+
+- ``poll``: the no-op poll (``ls-remote --heads`` of the branch, protocol v2 ``ref-prefix``);
+- ``wait-all``: a waiting node reading every node's notes (``refs/notes/reconciler/*``), as the
+  agent did before it read only the batches before it;
+- ``wait-10``: a node reading the notes of 10 predecessors (one glob refspec each, as now);
+- ``push``: a node pushing its own new note (one ref);
+
+the server's CPU (the daemon and the upload-pack/receive-pack it forks, from getrusage of its
+children once it is stopped) and the bytes sent. Then, from those figures, the server's load for
+N nodes polling every 10 s, and one rollout (every node pushes a note; the waiting nodes of 10
+waves of N/10 read their predecessors once per poll).
+
+Usage: .venv/bin/python bench/server.py [--nodes 1000 10000] [--requests 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
+       "GIT_COMMITTER_EMAIL": "b@x", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def git(*args: str, cwd: Path | None = None, stdin: str | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, env=ENV, check=True, capture_output=True, text=True,
+                          input=stdin).stdout
+
+
+def make_server(root: Path, nodes: int) -> Path:
+    """A bare repo with a branch of 50 commits and one notes ref per node (a note on the head)."""
+    bare = root / "cloud.git"
+    git("init", "-q", "--bare", "-b", "main", str(bare))
+    work = root / "work"
+    git("init", "-q", "-b", "main", str(work))
+    for i in range(50):
+        (work / "inventory.yaml").write_text(f"# change {i}\n")
+        git("add", "-A", cwd=work)
+        git("commit", "-q", "-m", f"change {i}", cwd=work)
+    git("push", "-q", str(bare), "main", cwd=work)
+    head = git("rev-parse", "HEAD", cwd=work).strip()
+    # One notes commit per node, through fast-import: 10,000 in seconds, each a distinct object.
+    stream = []
+    for n in range(nodes):
+        body = f'{{"node": "n{n:05d}", "state": "applied", "commit": "{head}"}}\n'
+        stream.append(f"commit refs/notes/reconciler/n{n:05d}\ncommitter b <b@x> 0 +0000\ndata 4\nnote\n"
+                      f"M 644 inline {head}\ndata {len(body)}\n{body}\n")
+    git("fast-import", "--quiet", cwd=bare, stdin="".join(stream))
+    git("pack-refs", "--all", cwd=bare)  # as a served repo is after its first gc
+    return bare
+
+
+class Daemon:
+    def __init__(self, base: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            ["git", "daemon", "--reuseaddr", f"--base-path={base}", "--export-all", "--enable=receive-pack",
+             f"--port={self.port}", "--listen=127.0.0.1", str(base)], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env=ENV)
+        for _ in range(200):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise SystemExit("git daemon did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def server_cpu(base: Path, requests: list[list[str]], cwd: Path) -> tuple[float, int]:
+    """Seconds of server CPU (user + system) for ``requests``, and bytes the clients received."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    daemon = Daemon(base)
+    received = 0
+    # The clients' own CPU is ours too: measure it apart and take it off.
+    clients = 0.0
+    for argv in requests:
+        argv = [a.replace("PORT", str(daemon.port)) for a in argv]
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        p = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True)
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)}: {p.stderr.decode()[-300:]}")
+        received += len(p.stdout) + len(p.stderr)
+        clients += (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+    daemon.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return max(0.0, total - clients), received
+
+
+def measure(nodes: int, count: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
+        root = Path(tmp)
+        bare = make_server(root, nodes)
+        client = root / "client.git"
+        git("init", "-q", "--bare", str(client))
+        url = "git://127.0.0.1:PORT/cloud.git"
+        v2 = ["git", "-c", "protocol.version=2"]
+        git("-c", "protocol.version=2", "fetch", "-q", str(bare), "+refs/heads/main:refs/heads/main", cwd=client)
+        poll = [v2 + ["ls-remote", "--heads", url, "refs/heads/main"]] * count
+        wait_all = [v2 + ["fetch", "-q", "--no-tags", "--prune", url,
+                          "+refs/notes/reconciler/*:refs/reconciler/fleet/*"]] * max(5, count // 10)
+        ten = [f"+refs/notes/reconciler/n{n:05d}*:refs/reconciler/fleet/n{n:05d}*" for n in range(10)]
+        wait_10 = [v2 + ["fetch", "-q", "--no-tags", "--prune", url, *ten]] * count
+        # a node's note push: each request pushes a new notes commit of its own ref
+        pushes = []
+        for i in range(max(5, count // 10)):
+            ref = f"refs/notes/reconciler/n{i % nodes:05d}"
+            pushes.append(v2 + ["push", "-q", url, f"{ref}-new{i}:{ref}"])
+            git("fetch", "-q", str(bare), f"+{ref}:{ref}-base{i}", cwd=client)
+            blob = git("hash-object", "-w", "--stdin", cwd=client, stdin=f'{{"state": "applied", "i": {i}}}\n').strip()
+            head = git("--git-dir", str(bare), "rev-parse", "refs/heads/main").strip()
+            tree = git("mktree", cwd=client, stdin=f"100644 blob {blob}\t{head}\n").strip()
+            commit = git("commit-tree", tree, "-p", f"{ref}-base{i}", "-m", "note", cwd=client).strip()
+            git("update-ref", f"{ref}-new{i}", commit, cwd=client)
+        out: dict[str, float] = {}
+        for name, reqs in (("poll", poll), ("wait-10", wait_10), ("wait-all", wait_all), ("push", pushes)):
+            cpu, received = server_cpu(root, reqs, client)
+            out[f"{name} ms"] = 1000 * cpu / len(reqs)
+            out[f"{name} bytes"] = received / len(reqs)
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[10, 1000, 10000])
+    ap.add_argument("--requests", type=int, default=100)
+    args = ap.parse_args()
+    print(f"git {git('--version').split()[-1]}, {os.cpu_count()} cores; server CPU per request "
+          f"(git daemon + what it forks), {args.requests} requests per kind", flush=True)
+    rows = {}
+    for n in args.nodes:
+        t0 = time.monotonic()
+        rows[n] = measure(n, args.requests)
+        r = rows[n]
+        print(f"N={n:>6}: poll {r['poll ms']:.2f} ms | wait-10 {r['wait-10 ms']:.2f} ms | "
+              f"wait-all {r['wait-all ms']:.1f} ms ({r['wait-all bytes'] / 1024:.0f} KiB) | "
+              f"push {r['push ms']:.2f} ms   [{time.monotonic() - t0:.0f} s]", flush=True)
+    for n, r in rows.items():
+        polls_per_s = n / 10  # every node polls every 10 s
+        cores = polls_per_s * r["poll ms"] / 1000
+        # one rollout of 10 waves of N/10: each node pushes ~3 notes (waiting, applied, and one more),
+        # and each waiting node reads its predecessors once per poll until its turn: ~N/2 node-polls per wave
+        waits_new = 10 * (n / 2) * r["wait-10 ms"] / 1000
+        waits_old = 10 * (n / 2) * r["wait-all ms"] / 1000
+        pushes = 3 * n * r["push ms"] / 1000
+        print(f"N={n:>6}: idle polling every 10 s: {cores:.3f} of a core; one rollout of 10 waves: "
+              f"{pushes + waits_new:.1f} CPU-s reading predecessors ({pushes + waits_old:.1f} CPU-s reading all "
+              f"notes, {(pushes + waits_old) / max(pushes + waits_new, 1e-9):.1f}x)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
