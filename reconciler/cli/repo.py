@@ -132,13 +132,16 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
 
 
 def _write_slice(root: Path, desired: Desired) -> None:
+    # A review render is not the node's state: no fsync per file (durable=False), only the
+    # temp-and-rename that keeps a reader from seeing half a file when --out is rendered again.
     for s in desired.services:
         base = root / desired.node / s.name
         for f in s.files:
-            atomic_write(base / f.path, f.content, f.mode)
+            atomic_write(base / f.path, f.content, f.mode, durable=False)
         spec = {"runtime": s.runtime.to_dict(), "health": s.health.to_dict(), "hash": s.hash,
                 "depends_on": list(s.depends_on)}
-        atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
+        atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode(),
+                     durable=False)
 
 
 @click.command()
