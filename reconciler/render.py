@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Container, Generator, Iterator, Mapping
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Any, cast
@@ -409,13 +409,33 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     )
 
 
+def stand_in(repo: DeploymentRepo, node: str, svc: ServiceDef) -> DesiredService:
+    """A service of the node that is not rendered: its name, driver and ``depends_on`` (what the
+    planner orders by), no files, no command. Only for a review that knows the service renders
+    the same at both commits (``inputs``): both sides get the same stand-in, so it plans "none",
+    exactly as the two equal renders would."""
+    node_services = set(repo.services_of(node))
+    return DesiredService(
+        name=svc.name,
+        runtime=Runtime(repo.driver_of(node, svc.name), ()),
+        files=(),
+        depends_on=tuple(sorted(d for d in svc.depends_on if d in node_services)),
+        drift=svc.drift,
+        manual=svc.manual or repo.node(node).manual,
+        origin="not rendered: same inputs at both commits",
+    )
+
+
 def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts | None = None, *,
-                limits: Limits | None = None, pinned: Mapping[str, Mapping[str, Any]] | None = None) -> Desired:
+                limits: Limits | None = None, pinned: Mapping[str, Mapping[str, Any]] | None = None,
+                only: Container[str] | None = None) -> Desired:
     """The node's whole slice. Same repo and node, same bytes. Bounded by ``limits`` (the repo's
-    by default): time and output for the whole node, output per file (see ``sandbox``)."""
+    by default): time and output for the whole node, output per file (see ``sandbox``).
+    ``only``: render these services, and put a ``stand_in`` for the others (a review's diff)."""
     repo.node(node)  # UnknownNode before anything else
     budget = Budget(limits or repo.limits)
     services = tuple(render_service(repo, node, repo.services[s], accounts, budget=budget,
                                     pinned=(pinned or {}).get(s))
+                     if only is None or s in only else stand_in(repo, node, repo.services[s])
                      for s in repo.services_of(node))
     return Desired(node=node, commit=commit, services=services)
