@@ -155,6 +155,7 @@ class Inputs:
         self._whole: dict[str, bool] = {}
         self._hostvar: dict[str, bool] = {}
         self._group: dict[str, bool] = {}
+        self._global: dict[str, Reads | None] = {}
         # What every render reads besides its names: the health timeout default, the driver
         # default and the limits.
         self.repo_same = same(a.settings.get("defaults"), b.settings.get("defaults")) and same(a.limits, b.limits)
@@ -214,6 +215,15 @@ class Inputs:
             return False  # rendered, so the error is the render's
         return same(va._values, vb._values) and same(va._elsewhere, vb._elsewhere)
 
+    def _service_same(self, name: str) -> Reads | None:
+        """What service ``name`` reads, when its definition and everything it reads beyond the
+        node's own variables are the same at both commits; else None (render it everywhere)."""
+        if name not in self._global:
+            reads = self._names(name)
+            ok = reads is not None and all(self._reads_same(reads, n) for n in reads.names & _OWN)
+            self._global[name] = reads if ok else None
+        return self._global[name]
+
     def changed(self, node: str) -> frozenset[str]:
         """The services of ``node`` (at either commit) that must be rendered at both: every one
         whose inputs differ, or that the node runs at one commit only."""
@@ -222,28 +232,18 @@ class Inputs:
         mine_b = b.services_of(node) if node in b.nodes else ()
         everything = frozenset(mine_a) | frozenset(mine_b)
         if (not self.repo_same or mine_a != mine_b or node not in a.nodes or node not in b.nodes
-                or a.node(node).manual != b.node(node).manual):
-            return everything
+                or a.node(node).manual != b.node(node).manual or a.node(node).driver != b.node(node).driver):
+            return everything  # the driver: a service's own is in its definition, the default above
         vars_a, vars_b = a.node_vars(node), b.node_vars(node)
         if not self._secrets_of_node_same(node, vars_a, vars_b):
             return everything
+        # A name in neither is the service's default at both (the definition is the same); one
+        # in only one of them is counted changed, whatever the default says.
+        differ = {n for n in vars_a.keys() | vars_b.keys()
+                  if not same(vars_a.get(n, _MISSING), vars_b.get(n, _MISSING))} - _OWN
         out = set()
         for name in mine_b:
-            reads = self._names(name)
-            if reads is None or a.driver_of(node, name) != b.driver_of(node, name):
+            reads = self._service_same(name)
+            if reads is None or not differ.isdisjoint(reads.names):
                 out.add(name)
-                continue
-            defaults = b.services[name].defaults  # the same at both: the definition is
-            for n in reads.names:
-                if n in _OWN:
-                    if not self._reads_same(reads, n):
-                        break
-                    continue
-                va = vars_a[n] if n in vars_a else defaults.get(n, _MISSING)
-                vb = vars_b[n] if n in vars_b else defaults.get(n, _MISSING)
-                if not same(va, vb):
-                    break
-            else:
-                continue
-            out.add(name)
         return frozenset(out)
