@@ -82,6 +82,9 @@ def _environment(templates: Mapping[str, str], base: str) -> Sandbox:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        # The sources never change under an environment (one per service definition): no
+        # up-to-date check on every get_template, a sixth of a diff's render time at scale.
+        auto_reload=False,
     )
 
 
