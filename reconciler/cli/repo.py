@@ -12,14 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.markup import escape
-from rich.table import Table
 
 from ..atomic import atomic_write
 from ..config import AgentConfig
 from ..errors import BadInput
 from ..model import Desired
-from .common import Failed, emit_json, out, output_option, style
+from .common import Failed, emit_json, escape, new_table, out, output_option, style
 
 if TYPE_CHECKING:
     from ..review import NodeDiff
@@ -122,7 +120,7 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
     if output == "json":
         emit_json([d.to_dict() for d in slices])
         return
-    table = Table("node", "service", "driver", "hash", "files")
+    table = new_table("node", "service", "driver", "hash", "files")
     for d in slices:
         for s in d.services:
             table.add_row(d.node, s.name, s.runtime.driver, s.hash[:12], ", ".join(f.path for f in s.files))
@@ -218,7 +216,7 @@ def _print_diff(diffs: list[NodeDiff]) -> None:
         out.rule(f"{d.node}  (plan {d.plan.hash})")
         for f in d.files:
             out.print(Syntax(f.text, "diff", theme="ansi_dark", background_color="default"))
-        table = Table("service", "action", "reason")
+        table = new_table("service", "action", "reason")
         for a in d.plan.changes:
             table.add_row(a.service, style(str(a.kind)), escape(a.reason))
         out.print(table)
