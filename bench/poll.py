@@ -8,13 +8,20 @@ other nodes' notes), each as the median of repeated runs:
 - ``git fetch`` of the same branch into an up-to-date clone (the peer);
 - ``git ls-remote`` of the branch (the floor: one git process, one round trip).
 
-Usage: .venv/bin/python bench/poll.py [--runs 20] [--refs 10000]
+And the agent's weight (issue 17): RSS of the idle daemon (``reconciler agent``, a few polls
+after it converged, read from /proc) and its CPU over a window, the peak RSS and import time
+of ``agent --once`` on a no-op poll and the heavy packages it imports, against a bare Python
+interpreter (the floor of any Python agent).
+
+Usage: .venv/bin/python bench/poll.py [--runs 20] [--refs 10000] [--memory-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,11 +124,80 @@ def bench(refs: int, runs: int) -> dict[str, float]:
                 driver.remove(o.name)
 
 
+HEAVY = ("docker", "rich", "jsonschema", "jinja2", "pygit2", "cryptography", "yaml", "apscheduler",
+         "prometheus_client", "apprise", "requests", "cronsim", "pyrage", "click")
+
+
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _peak_rss_mb(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Peak RSS of ``cmd`` (its own, measured by a parent that runs nothing else) and its stderr."""
+    probe = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True);"
+             " sys.stderr.write(p.stderr); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", probe, *cmd], capture_output=True, text=True, env=env, check=True)
+    return int(done.stdout.split()[-1]) / 1024, done.stderr
+
+
+def memory(idle_s: float) -> dict[str, str]:
+    with tempfile.TemporaryDirectory(prefix="reconciler-bench-") as tmp:
+        root = Path(tmp)
+        key, allowed = make_key(root)
+        url = f"file://{make_remote(root, 10, key)}"
+        state = root / "node"
+        exe = str(Path(sys.executable).parent / "reconciler")
+        args = ["--node", "bench1", "--remote", url, "--state-dir", str(state), "--allowed-signers", str(allowed)]
+        try:
+            subprocess.run([exe, "agent", "--once", *args], check=True, capture_output=True)
+            once_mb, trace = _peak_rss_mb([sys.executable, "-X", "importtime", "-m", "reconciler", "agent", "--once",
+                                           *args])
+            imported = set(re.findall(r"\|\s+([A-Za-z_][\w]*)(?:\.|$)", trace, re.M))
+            total_us = sum(int(m) for m in re.findall(r"^import time:\s+\d+ \|\s+(\d+) \|\s{1,2}\S", trace, re.M))
+            floor_mb, _ = _peak_rss_mb([sys.executable, "-c", "pass"])
+            daemon = subprocess.Popen([exe, "agent", *args, "--interval", "1", "--jitter", "0"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(idle_s)  # converged (it already was) and a few no-op polls later
+                cpu0, t0 = _cpu_s(daemon.pid), time.monotonic()
+                time.sleep(idle_s)
+                cpu = (_cpu_s(daemon.pid) - cpu0) / (time.monotonic() - t0)
+                rss = _rss_mb(daemon.pid)
+            finally:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(30)
+            return {
+                "idle daemon RSS (1 s polls)": f"{rss:6.1f} MB   {rss / floor_mb:5.2f}x a bare interpreter",
+                "idle daemon CPU": f"{cpu * 100:6.2f} % of a core (polling every second)",
+                "agent --once no-op, peak RSS": f"{once_mb:6.1f} MB   {once_mb / floor_mb:5.2f}x a bare interpreter",
+                "agent --once no-op, imports": f"{total_us / 1e6:6.2f} s cumulative import time",
+                "heavy packages it imports": ", ".join(sorted(imported & set(HEAVY))) or "none",
+                "bare python3 -c pass (floor)": f"{floor_mb:6.1f} MB",
+            }
+        finally:
+            driver = ProcessDriver(state / "services", "bench1")
+            for o in driver.observe():
+                driver.remove(o.name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--refs", type=int, default=10000, help="refs on the busy remote")
+    parser.add_argument("--memory-only", action="store_true", help="Only the agent's RSS, CPU and imports.")
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds the daemon idles before, and while, measured")
     args = parser.parse_args()
+    print("the agent's weight, one node, one service, file:// remote")
+    for name, value in memory(args.idle).items():
+        print(f"  {name:30s} {value}")
+    if args.memory_only:
+        return
     print(f"no-op poll, median of {args.runs} runs, file:// remote, git {git('--version').split()[-1]}")
     for refs in (10, args.refs):
         r = bench(refs, args.runs)

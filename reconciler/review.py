@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import BadInput, ReconcilerError
+from .inputs import Inputs
 from .model import ActionKind, Desired, Observed, ObservedService, Plan
 from .plan import plan as make_plan
 from .render import render_node
@@ -151,8 +152,15 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
 
 
 def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
-               nodes: list[str] | None = None) -> list[NodeDiff]:
+               nodes: list[str] | None = None, *, every_service: bool = False) -> list[NodeDiff]:
+    """Per node, B's files and plan against A as applied. A service is rendered only where its
+    inputs differ between A and B (``inputs``): the others would render the same bytes at both,
+    plan "none" and show no file, so a stand-in takes their place on both sides. A one-service
+    change across 1000 nodes renders that service only. ``every_service``: render them all (what
+    the tests compare against). The one thing skipping changes: a service that fails to render
+    at A and at B with the same inputs is not reported here (``validate`` reports it)."""
     names = nodes or sorted(set(repo_a.nodes) | set(repo_b.nodes))
+    inputs = None if every_service else Inputs(repo_a, repo_b)
     rollout = plan_rollout(repo_b.settings, repo_b.nodes, repo_b.members)
     order = [n for _, members in rollout.batches() for n in members]
     # A review compares with A alone: every node's base is A (a node's stage history is the agent's).
@@ -163,8 +171,9 @@ def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
     for node in names:
         if node not in repo_a.nodes and node not in repo_b.nodes:
             repo_b.node(node)  # raises UnknownNode
-        da = render_node(repo_a, node, a) if node in repo_a.nodes else Desired(node, a, ())
-        db = render_node(repo_b, node, b) if node in repo_b.nodes else Desired(node, b, ())
+        fresh = inputs.changed(node) if inputs is not None else None
+        da = render_node(repo_a, node, a, only=fresh) if node in repo_a.nodes else Desired(node, a, ())
+        db = render_node(repo_b, node, b, only=fresh) if node in repo_b.nodes else Desired(node, b, ())
         held = held_back(repo_b, node, base)
         if held:  # outside the commit's stage: these stay as at A
             kept = da.by_name()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import EXAMPLE, Deployment, git
 
 from reconciler.render import render_node
@@ -68,3 +69,39 @@ def test_an_unrelated_change_keeps_other_services_hashes(deployment: Deployment)
     after = render_node(load_repo(DirTree(deployment.work)), "ctl1", "x").by_name()
     changed = sorted(n for n in before if before[n].hash != after[n].hash)
     assert changed == ["lb"]
+
+
+def test_render_out_writes_without_an_fsync_per_file_and_the_agents_writes_keep_theirs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review render is output a person reads and can make again: no fsync (issue 17: 17.4 s
+    against 1.8 s for 1000 nodes). The node's own files (``atomic_write``'s default) still fsync."""
+    import os
+
+    from click.testing import CliRunner
+
+    from reconciler import atomic
+    from reconciler.cli import cli
+
+    synced: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", counting)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["render", "--repo", str(EXAMPLE), "--all", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert "ctl1/identity/identity.conf" in written and "cmp2/compute-agent/service.json" in written
+    assert synced == []
+    # Same bytes as the slices themselves, and no temp file left behind.
+    repo = load_repo(DirTree(EXAMPLE))
+    for node in repo.nodes:
+        for s in render_node(repo, node, "x").services:
+            for f in s.files:
+                assert (out / node / s.name / f.path).read_bytes() == f.content
+    assert not [p for p in out.rglob("*") if p.name.startswith(atomic.TEMP_PREFIX)]
+    atomic.atomic_write(tmp_path / "state-file", b"x")
+    assert len(synced) == 2  # the file and its directory

@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pygit2
-from rich.markup import escape
-from rich.table import Table
 
 from ..atomic import atomic_write
 from ..errors import ReconcilerError
-from .common import Failed, emit_json, err, node_agent, out, style
+from .common import Failed, emit_json, err, escape, new_table, node_agent, out, style
 
 if TYPE_CHECKING:
     from ..fleet import CommitInfo, NodeStatus, StepTable
@@ -123,13 +121,13 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
         emit_json(result)
         return
     staged = any(s.stage for s in statuses)
-    table = Table("wave", "node", "state", *(("stage",) if staged else ()), "detail",
+    table = new_table("wave", "node", "state", *(("stage",) if staged else ()), "detail",
                   title=f"{snap.name} @ {commit[:12]}")
     for s in statuses:
         table.add_row(s.wave, s.node, style(s.state), *((escape(s.stage),) if staged else ()), escape(s.detail))
     out.print(table)
     if steps.columns:
-        grid = Table("node", *(escape(c) for c in steps.columns), title="upgrade steps")
+        grid = new_table("node", *(escape(c) for c in steps.columns), title="upgrade steps")
         for node, cells in steps.rows.items():
             grid.add_row(node, *(style(c) if c else "·" for c in cells))
         out.print(grid)
@@ -160,7 +158,7 @@ def show_fleet_history(agent_opts: dict[str, Any], repo_dir: Path | None, limit:
     if output == "json":
         emit_json(rows)
         return
-    table = Table("commit", "author", "subject", "nodes", "failed")
+    table = new_table("commit", "author", "subject", "nodes", "failed")
     for r in rows:
         table.add_row(r["commit"][:12], escape(r["author"]), escape(r["subject"]),
                       ", ".join(f"{v} {style(k)}" for k, v in r["counts"].items()) or "-",

@@ -10,13 +10,23 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
-from rich.table import Table
 
 from ..agent import RunResult
 from ..errors import BadInput, ReconcilerError
 from ..observe import observe
-from .common import Failed, agent_config, agent_options, emit_json, err, node_agent, out, output_option, style
+from .common import (
+    Failed,
+    agent_config,
+    agent_options,
+    emit_json,
+    err,
+    escape,
+    new_table,
+    node_agent,
+    out,
+    output_option,
+    style,
+)
 
 
 @click.command()
@@ -42,7 +52,7 @@ def plan(agent_opts: dict[str, Any], rev: str | None, no_fetch: bool, output: st
     if output == "json":
         emit_json(the_plan.to_dict())
         return
-    table = Table("service", "action", "reason",
+    table = new_table("service", "action", "reason",
                   title=f"{agent.cfg.node} @ {the_plan.commit[:12]} (plan {the_plan.hash})")
     for a in the_plan.actions:
         table.add_row(a.service, style(str(a.kind)), escape(a.reason))
@@ -82,7 +92,7 @@ def _finish_run(result: RunResult, output: str) -> None:
     else:
         rep = result.report
         if rep.services:
-            table = Table("service", "action", "result", "reason", "detail",
+            table = new_table("service", "action", "result", "reason", "detail",
                           title=f"{result.node} @ {short}: {rep.state}")
             for r in rep.services:
                 table.add_row(r.service, style(str(r.action)), style(str(r.state)), escape(r.reason),
@@ -215,7 +225,7 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
     if output == "json":
         emit_json([v.to_dict() for v in verdicts])
     else:
-        table = Table("commit", "verdict", "reason", "format", "signer", "key")
+        table = new_table("commit", "verdict", "reason", "format", "signer", "key")
         for v in verdicts:
             table.add_row(v.commit[:12], style("ok") if v.ok else style("refused"), escape(v.message or v.reason),
                           v.format, v.principal, v.fingerprint)
@@ -295,7 +305,7 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     if suspended:
         out.print(f"suspended by {escape(suspended.get('by', '?'))} since {suspended.get('since', '?')}: "
                   f"{escape(suspended.get('reason') or 'no reason given')}; nothing is applied")
-    table = Table("service", "driver", "running", "pid", "commit", "hash", "pinned")
+    table = new_table("service", "driver", "running", "pid", "commit", "hash", "pinned")
     pinned = {p["service"]: p["commit"] for p in pins}
     for s in observed.services:
         table.add_row(s.name, s.driver, style("ok") if s.running else style("failed"), str(s.pid or "-"),
@@ -343,7 +353,7 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, fleet: 
     if output == "json":
         emit_json([r.to_dict() for r in rows])
         return
-    table = Table("time", "service", "commit", "action", "result", "reason")
+    table = new_table("time", "service", "commit", "action", "result", "reason")
     for r in rows:
         when = datetime.fromtimestamp(r.time, UTC).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(when, r.service, r.commit[:12], r.action, style(r.result), escape(r.detail or r.reason))

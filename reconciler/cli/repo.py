@@ -12,14 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.markup import escape
-from rich.table import Table
 
 from ..atomic import atomic_write
 from ..config import AgentConfig
 from ..errors import BadInput
 from ..model import Desired
-from .common import Failed, emit_json, out, output_option, style
+from .common import Failed, emit_json, escape, new_table, out, output_option, style
 
 if TYPE_CHECKING:
     from ..review import NodeDiff
@@ -122,7 +120,7 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
     if output == "json":
         emit_json([d.to_dict() for d in slices])
         return
-    table = Table("node", "service", "driver", "hash", "files")
+    table = new_table("node", "service", "driver", "hash", "files")
     for d in slices:
         for s in d.services:
             table.add_row(d.node, s.name, s.runtime.driver, s.hash[:12], ", ".join(f.path for f in s.files))
@@ -132,13 +130,16 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
 
 
 def _write_slice(root: Path, desired: Desired) -> None:
+    # A review render is not the node's state: no fsync per file (durable=False), only the
+    # temp-and-rename that keeps a reader from seeing half a file when --out is rendered again.
     for s in desired.services:
         base = root / desired.node / s.name
         for f in s.files:
-            atomic_write(base / f.path, f.content, f.mode)
+            atomic_write(base / f.path, f.content, f.mode, durable=False)
         spec = {"runtime": s.runtime.to_dict(), "health": s.health.to_dict(), "hash": s.hash,
                 "depends_on": list(s.depends_on)}
-        atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
+        atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode(),
+                     durable=False)
 
 
 @click.command()
@@ -215,7 +216,7 @@ def _print_diff(diffs: list[NodeDiff]) -> None:
         out.rule(f"{d.node}  (plan {d.plan.hash})")
         for f in d.files:
             out.print(Syntax(f.text, "diff", theme="ansi_dark", background_color="default"))
-        table = Table("service", "action", "reason")
+        table = new_table("service", "action", "reason")
         for a in d.plan.changes:
             table.add_row(a.service, style(str(a.kind)), escape(a.reason))
         out.print(table)
