@@ -43,7 +43,7 @@ __all__ = ["Agent", "RunResult", "drivers_for", "host_access"]
 def drivers_for(cfg: AgentConfig, desired: Desired | None) -> dict[str, Driver]:
     """Drivers that hold services of this node (they may have some to stop), plus what the slice names."""
     names = drivers_in_use(cfg.state_dir) | ({s.runtime.driver for s in desired.services} if desired else set())
-    return {n: make_driver(n, cfg.state_dir, cfg.node, host_access(cfg)) for n in sorted(names)}
+    return {n: make_driver(n, cfg.state_dir, cfg.node, host_access(cfg), cfg.docker.registries) for n in sorted(names)}
 
 
 def host_access(cfg: AgentConfig) -> HostAccess:
