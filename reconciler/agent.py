@@ -30,6 +30,7 @@ from .state import State
 from .trustmark import TrustKeeper
 
 if TYPE_CHECKING:
+    from .apply import Pulled
     from .repo import DeploymentRepo
     from .rollout import FleetView
     from .rollout import Verdict as RolloutVerdict
@@ -63,6 +64,7 @@ class Agent:
     reporter: Reporter = field(init=False)
     keeper: TrustKeeper = field(init=False)
     _said: dict[Hashable, None] = field(init=False, default_factory=dict)
+    pulled_ahead: set[str] = field(init=False, default_factory=set)  # commits whose images a wait pulled
 
     def __post_init__(self) -> None:
         self.state = State(self.cfg.state_dir)
@@ -221,13 +223,26 @@ class Agent:
         return None
 
     # the loop ------------------------------------------------------------------------
+    def verified_desired(self, *, fetch: bool, rev: str | None) -> tuple[Desired, bool]:
+        """The node's slice at the branch head (or ``rev``), for a command that reads ahead and
+        applies nothing (plan, prepull): verified first, nothing moves in the ledger. Call with
+        the pass lock held."""
+        commit, fetched = self.head(fetch, rev)
+        self.decide(commit)  # a refusal is raised: nothing unverified is even rendered
+        return self.desired(self.keeper.vouch(self.revision(commit))), fetched
+
     def plan(self, *, fetch: bool = True, rev: str | None = None) -> tuple[Plan, bool]:
         with self.state.lock(wait=30):
-            commit, fetched = self.head(fetch, rev)
-            self.decide(commit)  # a refusal is raised: nothing unverified is even rendered
-            desired = self.desired(self.keeper.vouch(self.revision(commit)))
+            desired, fetched = self.verified_desired(fetch=fetch, rev=rev)
             observed = observe(self.cfg.node, self.drivers(desired))
             return make_plan(desired, observed), fetched
+
+    def prepull(self, *, fetch: bool = True, rev: str | None = None) -> tuple[str, list[Pulled]]:
+        """The images the branch head (or ``rev``) needs on this node, pulled now, ahead of its
+        wave; nothing else changes. Returns the commit and each image's result."""
+        from .operations import prepull
+
+        return prepull(self, fetch=fetch, rev=rev)
 
     def reconcile_once(self, *, fetch: bool = True, rev: str | None = None, instantiate: bool = False,
                        only: set[str] | None = None) -> RunResult:
