@@ -212,6 +212,33 @@ def test_a_registry_login_from_the_config_pulls_and_its_password_is_never_writte
             assert not path.is_file() or secret.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.usefixtures("docker_cleanup")
+def test_an_upgrade_whose_image_cannot_be_pulled_fails_before_its_stop_step(
+    tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent], docker_engine: docker.DockerClient,
+    busybox_image: str, open_registry: Registry,
+) -> None:
+    node = f"t-{secrets.token_hex(3)}"
+    dep = worker_deployment(tmp_path, merge_key, node, busybox_image)
+    dep.edit("services/worker/service.yaml", "runtime:", 'version: "1"\nruntime:')
+    dep.commit("worker version 1")
+    agent = agents(node, dep.url)
+    assert agent.reconcile_once().exit_code == 0
+    old = worker(docker_engine, node)
+
+    dep.edit("services/worker/service.yaml", 'version: "1"\n', 'version: "2"\nupgrade:\n'
+             "  - {name: stop, action: stop}\n  - {name: start, action: start}\n")
+    image = open_registry.image(f"{node}/never-pushed:2")
+    c2 = use_image(dep, node, image, "worker version 2, from an image nobody pushed")
+    result = agent.reconcile_once()
+
+    assert result.exit_code == 1
+    note = dep.note(node, c2) or {}
+    assert (note["state"], note["reason"]) == ("failed", "UPGRADE_FAILED")
+    assert f"worker: upgrade on {node}: image {image}: pull from {open_registry.host} failed: " in str(note["error"])
+    same = worker(docker_engine, node)
+    assert (same.id, same.status) == (old.id, "running")  # its stop step never ran
+
+
 # prepull ----------------------------------------------------------------------------------------
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
