@@ -106,8 +106,8 @@ def publish(docker_engine: docker.DockerClient, busybox_image_2: str) -> Iterato
 
 def engine_events(client: docker.DockerClient, since: float) -> list[dict[str, object]]:
     """What the engine did since then, in its own order and clock (ns)."""
-    # until now, to the nanosecond the API takes ("1700000000.123456"): a later bound would wait for it
-    return sorted(client.events(since=int(since) - 1, until=f"{time.time():.6f}", decode=True),
+    # Bounds to the microsecond (the API takes "1700000000.123456"): a later bound would wait for it.
+    return sorted(client.events(since=f"{since:.6f}", until=f"{time.time():.6f}", decode=True),
                   key=lambda e: int(e["timeNano"]))
 
 
