@@ -215,6 +215,10 @@ def pull_ahead(agent: Agent, rev: VerifiedRevision, repo: DeploymentRepo) -> Non
     if rev.commit in agent.pulled_ahead:
         return
     try:
+        node = agent.cfg.node
+        if not any(repo.driver_of(node, s) == "docker" for s in repo.services_of(node) if s in repo.services):
+            agent.pulled_ahead.add(rev.commit)  # no container here: nothing to render for it
+            return
         desired = agent.desired(rev, repo)
         pulled = pull_images(desired, agent.drivers(desired))
     except ReconcilerError as exc:  # the engine down, a render error: the node's turn says it

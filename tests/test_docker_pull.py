@@ -104,6 +104,11 @@ def publish(docker_engine: docker.DockerClient, busybox_image_2: str) -> Iterato
             docker_engine.images.remove(name)
 
 
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
 def engine_events(client: docker.DockerClient, since: float) -> list[dict[str, object]]:
     """What the engine did since then, in its own order and clock (ns)."""
     # Bounds to the microsecond (the API takes "1700000000.123456"): a later bound would wait for it.
@@ -169,6 +174,13 @@ def test_a_tag_the_registry_does_not_have_leaves_the_old_container_running(
     same = worker(docker_engine, node)
     assert (same.id, started_at(same), same.status) == (old.id, before, "running")
     assert not engine_has(docker_engine, image)
+
+    # prepull says the same, as a failed command (exit 1), one error line
+    proc = cli("prepull", "--node", node, "--remote", dep.url, "--state-dir", str(agent.cfg.state_dir),
+               "--allowed-signers", str(merge_key.allowed_signers))
+    assert proc.returncode == 1 and image in proc.stdout and "failed" in proc.stdout
+    assert proc.stderr.startswith(f"error: 1 of 1 image not pulled: image {image}: pull from ")
+    assert proc.stderr.endswith("[IMAGE_PULL_FAILED]\n") and len(proc.stderr.splitlines()) == 1
 
 
 @pytest.mark.usefixtures("docker_cleanup")
@@ -240,11 +252,6 @@ def test_an_upgrade_whose_image_cannot_be_pulled_fails_before_its_stop_step(
 
 
 # prepull ----------------------------------------------------------------------------------------
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
-
 
 @pytest.mark.usefixtures("docker_cleanup")
 def test_prepull_fetches_the_next_commits_image_with_the_configs_login_and_changes_nothing_else(

@@ -589,9 +589,9 @@ def prepull(agent_opts: dict[str, Any], commit: str | None, no_fetch: bool, outp
     if not images:
         out.print(f"{the_agent.cfg.node} @ {at[:12]}: no docker service here, nothing to pull")
         return
-    table = Table("image", "services", "result", "detail", title=f"{the_agent.cfg.node} @ {at[:12]}: images")
+    table = Table("image", "services", "result", title=f"{the_agent.cfg.node} @ {at[:12]}: images")
     for p in images:
-        table.add_row(escape(p.image), ", ".join(p.services), style(p.result), escape(p.detail))
-    out.print(table)
+        table.add_row(escape(p.image), ", ".join(p.services), style(p.result))
+    out.print(table)  # why one failed: the error line below, whole
     if error is not None:
         raise error
