@@ -31,6 +31,7 @@ from .state import State
 from .trustmark import TrustKeeper
 
 if TYPE_CHECKING:
+    from .apply import Pulled
     from .repo import DeploymentRepo
     from .rollout import FleetView
     from .rollout import Verdict as RolloutVerdict
@@ -44,7 +45,7 @@ __all__ = ["Agent", "RunResult", "drivers_for", "host_access"]
 def drivers_for(cfg: AgentConfig, desired: Desired | None) -> dict[str, Driver]:
     """Drivers that hold services of this node (they may have some to stop), plus what the slice names."""
     names = drivers_in_use(cfg.state_dir) | ({s.runtime.driver for s in desired.services} if desired else set())
-    return {n: make_driver(n, cfg.state_dir, cfg.node, host_access(cfg)) for n in sorted(names)}
+    return {n: make_driver(n, cfg.state_dir, cfg.node, host_access(cfg), cfg.docker.registries) for n in sorted(names)}
 
 
 def host_access(cfg: AgentConfig) -> HostAccess:
@@ -64,6 +65,7 @@ class Agent:
     reporter: Reporter = field(init=False)
     keeper: TrustKeeper = field(init=False)
     _said: dict[Hashable, None] = field(init=False, default_factory=dict)
+    pulled_ahead: set[str] = field(init=False, default_factory=set)  # commits whose images a wait pulled
 
     def __post_init__(self) -> None:
         self.state = State(self.cfg.state_dir)
@@ -223,15 +225,33 @@ class Agent:
         return None
 
     # the loop ------------------------------------------------------------------------
+    def verified_desired(self, *, fetch: bool, rev: str | None) -> tuple[Desired, bool]:
+        """The node's slice at the branch head (or ``rev``), for a command that reads ahead and
+        applies nothing (plan, prepull): verified first, nothing moves in the ledger. Call with
+        the pass lock held."""
+        desired, _, fetched = self.verified_slice(fetch=fetch, rev=rev)
+        return desired, fetched
+
+    def verified_slice(self, *, fetch: bool, rev: str | None) -> tuple[Desired, DeploymentRepo, bool]:
+        """``verified_desired`` with the repo it was rendered from (its windows, its budgets)."""
+        commit, fetched = self.head(fetch, rev)
+        self.decide(commit)  # a refusal is raised: nothing unverified is even rendered
+        repo = self.load(commit)
+        return self.desired(self.keeper.vouch(self.revision(commit)), repo), repo, fetched
+
     def plan(self, *, fetch: bool = True, rev: str | None = None) -> tuple[Plan, bool]:
         with self.state.lock(wait=30):
-            commit, fetched = self.head(fetch, rev)
-            self.decide(commit)  # a refusal is raised: nothing unverified is even rendered
-            repo = self.load(commit)
-            desired = self.desired(self.keeper.vouch(self.revision(commit)), repo)
+            desired, repo, fetched = self.verified_slice(fetch=fetch, rev=rev)
             observed = observe(self.cfg.node, self.drivers(desired))
             # what the next pass would do now: apply: manual staged, closed windows waited for
             return in_windows(stage(make_plan(desired, observed)), repo.windows, self.clock()), fetched
+
+    def prepull(self, *, fetch: bool = True, rev: str | None = None) -> tuple[str, list[Pulled]]:
+        """The images the branch head (or ``rev``) needs on this node, pulled now, ahead of its
+        wave; nothing else changes. Returns the commit and each image's result."""
+        from .operations import prepull
+
+        return prepull(self, fetch=fetch, rev=rev)
 
     def reconcile_once(self, *, fetch: bool = True, rev: str | None = None, instantiate: bool = False,
                        only: set[str] | None = None) -> RunResult:

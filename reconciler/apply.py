@@ -14,13 +14,15 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from .drivers import Driver
 from .drivers.base import Check, clean_env
 from .errors import ApplyError, ReconcilerError
 from .ledger import Ledger, Version
-from .model import LADDER, Action, ActionKind, DesiredService, Health, Plan, ResultState, ServiceResult, rank
+from .model import LADDER, Action, ActionKind, Desired, DesiredService, Health, Plan, ResultState, ServiceResult, rank
 
 log = logging.getLogger("reconciler.apply")
 
@@ -256,3 +258,40 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str]) -> tuple[
         return pid, step
     assert last is not None
     raise ApplyError(f"{last} (tried {', '.join(str(s) for s in ladder)})") from last
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """One image a node's slice needs, fetched ahead of the change that uses it."""
+
+    image: str
+    services: tuple[str, ...]
+    result: str  # "pulled" | "present" | "failed"
+    detail: str = ""  # why it failed: the registry's reason, credentials stripped
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image": self.image, "services": list(self.services), "result": self.result, "detail": self.detail}
+
+
+def pull_images(desired: Desired, drivers: Mapping[str, Driver]) -> list[Pulled]:
+    """Every image the docker services of ``desired`` run, on the engine: pulled when missing,
+    nothing else touched (no container, no record, no ledger). An image that cannot be pulled
+    is a ``failed`` entry; an engine that does not answer raises ``EngineDown``."""
+    from .drivers.docker import DockerDriver  # the docker SDK only where it is used
+    from .drivers.registry import PullFailed
+
+    images: dict[str, list[str]] = {}
+    for svc in desired.services:
+        if svc.runtime.driver == "docker":
+            images.setdefault(svc.runtime.image, []).append(svc.name)
+    if not images:
+        return []
+    docker = drivers["docker"]
+    assert isinstance(docker, DockerDriver)
+    out = []
+    for image, services in sorted(images.items()):
+        try:
+            out.append(Pulled(image, tuple(services), "pulled" if docker.pull(image) else "present"))
+        except PullFailed as exc:
+            out.append(Pulled(image, tuple(services), "failed", str(exc)))
+    return out

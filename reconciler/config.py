@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .drivers.registry import ENV_NAME, RegistryLogin
 from .errors import ConfigError
 from .yamlfile import load_yaml
 
@@ -137,6 +138,15 @@ class RemoteConfig:
 
 
 @dataclass(frozen=True)
+class DockerConfig:
+    """The docker driver's settings on this node."""
+
+    registries: tuple[RegistryLogin, ...] = ()
+    """Logins for the registries images are pulled from, one per host; the password is named
+    (``password_file`` or ``password_env``), never written in the config."""
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     node: str
     """This node's name, as in inventory.yaml."""
@@ -171,6 +181,8 @@ class AgentConfig:
     """Read mirrors and a write primary, in order: polls go to the first read remote that
     answers (the first again once it is back); notes are pushed to the write remote. Empty:
     ``remote`` does both."""
+    docker: DockerConfig = DockerConfig()
+    """The docker driver: registry logins for pulls."""
 
     @property
     def read_urls(self) -> tuple[str, ...]:
@@ -192,6 +204,7 @@ class AgentConfig:
         hook = self.notify.webhook
         out["notify"] = {"webhook": vars(hook).copy() if hook else None, "apprise": list(self.notify.apprise)}
         out["secrets"] = {"age_identity": str(self.secrets.age_identity) if self.secrets.age_identity else None}
+        out["docker"] = {"registries": {r.registry: r.to_dict() for r in self.docker.registries}}
         return out
 
 
@@ -239,6 +252,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     metrics = _metrics(values.pop("metrics", None), overrides.pop("metrics_textfile", None), file)
     notify = _notify(values.pop("notify", None), file)
     remotes = _remotes(values.pop("remotes", None), file)
+    docker = _docker(values.pop("docker", None), file)
     values.update({k: v for k, v in overrides.items() if v is not None})
     if remotes and not values.get("remote"):
         values["remote"] = next((r.url for r in remotes if r.writes), remotes[0].url)
@@ -283,6 +297,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
             notify=notify,
             secrets=SecretsConfig(_path(secrets_values.get("age_identity", secrets_values.get("age-identity")))),
             remotes=remotes,
+            docker=docker,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc
@@ -375,6 +390,37 @@ def _notify(value: Any, file: str) -> NotifyConfig:
     if not isinstance(targets, list) or not all(isinstance(t, str) and "://" in t for t in targets):
         raise ConfigError("notify.apprise must be a list of apprise URLs (mailto://..., slack://...)", file=file)
     return NotifyConfig(webhook, tuple(targets))
+
+
+def _docker(value: Any, file: str) -> DockerConfig:
+    d = _mapping(value, "docker", ("registries",), file)
+    registries = d.get("registries") or {}
+    if not isinstance(registries, dict):
+        raise ConfigError("docker.registries must map a registry host to {username, password_file or "
+                          "password_env}", file=file)
+    logins = []
+    for host, login in sorted(registries.items(), key=lambda kv: str(kv[0])):
+        what = f"docker.registries.{host}"
+        if not isinstance(host, str) or not host or "/" in host or "://" in host:
+            raise ConfigError(f"{what}: the key is a registry host as image names spell it "
+                              "(registry.example.org, 127.0.0.1:5000, docker.io)", file=file)
+        if isinstance(login, dict) and "password" in login:
+            # The message never repeats the value: it is the secret that must not be here.
+            raise ConfigError(f"{what}: the password itself never goes in the config: name a file that "
+                              "holds it (password_file) or an environment variable (password_env)", file=file)
+        m = _mapping(login, what, ("username", "password_file", "password_env"), file)
+        user, pw_file, pw_env = m.get("username"), m.get("password_file"), m.get("password_env")
+        if not isinstance(user, str) or not user:
+            raise ConfigError(f"{what}.username must be a user name", file=file)
+        if (pw_file is None) == (pw_env is None):
+            raise ConfigError(f"{what}: give one of password_file (a file holding the password) or "
+                              "password_env (the name of a variable holding it)", file=file)
+        if pw_file is not None and (not isinstance(pw_file, str) or not pw_file):
+            raise ConfigError(f"{what}.password_file must be a file path", file=file)
+        if pw_env is not None and (not isinstance(pw_env, str) or not ENV_NAME.fullmatch(pw_env)):
+            raise ConfigError(f"{what}.password_env must be the name of an environment variable", file=file)
+        logins.append(RegistryLogin(host, user, _path(pw_file), pw_env))
+    return DockerConfig(tuple(logins))
 
 
 def _argv(value: Any) -> tuple[str, ...]:

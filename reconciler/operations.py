@@ -1,4 +1,5 @@
-"""An operator's hands on one node: rollback, unpin, retry. Small operations over the ledger.
+"""An operator's hands on one node: rollback, unpin, retry, suspend, resume, prepull. Small
+operations over the ledger (prepull: over the engine only).
 
 None of them changes a commit's verdict: a rollback of a service on a node whose head failed
 leaves that commit failed (the fleet gate still halts on it); it adds an event and a pin to the
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pygit2
 
+from .apply import Pulled, pull_images
 from .errors import BadInput
 from .ledger import Pin, Version
 from .model import Verdict
@@ -50,6 +52,15 @@ def rollback(agent: Agent, service: str, to: str | None, by: str) -> RunResult:
                 agent.ledger.unpin(service)
             write_note(agent, head)
         return result
+
+
+def prepull(agent: Agent, *, fetch: bool, rev: str | None) -> tuple[str, list[Pulled]]:
+    """Pull the images the verified head (or ``rev``) runs on this node, ahead of its wave. No
+    container, record, verdict or note changes. The pass lock is held only to read the commit:
+    a long pull never holds back the agent's own passes."""
+    with agent.state.lock(wait=30):
+        desired, _ = agent.verified_desired(fetch=fetch, rev=rev)
+    return desired.commit, pull_images(desired, agent.drivers(desired))
 
 
 def previous_good(agent: Agent, service: str) -> Version:

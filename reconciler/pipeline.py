@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from . import slots
-from .apply import apply_plan
+from .apply import apply_plan, pull_images
 from .budget import DISRUPTIVE
 from .drivers import Driver
 from .errors import BadInput, ReconcilerError
@@ -180,6 +180,7 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
             if not verdict.halted:
                 agent.say_once(("waiting", commit, verdict.reason), logging.INFO, "%s: %s: %s",
                                agent.cfg.node, commit[:12], verdict.reason)
+                pull_ahead(agent, verified, repo)
                 return RunResult(agent.cfg.node, commit, fetched, pushed=agent.reporter.push(), waiting=verdict.reason)
             agent.say_once(("halted", commit), logging.ERROR, "%s: %s", agent.cfg.node, verdict.reason)
             undone = upgrader.undo(verdict.reason)
@@ -208,6 +209,34 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         if upgrader.fleet_upgrades:
             return post_upgrade(agent, run, upgrader, result)
         return result
+
+
+def pull_ahead(agent: Agent, rev: VerifiedRevision, repo: DeploymentRepo) -> None:
+    """While the node waits for an earlier wave: the images the commit will run here, pulled
+    meanwhile, so its turn does not wait on the registry. Best effort, nothing else touched: a
+    pull that fails is logged once and tried on the next poll, and at the node's turn the
+    change fails on it with nothing stopped. Done once per commit per agent process."""
+    if rev.commit in agent.pulled_ahead:
+        return
+    try:
+        node = agent.cfg.node
+        if not any(repo.driver_of(node, s) == "docker" for s in repo.services_of(node) if s in repo.services):
+            agent.pulled_ahead.add(rev.commit)  # no container here: nothing to render for it
+            return
+        desired = agent.desired(rev, repo)
+        pulled = pull_images(desired, agent.drivers(desired))
+    except ReconcilerError as exc:  # the engine down, a render error: the node's turn says it
+        agent.say_once(("pull-ahead", rev.commit, exc.reason), logging.WARNING, "%s: %s: images not pulled ahead: "
+                       "%s [%s]", agent.cfg.node, rev.commit[:12], exc, exc.reason)
+        return
+    for p in pulled:
+        if p.result == "pulled":
+            log.info("%s: %s: pulled %s ahead of this node's turn", agent.cfg.node, rev.commit[:12], p.image)
+        elif p.result == "failed":
+            agent.say_once(("pull-ahead", rev.commit, p.image), logging.WARNING, "%s: %s: %s", agent.cfg.node,
+                           rev.commit[:12], p.detail)
+    if all(p.result != "failed" for p in pulled):
+        agent.pulled_ahead.add(rev.commit)
 
 
 def suspended_by(agent: Agent, repo: DeploymentRepo, commit: str) -> dict[str, str] | None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import pygit2
 
 from . import faults
-from .apply import apply_plan
+from .apply import apply_plan, pull_images
 from .atomic import atomic_write
 from .drivers.base import clean_env
 from .errors import BadInput, ReconcilerError
@@ -197,6 +197,10 @@ class Upgrader:
 
     def _steps(self, up: Upgrade, fleet: FleetView, others: Mapping[str, Upgrade], note: Callable[[], None]) -> Outcome:
         ledger = self.agent.ledger
+        if not any(r.service == up.service for r in ledger.steps(self.commit)):
+            why = self._pull_first(up.service)
+            if why:
+                return Outcome(failed=up.service, detail=f"{up.service}: upgrade on {self.node}: {why}")
         for k, step in enumerate(up.steps):
             mine = {r.step: r for r in ledger.steps(self.commit) if r.service == up.service}
             rec = mine.get(step.name)
@@ -268,6 +272,18 @@ class Upgrader:
             return rec.running.commit
         begun = self.agent.ledger.upgrade(self.commit, up.service)
         return begun[0] if begun and begun[0] else self.commit
+
+    def _pull_first(self, service: str) -> str:
+        """A docker service's new image, on the engine before its first step runs (often a
+        stop): a pull that fails fails the upgrade with nothing stopped. Why it failed, or ''."""
+        if self.repo.driver_of(self.node, service) != "docker":
+            return ""
+        try:
+            desired = Desired(self.node, self.commit, (self._render(service, self.commit),))
+            failed = [p for p in pull_images(desired, self.agent.drivers(desired)) if p.result == "failed"]
+        except ReconcilerError as exc:
+            return str(exc)
+        return f"{failed[0].detail}; nothing was stopped for it" if failed else ""
 
     def _render(self, service: str, commit: str) -> DesiredService:
         from .drivers.process import check_account

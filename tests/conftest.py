@@ -23,7 +23,7 @@ import yaml
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
 
-pytest_plugins = ["docker_fixtures", "systemd_fixtures", "gitolite_fixtures"]
+pytest_plugins = ["docker_fixtures", "systemd_fixtures", "gitolite_fixtures", "registry_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "repo"

@@ -26,7 +26,7 @@ from reconciler.agent import Agent
 from reconciler.errors import ConfigError
 
 COMMANDS = ("validate", "render", "diff", "plan", "apply", "agent", "verify", "status", "history", "rollback",
-            "unpin", "retry", "logs", "suspend", "resume", "bundle")
+            "unpin", "retry", "logs", "suspend", "resume", "bundle", "prepull")
 
 ROLLOUT = """\
 rollout:

@@ -254,8 +254,10 @@ def test_missing_image_and_taken_port_are_clear_errors(dock: DockerDeployment, a
     node = agents(dock.node, dock.url)
     result = node.reconcile_once()
     worker = next(r for r in result.report.services if r.service == "worker")  # type: ignore[union-attr]
-    assert worker.detail == (f"node {dock.node}, service worker: image registry.invalid/nothing:1 not found on the "
-                             "engine (pull it, or point image: at a registry this node can reach)")
+    # Pulled first, and the registry cannot be reached: the error names the image and the registry.
+    assert worker.detail.startswith(f"node {dock.node}, service worker: image registry.invalid/nothing:1: pull from "
+                                    "registry.invalid failed: ")
+    assert worker.detail.endswith("; nothing was stopped for it")
     assert (dock.note(dock.node) or {}).get("state") == "failed"
 
     import socket

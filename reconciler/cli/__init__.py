@@ -6,7 +6,7 @@ object on stdout, ``{"error": {"reason", "message", "exit_code"}}`` (with the pa
 around it when there is one), and the one-line error still goes to stderr.
 
 Commands by group: ``repo`` (validate, render, diff), ``node`` (plan, apply, agent, verify,
-status, history, rollback, unpin, retry, suspend, resume), ``fleet`` (status --fleet); ``common`` holds what
+status, history, rollback, unpin, retry, suspend, resume, prepull), ``fleet`` (status --fleet); ``common`` holds what
 they share.
 """
 
@@ -23,7 +23,21 @@ from .. import __version__
 from ..errors import ReconcilerError
 from .bundle import bundle
 from .common import Failed, emit_json, err
-from .node import agent_command, apply, history, logs, plan, resume, retry, rollback, status, suspend, unpin, verify
+from .node import (
+    agent_command,
+    apply,
+    history,
+    logs,
+    plan,
+    prepull,
+    resume,
+    retry,
+    rollback,
+    status,
+    suspend,
+    unpin,
+    verify,
+)
 from .repo import diff, render, validate
 from .review import review_post
 
@@ -105,7 +119,7 @@ def _stderr_is_journal() -> bool:
 
 
 for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, logs, rollback, unpin,
-                retry, suspend, resume, review_post, bundle):
+                retry, suspend, resume, prepull, review_post, bundle):
     cli.add_command(command)
 
 

@@ -63,7 +63,8 @@ STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "err
          "halted": "yellow", "pending": "dim", "rebooting": "blue",
          "reload": "green", "recreate": "magenta", "connect": "blue", "drain+restart": "red", "reboot": "red",
          "skipped": "yellow", "start": "cyan", "restart": "yellow", "stop": "magenta",
-         "done": "green", "started": "blue", "waiting": "dim", "undone": "yellow", "staged": "yellow"}
+         "done": "green", "started": "blue", "waiting": "dim", "undone": "yellow", "staged": "yellow",
+         "pulled": "green", "present": "dim"}
 
 
 def style(word: str) -> str:

@@ -556,3 +556,52 @@ def resume(agent_opts: dict[str, Any], output: str) -> None:
     still = the_agent.ledger.suspension()
     out.print(f"{the_agent.cfg.node}: resumed; the next pass applies the branch head"
               + (f" (the repo still suspends the fleet: {escape(still.get('reason', ''))})" if still else ""))
+
+
+@click.command()
+@agent_options
+@click.argument("commit", required=False)
+@click.option("--no-fetch", is_flag=True, help="Use the mirror as it is; do not contact the remote.")
+@output_option
+def prepull(agent_opts: dict[str, Any], commit: str | None, no_fetch: bool, output: str) -> None:
+    """Pull the images this node's docker services need at the branch head (or COMMIT), ahead
+    of its wave, so the change itself does not wait on the registry. The commit is verified
+    first, as for `plan`; nothing else changes (no container, verdict or note). Images the
+    engine has already are left alone. With -o json: {"node", "commit", "images": [{"image",
+    "services", "result": "pulled" | "present" | "failed", "detail"}]}.
+
+    \b
+    Example:
+      reconciler prepull --config /etc/reconciler/agent.yaml
+      reconciler prepull --config /etc/reconciler/agent.yaml 9c1f2e7
+
+    \b
+    Exit codes:
+      0  every image is on the engine (pulled now, or there already)
+      1  an image could not be pulled (the registry's reason is printed), the engine or the
+         remote did not answer, another run holds the lock
+      2  bad input or refused: an unsigned or rewound commit, a problem in the repo at that
+         commit, an unknown COMMIT, bad settings
+    """
+    the_agent = node_agent(agent_opts)
+    at, images = the_agent.prepull(fetch=not no_fetch and commit is None, rev=commit)
+    failed = [p for p in images if p.result == "failed"]
+    error = None
+    if failed:
+        error = ReconcilerError(f"{len(failed)} of {len(images)} image{'s' if len(images) != 1 else ''} not pulled: "
+                                + "; ".join(p.detail for p in failed), reason="IMAGE_PULL_FAILED")
+    if output == "json":
+        doc = {"node": the_agent.cfg.node, "commit": at, "images": [p.to_dict() for p in images]}
+        if error is not None:
+            raise Failed(error, doc)
+        emit_json(doc)
+        return
+    if not images:
+        out.print(f"{the_agent.cfg.node} @ {at[:12]}: no docker service here, nothing to pull")
+        return
+    table = new_table("image", "services", "result", title=f"{the_agent.cfg.node} @ {at[:12]}: images")
+    for p in images:
+        table.add_row(escape(p.image), ", ".join(p.services), style(p.result))
+    out.print(table)  # why one failed: the error line below, whole
+    if error is not None:
+        raise error

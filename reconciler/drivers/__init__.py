@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import BadInput
 from .base import Driver
 from .hostaccess import HostAccess
 from .process import ProcessDriver
+from .registry import RegistryLogin
 
 KNOWN = ("process", "docker", "systemd", "host")
 
 
-def make_driver(name: str, state_root: Path, node: str, host: HostAccess | None = None) -> Driver:
+def make_driver(name: str, state_root: Path, node: str, host: HostAccess | None = None,
+                logins: Iterable[RegistryLogin] = ()) -> Driver:
+    """``logins``: the docker driver's registry logins (for pulls)."""
     host = host or HostAccess()
     if name == "process":
         return ProcessDriver(state_root / "services", node)
     if name == "docker":
         from .docker import DockerDriver  # the docker SDK is imported only where it is used
 
-        return DockerDriver(state_root / "docker", node)
+        return DockerDriver(state_root / "docker", node, logins=logins)
     if name == "systemd":
         from .systemd import SystemdDriver
 
@@ -41,4 +45,4 @@ def drivers_in_use(state_root: Path) -> set[str]:
     return used
 
 
-__all__ = ["KNOWN", "Driver", "HostAccess", "ProcessDriver", "drivers_in_use", "make_driver"]
+__all__ = ["KNOWN", "Driver", "HostAccess", "ProcessDriver", "RegistryLogin", "drivers_in_use", "make_driver"]

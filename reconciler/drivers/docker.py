@@ -18,19 +18,22 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
+import requests
 from docker.models.containers import Container
 from docker.types import Mount
 
+from .. import faults
 from ..errors import ApplyError, ReconcilerError
 from ..model import DesiredService, ObservedService
 from .base import Check
 from .files import read_dir, read_record, sync_dir, write_record
+from .registry import PullFailed, RegistryLogin, redact, registry_of, split_reference
 
 PREFIX = "reconciler."
 STOP_TIMEOUT = 10
@@ -81,10 +84,12 @@ def _healthcheck(items: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
 class DockerDriver:
     name = "docker"
 
-    def __init__(self, root: Path, node: str, client: docker.DockerClient | None = None) -> None:
+    def __init__(self, root: Path, node: str, client: docker.DockerClient | None = None,
+                 logins: Iterable[RegistryLogin] = ()) -> None:
         self.root = root
         self.node = node
         self._client = client
+        self.logins = {login.registry: login for login in logins}
 
     # engine --------------------------------------------------------------------------
     @property
@@ -223,6 +228,57 @@ class DockerDriver:
             return ""
         return " | ".join(t.strip() for t in text.splitlines() if t.strip())
 
+    # images ----------------------------------------------------------------------------
+    def has_image(self, image: str) -> bool:
+        try:
+            self.client.images.get(image)
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise EngineDown(f"node {self.node}: docker engine error: {exc.explanation}") from exc
+        return True
+
+    def pull(self, image: str) -> bool:
+        """Pull ``image`` unless the engine has it already (a tag is taken as immutable: a new
+        version is a new tag or a digest); True when it was pulled. ``PullFailed`` with the
+        registry's own reason, credentials stripped, when it cannot be had."""
+        if self.has_image(image):
+            return False
+        registry = registry_of(image)
+        login = self.logins.get(registry)
+        auth: dict[str, str] | None = None
+        secrets: list[str] = []
+        if login is not None:
+            secrets = [login.password()]
+            auth = {"username": login.username, "password": secrets[0]}
+        repository, tag = split_reference(image)
+        faults.point("pull", image)
+        try:
+            # The low-level stream: the engine reports a failure half way through as a message in
+            # it (the high-level pull drops those and says only "not found" afterwards).
+            for message in self.client.api.pull(repository, tag=tag, stream=True, decode=True, auth_config=auth):
+                if isinstance(message, dict) and message.get("error"):
+                    raise PullFailed(f"image {image}: pull from {registry} failed: "
+                                     f"{redact(str(message['error']), secrets)}")
+        except docker.errors.APIError as exc:
+            why = redact(str(exc.explanation or exc), secrets)
+            raise PullFailed(f"image {image}: pull from {registry} failed: {why}") from None
+        except (docker.errors.DockerException, requests.RequestException) as exc:  # the engine went away mid-pull
+            raise EngineDown(f"node {self.node}: docker engine error while pulling {image}: "
+                             f"{redact(str(exc), secrets)}") from None
+        if not self.has_image(image):
+            raise PullFailed(f"image {image}: pulled from {registry}, yet the engine does not have it")
+        return True
+
+    def _pull_first(self, svc: DesiredService) -> None:
+        """Before anything of the running version is stopped: the new image on the engine, or
+        a failed change that left the service as it was."""
+        try:
+            self.pull(svc.runtime.image)
+        except PullFailed as exc:
+            raise PullFailed(f"node {self.node}, service {svc.name}: {exc}; nothing was stopped for it",
+                             reason=exc.reason) from None
+
     # apply -----------------------------------------------------------------------------
     def _networks(self, names: tuple[str, ...]) -> None:
         for net in names:
@@ -272,6 +328,7 @@ class DockerDriver:
         return int(c.attrs.get("State", {}).get("Pid") or 0) or None
 
     def start(self, svc: DesiredService, commit: str, check: Check) -> int | None:
+        self._pull_first(svc)
         old = self._container(svc.name)
         if old is not None:  # stopped, crashed or changed by hand: start clean from the spec
             old.remove(force=True)
@@ -312,9 +369,11 @@ class DockerDriver:
         old = self._container(svc.name)
         if old is None:
             return self.start(svc, commit, check)
+        self._pull_first(svc)  # the old container keeps serving until the new image is here
         previous = self._record(svc.name)
         self._remove_leftovers(svc.name)
         aside = f"{self.container_name(svc.name)}-old-{int(time.time())}"
+        faults.point("stop", old.name)
         old.stop(timeout=STOP_TIMEOUT)
         old.rename(aside)
         before = read_dir(self._live(svc.name))
