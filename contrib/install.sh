@@ -59,9 +59,14 @@ if [ -n "$need" ]; then
     command -v apt-get >/dev/null || die "missing:$need (no apt-get here: install them, then run me again)"
     say "apt-get install$need ..."
     export DEBIAN_FRONTEND=noninteractive
+    log=$(mktemp)
     # shellcheck disable=SC2086 # one word per package
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends $need; } >/dev/null ||
-        die "apt-get install$need failed"
+    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends $need; } >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        rm -f "$log"
+        die "apt-get install$need failed (its last lines above)"
+    fi
+    rm -f "$log"
 fi
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
     die "the agent needs Python >= 3.11; python3 here is $(python3 --version 2>&1)"

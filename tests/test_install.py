@@ -219,8 +219,9 @@ def test_the_readme_installs_a_working_agent_on_a_fresh_debian_node(
     note = json.loads(node.ok(f"git --git-dir=/srv/git/cloud.git notes --ref=reconciler/n1 show {head}", cwd="/"))
     assert note["state"] == "applied", note
 
-    # The sandbox: the README's figure, and below 5 (9.6 UNSAFE before it).
+    # The sandbox: the README's figure (and the unit's own comment), below 5 (9.6 UNSAFE before it).
     assert node.exposure() == readme_score("unit") < 5
+    assert f"rates it {readme_score('unit')} OK" in (CONTRIB / UNIT).read_text()
 
     # Upgrade: the same install again. The unit restarts, its service keeps running, the
     # settings the operator wrote stay.
