@@ -6,8 +6,8 @@ others run in a fresh Debian 12 container with systemd as PID 1 (tests/systemd_f
 gets nothing but those wheels and contrib/ (no checkout; the installer fetches python3-venv, git
 and ca-certificates with apt-get). The operator's edit of agent.yaml is an ``editor`` on the
 node's PATH that writes a test node's settings. The node pulls a signed deployment from a
-``git daemon`` inside the container and runs one service, as ``nobody``, under the installed,
-sandboxed unit.
+``git daemon`` inside the container and runs a service as ``nobody`` (process driver) and one
+as a unit (systemd driver), under the installed, sandboxed agent unit.
 """
 
 from __future__ import annotations
@@ -135,16 +135,22 @@ trust:
 
 
 def deployment(tmp_path: Path, key: SigningKey) -> Path:
-    """A signed deployment of one web page served by a process running as ``nobody``."""
+    """A signed deployment of two web pages: one served by a process running as ``nobody``
+    (the process driver), one by a unit of its own (the systemd driver)."""
     files = {
         "reconciler.yaml": "format: 1\nname: installed\ndefaults: {driver: process}\n",
-        "inventory.yaml": "vars: {port: 8080}\ngroups:\n  web: {services: [web]}\nnodes:\n  n1: {groups: [web]}\n",
+        "inventory.yaml": "vars: {port: 8080}\ngroups:\n  web: {services: [static, web]}\nnodes:\n  n1: {groups: [web]}\n",
         "services/web/service.yaml": (
             "runtime:\n  command: [python3, web.py, '{{ port }}']\n  user: nobody\n"
             "files:\n  - {path: web.py, source: web.py}\n  - {path: index.html, template: index.html.j2}\n"
             "health:\n  http: 'http://127.0.0.1:{{ port }}/index.html'\n"),
         "services/web/files/web.py": WEB,
         "services/web/templates/index.html.j2": "hello from {{ node }}\n",
+        # The systemd driver writes its unit under /etc/systemd/system, which the sandbox keeps writable.
+        "services/static/service.yaml": (
+            "driver: systemd\nruntime:\n  command: [/usr/bin/python3, -m, http.server, '8081', --bind, 127.0.0.1]\n"
+            "files:\n  - {path: index.html, template: index.html.j2}\nhealth:\n  tcp: '127.0.0.1:8081'\n"),
+        "services/static/templates/index.html.j2": "static on {{ node }}\n",
     }
     dep = small_deployment(tmp_path / "repo", key, files, "a web page")
     return dep.bare
@@ -200,8 +206,10 @@ def test_the_readme_installs_a_working_agent_on_a_fresh_debian_node(
         time.sleep(0.5)
         proc = node.sh("reconciler status -o json")
         status = json.loads(proc.stdout) if proc.returncode == 0 else {}
-    [web] = status["services"]
-    assert (status["verdict"], web["name"], web["running"]) == ("applied", "web", True), status
+    services = {s["name"]: s for s in status["services"]}
+    assert status["verdict"] == "applied" and sorted(services) == ["static", "web"], status
+    web = services["web"]
+    assert web["running"] and web["driver"] == "process" and services["static"]["running"], status
     shown = node.ok(look)
     assert shown.startswith(f"node n1: head {head[:12]} applied"), shown
     [row] = [line.split() for line in shown.splitlines() if re.search(r"\bweb\b", line)]
@@ -215,6 +223,8 @@ def test_the_readme_installs_a_working_agent_on_a_fresh_debian_node(
     assert node.ok("cat /var/lib/reconciler/services/web/data/started-by").strip() == nobody
     page = "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:8080/\").read().decode())'"
     assert node.ok(page).strip() == "hello from n1"
+    assert node.ok("systemctl is-active rc-static.service").strip() == "active"
+    assert node.ok(page.replace("8080", "8081")).strip() == "static on n1"
     # The node's note reached the remote: the agent pushed through the sandbox.
     note = json.loads(node.ok(f"git --git-dir=/srv/git/cloud.git notes --ref=reconciler/n1 show {head}", cwd="/"))
     assert note["state"] == "applied", note
