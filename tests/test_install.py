@@ -117,10 +117,15 @@ class Node:
 
 
 WEB = """\
-import http.server, os, pathlib, sys
+import http.server, os, pathlib, sys, tempfile
 # Written as the service's user, in the one place of the sandbox that is its own.
 pathlib.Path(os.environ["RECONCILER_DATA_DIR"], "started-by").write_text(f"{os.getuid()}\\n")
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
+class Page(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self):
+        with tempfile.TemporaryFile() as scratch:  # /tmp, as services use it: it must outlive an agent restart
+            scratch.write(b"upload")
+        super().do_GET()
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Page).serve_forever()
 """
 
 SETTINGS = """\
