@@ -223,7 +223,19 @@ def test_the_readme_installs_a_working_agent_on_a_fresh_debian_node(
     # The service runs as nobody, inside the sandbox, and serves its page.
     pid = int(web["pid"])
     assert node.ok(f"ps -o user= -p {pid}").strip() == "nobody"
-    assert "NoNewPrivs:\t1" in node.ok(f"cat /proc/{pid}/status")  # the agent's child: its sandbox too
+    proc_status = node.ok(f"cat /proc/{pid}/status")
+    assert re.search(r"^NoNewPrivs:\s+1$", proc_status, re.M), proc_status  # the agent's child: its sandbox
+    assert re.search(r"^Groups:\s*$", proc_status, re.M), proc_status  # no supplementary groups
+    # ...but a cgroup of its own, out of the agent unit's: a scope in reconciler.slice.
+    cgroup = node.ok(f"cat /proc/{pid}/cgroup")
+    scope = re.search(r"/reconciler\.slice/(reconciler-web-[0-9a-f]{8}\.scope)$", cgroup, re.M)
+    assert scope and UNIT not in cgroup, cgroup
+    # Its environment is still the clean one with the marker (adoption finds it); systemd-run adds
+    # only the scope's own invocation id, nothing of the agent's unit.
+    environ = node.ok(f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
+    assert "RECONCILER_INSTANCE=/var/lib/reconciler/services|n1|web|" in "\n".join(environ)
+    systemd_vars = [v for v in environ if v.startswith(("INVOCATION_ID=", "JOURNAL_STREAM=", "SYSTEMD_"))]
+    assert systemd_vars == [f"INVOCATION_ID={node.ok(f'systemctl show -p InvocationID --value {scope[1]}').strip()}"]
     nobody = node.ok("id -u nobody").strip()
     assert node.ok("cat /var/lib/reconciler/services/web/data/started-by").strip() == nobody
     page = "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:8080/\").read().decode())'"
@@ -247,6 +259,8 @@ def test_the_readme_installs_a_working_agent_on_a_fresh_debian_node(
     assert after not in (0, before)
     assert node.ok(f"ps -o user= -p {pid}").strip() == "nobody"
     assert node.ok(page).strip() == "hello from n1"
+    journal = node.ok(f"journalctl -u {UNIT} --no-pager")
+    assert "left-over process" not in journal, journal[-2000:]
 
     # Without CA certificates every command says so in one line (the real Debian paths, moved away).
     node.ok("mv /etc/ssl/certs /etc/ssl/certs.away", cwd="/")
