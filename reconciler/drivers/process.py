@@ -25,9 +25,10 @@ HOME) plus what service.yaml declares and the RECONCILER_* variables, as the ``u
 Where systemd runs (and the agent is root), each service starts in a transient scope of its own
 (``systemd-run --scope``, in ``reconciler.slice``), so it is not in the cgroup of the agent's
 unit: restarting or stopping the agent leaves it alone, and systemd sees no left-over process.
-``systemd-run --scope`` execs the command itself, so the pid, the process group and the marker
-stay what they are without it; ``setpriv`` switches to the service's user after the scope is
-made (which takes root), with no supplementary groups. Elsewhere the process group alone.
+``systemd-run --scope`` execs the command itself (through ``setpriv`` and ``env``), so the pid,
+the process group, the environment and the marker stay what they are without it. ``setpriv``
+switches to the service's user once the scope is made (which takes root), with no supplementary
+groups. Elsewhere the process group alone.
 """
 
 from __future__ import annotations
@@ -542,7 +543,8 @@ class ProcessDriver:
             words += [shutil.which("setpriv") or "setpriv",
                       *([f"--reuid={acct.uid}"] if acct.uid is not None else []),
                       *([f"--regid={acct.gid}"] if acct.gid is not None else []), "--clear-groups", "--"]
-        return words
+        # systemd-run adds the scope's INVOCATION_ID; the service's environment stays the clean one.
+        return [*words, shutil.which("env") or "env", "-u", "INVOCATION_ID", "--"]
 
     def stop(self, name: str) -> None:
         """Stop the service's process group, and every other process carrying its marker."""
