@@ -148,3 +148,10 @@ class DiskFull(ReconcilerError):
         except OSError:
             free = "free space unknown"
         return cls(f"{message or 'no space left'} ({path}: {free})")
+
+
+class NoCABundle(BadInput):
+    """The node has no usable CA certificates: pygit2 loads them when it is imported and fails
+    without them (a minimal Debian without ``ca-certificates``), before any command can run."""
+
+    reason = "NO_CA_BUNDLE"

@@ -21,6 +21,14 @@ live process) or stops: never a second copy, never an orphan.
 A service starts from a clean environment (``clean_env``: fixed PATH, C.UTF-8, its user's
 HOME) plus what service.yaml declares and the RECONCILER_* variables, as the ``user`` and
 ``group`` it names; its reload and check commands too.
+
+Where systemd runs (and the agent is root), each service starts in a transient scope of its own
+(``systemd-run --scope``, in ``reconciler.slice``), so it is not in the cgroup of the agent's
+unit: restarting or stopping the agent leaves it alone, and systemd sees no left-over process.
+``systemd-run --scope`` execs the command itself (through ``setpriv`` and ``env``), so the pid,
+the process group, the environment and the marker stay what they are without it. ``setpriv``
+switches to the service's user once the scope is made (which takes root), with no supplementary
+groups. Elsewhere the process group alone.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import contextlib
 import grp
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import subprocess
@@ -175,13 +184,21 @@ def file_drift(rec: dict[str, Any], live: tuple[FileSpec, ...]) -> str:
 LOG_LIMIT = 16 * 1024 * 1024  # service.log is rotated past this many bytes (one older file kept)
 
 
+def systemd_scopes() -> bool:
+    """Whether services can get scopes of their own: systemd is the init system (sd_booted's
+    test), the agent is root, and systemd-run and setpriv are there."""
+    return (os.geteuid() == 0 and os.path.isdir("/run/systemd/system")
+            and shutil.which("systemd-run") is not None and shutil.which("setpriv") is not None)
+
+
 class ProcessDriver:
     name = "process"
 
-    def __init__(self, root: Path, node: str) -> None:
+    def __init__(self, root: Path, node: str, scopes: bool | None = None) -> None:
         # Absolute: the marker and $RECONCILER_DATA_DIR must mean the same from any directory.
         self.root = root.absolute()
         self.node = node
+        self.scopes = systemd_scopes() if scopes is None else scopes  # None: wherever systemd runs
 
     def _dir(self, name: str) -> Path:
         return self.root / name
@@ -499,9 +516,10 @@ class ProcessDriver:
             log.flush()
             faults.point("spawn", name)
             try:
+                wrapped, as_ = (self._scoped(name, acct) + argv, {}) if self.scopes else (argv, _as(acct))
                 proc = subprocess.Popen(
-                    argv, cwd=rec["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **_as(acct),
+                    wrapped, cwd=rec["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **as_,
                 )
             except OSError as exc:
                 raise ApplyError(f"service {name}: cannot start {argv[0]}: {exc.strerror}") from exc
@@ -514,6 +532,19 @@ class ProcessDriver:
         rec = {**rec, "state": "running", "pid": proc.pid, "start_time": start_time, "started": time.time()}
         write_record(d, rec)
         return proc.pid
+
+    def _scoped(self, name: str, acct: Account) -> list[str]:
+        """The words before a service's command that start it in a scope of its own, as its user.
+        A fresh scope name each time: the one of a stopped process may not be gone yet."""
+        unit = f"reconciler-{name}-{secrets.token_hex(4)}.scope"
+        words = [shutil.which("systemd-run") or "systemd-run", "--scope", "--quiet", "--collect",
+                 f"--unit={unit}", "--slice=reconciler.slice", f"--description=reconciler {self.node}: {name}", "--"]
+        if acct.switched:
+            words += [shutil.which("setpriv") or "setpriv",
+                      *([f"--reuid={acct.uid}"] if acct.uid is not None else []),
+                      *([f"--regid={acct.gid}"] if acct.gid is not None else []), "--clear-groups", "--"]
+        # systemd-run adds the scope's INVOCATION_ID; the service's environment stays the clean one.
+        return [*words, shutil.which("env") or "env", "-u", "INVOCATION_ID", "--"]
 
     def stop(self, name: str) -> None:
         """Stop the service's process group, and every other process carrying its marker."""

@@ -1,0 +1,49 @@
+"""The ``reconciler`` command's entry point (console script and ``python -m reconciler``).
+
+It imports the command line inside a guard: pygit2 loads the system's CA certificates when it
+is first imported, and on a node without them (a minimal Debian without ``ca-certificates``)
+that import raises before the command line's own error handling exists. Here that becomes the
+one-line error every other bad input gets; anything else propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import sys
+
+from .errors import NoCABundle
+
+
+def main() -> None:
+    try:
+        from .cli import main as cli_main
+    except Exception as exc:  # pygit2.GitError cannot be named: pygit2 is what failed to import
+        problem = ca_bundle_error(exc)
+        if problem is None:
+            raise
+        _fail(problem, sys.argv[1:])
+    cli_main()
+
+
+def ca_bundle_error(exc: BaseException) -> NoCABundle | None:
+    """``exc`` as the missing CA bundle it stands for, or None when it is something else."""
+    if type(exc).__name__ != "GitError" or "certificates" not in str(exc):
+        return None
+    paths = ssl.get_default_verify_paths()
+    cafile = os.environ.get(paths.openssl_cafile_env) or paths.openssl_cafile
+    capath = os.environ.get(paths.openssl_capath_env) or paths.openssl_capath
+    return NoCABundle(f"no usable CA certificates in {cafile} or {capath}/ (pygit2: {exc}): install the "
+                      "ca-certificates package (apt-get install ca-certificates), or set SSL_CERT_FILE to a CA bundle")
+
+
+def _fail(error: NoCABundle, args: list[str]) -> None:
+    # The command line's own _fail cannot be imported (it is what failed): the same output by hand,
+    # the JSON object too when the words ask for it.
+    if any(a in ("-ojson", "--output=json") for a in args) or any(
+            a in ("-o", "--output") and b == "json" for a, b in zip(args, args[1:], strict=False)):
+        print(json.dumps({"error": {"exit_code": error.exit_code, "message": str(error), "reason": error.reason}},
+                         indent=2, sort_keys=True))
+    print(f"error: {error} [{error.reason}]", file=sys.stderr)
+    sys.exit(error.exit_code)
