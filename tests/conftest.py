@@ -37,16 +37,13 @@ GIT_ENV = {
 
 # What shares the one Docker engine: its test nodes (t-...) and a cleanup that removes any run's.
 ENGINE_FIXTURES = {"docker_engine", "systemd_host"}
-ENGINE_MODULES = {"test_install"}  # drives the engine through the docker CLI, without the fixtures
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under xdist (``-n 2 --dist loadgroup``), every test that touches the Docker engine runs in
     the same worker, one after the other; the rest are spread over both."""
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        module = getattr(item, "module", None)
-        if names & ENGINE_FIXTURES or module is not None and module.__name__ in ENGINE_MODULES:
+        if set(getattr(item, "fixturenames", ())) & ENGINE_FIXTURES:
             item.add_marker(pytest.mark.xdist_group("engine"))
 
 def git(*args: str, cwd: Path | None = None) -> str:
