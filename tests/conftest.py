@@ -39,12 +39,13 @@ GIT_ENV = {
 ENGINE_FIXTURES = {"docker_engine", "systemd_host"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Under xdist (``-n 2 --dist loadgroup``), every test that touches the Docker engine runs in
-    the same worker, one after the other; the rest are spread over both."""
-    for item in items:
-        if set(getattr(item, "fixturenames", ())) & ENGINE_FIXTURES:
-            item.add_marker(pytest.mark.xdist_group("engine"))
+    the same worker, one after the other; the rest are spread over both. (Marked as each test is
+    collected: xdist reads the groups in its own pytest_collection_modifyitems.)"""
+    if set(getattr(item, "fixturenames", ())) & ENGINE_FIXTURES:
+        item.add_marker(pytest.mark.xdist_group("engine"))
+
 
 def git(*args: str, cwd: Path | None = None) -> str:
     return subprocess.run(
@@ -70,15 +71,25 @@ def free_port() -> int:
 def free_port_bases(count: int) -> list[int]:
     """Port ranges of 100 whose service ports (base + 0..99 used ones) are all free."""
     offsets = (0, 5, 6, 10, 90)
+    # Below the kernel's ephemeral range (32768-60999 here), where git daemons, sshd and clients
+    # get their ports, and a share of it per xdist worker, so two workers never pick the same.
+    low, high = 20000, 32700
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    span = (high - low) // workers // 100 * 100
+    low = low + worker * span
+    high = low + span
     bases: list[int] = []
-    start = 20000 + (os.getpid() % 200) * 100
-    base = start
-    while len(bases) < count:
+    base = low + (os.getpid() % max(1, span // 100)) * 100
+    for _ in range(span // 100):
+        if len(bases) == count:
+            break
         if all(_port_free(base + o) for o in offsets):
             bases.append(base)
         base += 100
-        if base > 60000:
-            base = 20000
+        if base >= high:
+            base = low
+    assert len(bases) == count, f"no {count} free port ranges in {low}-{high}"
     return bases
 
 
