@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Deployment, SigningKey, wait_for
+from conftest import Deployment, SigningKey, age_args, wait_for
 
 from reconciler.agent import Agent
 
@@ -40,7 +40,7 @@ def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
 
 def node_args(agent: Agent, key: SigningKey) -> list[str]:
     return ["--node", agent.cfg.node, "--remote", agent.cfg.remote, "--state-dir", str(agent.cfg.state_dir),
-            "--allowed-signers", str(key.allowed_signers)]
+            "--allowed-signers", str(key.allowed_signers), *age_args(agent)]
 
 
 def ttl(deployment: Deployment, node: str) -> int:

@@ -1,10 +1,12 @@
 """Secrets in the deployment repo: encrypted with the real ``sops`` to age keys made here,
 decrypted in process on the node that is a recipient, and never seen anywhere else.
 
-The example deployment gets one secret, the database password that db and identity share,
-in ``secrets/controllers.yaml`` encrypted to the controllers' keys (ctl1, ctl2, ctl3)::
+The example deployment has one secret, the database password that db and identity share
+(each reads it into its own db-auth.conf), in ``secrets/controllers.yaml`` encrypted to the
+controllers' demo keys. The tests encrypt it again with sops, to keys made here, with a canary
+value to look for everywhere::
 
-    C1 initial deployment --- C2 secret db_password used by db.conf and identity.conf --- C3 ...
+    C1 initial deployment (the example) --- C2 db_password re-encrypted to fresh keys --- C3 ...
 """
 
 from __future__ import annotations
@@ -72,18 +74,15 @@ def encrypt_to(deployment: Deployment, recipients: list[str], values: dict[str, 
 
 
 def add_secret(deployment: Deployment, key_files: dict[str, Path], value: str = CANARY) -> str:
-    """C2: the shared db password, read by db.conf and identity.conf; each node's public key in
-    the inventory (what validate checks recipients against)."""
+    """C2: the shared db password (db's and identity's db-auth.conf read it) encrypted again, to
+    the controllers' keys made here; each node's public key in the inventory (what validate
+    checks recipients against)."""
     encrypt_to(deployment, [public(key_files[n]) for n in CONTROLLERS], {"db_password": value})
     inv = yaml.safe_load(deployment.read("inventory.yaml"))
     for node, path in key_files.items():
         inv["nodes"][node]["vars"]["age_recipient"] = public(path)
     deployment.write("inventory.yaml", yaml.safe_dump(inv, sort_keys=False))
-    deployment.edit("services/db/templates/db.conf.j2", "max_connections =",
-                    "password = {{ secrets.db_password }}\nmax_connections =")
-    deployment.edit("services/identity/templates/identity.conf.j2", "[database]\n",
-                    "[database]\npassword = {{ secrets.db_password }}\n")
-    return deployment.commit("db password shared by db and identity")
+    return deployment.commit("db password encrypted to the controllers' keys")
 
 
 def unlocked(deployment: Deployment, key: Path) -> object:
@@ -133,14 +132,16 @@ def test_a_file_that_prints_a_secret_is_written_0600_and_diffed_as_changed_only(
     from dataclasses import replace
 
     on_node = render_node(replace(repo, unlocked=values), "ctl1", c2).by_name()  # type: ignore[type-var]
-    db_conf = {f.path: f for f in on_node["db"].files}
+    db_files = {f.path: f for f in on_node["db"].files}
 
-    assert db_conf["db.conf"].secret and db_conf["db.conf"].mode == 0o600
-    assert f"password = {CANARY}" in db_conf["db.conf"].content.decode()
-    assert not db_conf["db.py"].secret and db_conf["db.py"].mode == 0o755
+    assert db_files["db-auth.conf"].secret and db_files["db-auth.conf"].mode == 0o600
+    assert f"password = {CANARY}" in db_files["db-auth.conf"].content.decode()
+    assert not db_files["db.conf"].secret and db_files["db.conf"].mode == 0o644
+    assert not db_files["db.py"].secret and db_files["db.py"].mode == 0o755
     # A reviewer has no key: the same file, marked, with no value in it.
     review = {f.path: f for f in render_node(repo, "ctl1", c2).by_name()["identity"].files}  # type: ignore[arg-type]
-    assert review["identity.conf"].secret and b"<secret db_password " in review["identity.conf"].content
+    assert review["db-auth.conf"].secret and b"<secret db_password " in review["db-auth.conf"].content
+    assert not review["identity.conf"].secret
 
     # The reviewer's diff of a password change: which files change, never what they hold.
     c3_work = deployment.work
@@ -148,7 +149,7 @@ def test_a_file_that_prints_a_secret_is_written_0600_and_diffed_as_changed_only(
     c3 = deployment.commit("rotate the db password")
     diffs = diff_repos(load_repo(open_tree(c3_work, c2)), c2, load_repo(open_tree(c3_work, c3)), c3)
     text = markdown(diffs, c2, c3)
-    assert "<secret changed>" in text and "db.conf" in text and "identity.conf" in text
+    assert "<secret changed> ctl1/db/db-auth.conf" in text and "<secret changed> ctl1/identity/db-auth.conf" in text
     assert CANARY not in text and "second-Pw" not in text and "password =" not in text
     first = markdown(diff_repos(load_repo(open_tree(c3_work, c1)), c1, load_repo(open_tree(c3_work, c2)), c2), c1, c2)
     assert "<secret changed>" in first and "<secret db_password" not in first
@@ -197,7 +198,7 @@ def test_canary_the_password_is_nowhere_but_in_0600_files_and_a_node_dropped_as_
 
     assert result.exit_code == 0, result.error
     state = ctl1.cfg.state_dir
-    live = [p for p in state.rglob("db.conf") if p.is_file()]
+    live = [p for p in state.rglob("db-auth.conf") if p.is_file()]
     assert live and all(CANARY in p.read_text() and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in live)
     leaks = [p for p in world_readable(state) if CANARY.encode() in p.read_bytes()]
     assert leaks == []
