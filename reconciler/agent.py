@@ -24,6 +24,8 @@ from .model import Desired, Plan, Revision, VerifiedRevision
 from .observe import observe
 from .pipeline import RunResult, reconcile
 from .plan import plan as make_plan
+from .redact import NONE as NO_SECRETS
+from .redact import Redactor
 from .report import Reporter, notes_ref
 from .source import Source
 from .state import State
@@ -62,6 +64,9 @@ class Agent:
     source: Source = field(init=False)
     reporter: Reporter = field(init=False)
     keeper: TrustKeeper = field(init=False)
+    # Every secret value this agent decrypted so far (never fewer: a service may still run, or
+    # be put back on, an older value): what its output is cleaned of before it is kept or shown.
+    redact: Redactor = field(init=False, default=NO_SECRETS)
     _said: dict[Hashable, None] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -96,13 +101,14 @@ class Agent:
         return drivers_for(self.cfg, desired)
 
     def last_output(self, service: str) -> str:
+        """The service's last lines of output, secret values replaced by ``<secret NAME>``."""
         for driver in self.drivers(None).values():
             try:
                 text = driver.last_output(service)
             except Exception:  # a driver that cannot read its log says nothing
                 continue
             if text:
-                return text
+                return self.redact(text)
         return ""
 
     def head(self, fetch: bool, rev: str | None) -> tuple[str, bool]:
@@ -146,7 +152,7 @@ class Agent:
         identity configured: none decrypted, and a template that reads one fails SECRET_UNREADABLE."""
         from dataclasses import replace
 
-        from .secrets import SecretUnreadable, identities, unlock
+        from .secrets import SecretUnreadable, identities, named_values, open_files
 
         path = self.cfg.secrets.age_identity
         if path is None:
@@ -156,7 +162,11 @@ class Agent:
         except (OSError, UnicodeDecodeError) as exc:
             raise SecretUnreadable(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
                                    file=str(path)) from None
-        return replace(repo, unlocked=unlock(repo.secret_files, identities(text, str(path))))
+        opened = open_files(repo.secret_files, identities(text, str(path)))
+        for f in opened.values():
+            self.redact = self.redact.plus(named_values(f.values))
+        self.ledger.redact = self.redact
+        return replace(repo, unlocked=opened)
 
     def desired(self, rev: VerifiedRevision, repo: DeploymentRepo | None = None) -> Desired:
         """The node's slice at ``rev``, with pinned services at their pinned commit (vouched for

@@ -25,7 +25,7 @@ from typing import Any
 
 from .errors import BadInput, InvalidRepo, UnknownNode
 from .limits import LIMITS, Limits
-from .secrets import SopsFile
+from .secrets import Opened, SopsFile
 from .secrets import parse as parse_sops
 from .tree import Tree
 from .upgrade import PostStep, Stage, Step, StepAction, check_steps, parse_post, parse_steps
@@ -104,9 +104,9 @@ class DeploymentRepo:
     post_upgrade: tuple[PostStep, ...] = ()
     stages: Mapping[str, Stage] = field(default_factory=dict)  # reconciler.yaml `stages`, by name
     secret_files: Mapping[str, SopsFile] = field(default_factory=dict)  # secrets/*.yaml, still encrypted
-    # Path -> values of the secret files this node decrypted (the agent sets it with its identity);
-    # None where no key is at hand (review, validate): templates then see placeholders.
-    unlocked: Mapping[str, Mapping[str, Any]] | None = None
+    # Path -> the secret files this node decrypted, values and hash key (the agent sets it with
+    # its identity); None where no key is at hand (review, validate): templates see placeholders.
+    unlocked: Mapping[str, Opened] | None = None
 
     def node(self, name: str) -> NodeDef:
         try:

@@ -11,6 +11,7 @@ value to look for everywhere::
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -22,15 +23,16 @@ from pathlib import Path
 import pyrage
 import pytest
 import yaml
-from conftest import Deployment, git
+from conftest import Deployment, SigningKey, free_port, git
 
 from reconciler.agent import Agent
 from reconciler.config import SecretsConfig
 from reconciler.errors import BadInput
+from reconciler.redact import Redactor
 from reconciler.render import render_node
 from reconciler.repo import load_repo
 from reconciler.review import diff_repos, markdown, validate_tree
-from reconciler.secrets import SecretUnreadable, identities, unlock
+from reconciler.secrets import Opened, SecretUnreadable, identities, open_files, unlock
 from reconciler.tree import open_tree
 
 SOPS = shutil.which("sops", path=str(Path(sys.executable).parent)) or shutil.which("sops")
@@ -86,8 +88,9 @@ def add_secret(deployment: Deployment, key_files: dict[str, Path], value: str = 
 
 
 def unlocked(deployment: Deployment, key: Path) -> object:
+    """The repo at HEAD with the files ``key`` opens, as the agent holding it renders it."""
     repo = load_repo(open_tree(deployment.work, "HEAD"))
-    return repo, unlock(repo.secret_files, identities(key.read_text(), str(key)))
+    return repo, open_files(repo.secret_files, identities(key.read_text(), str(key)))
 
 
 def test_a_file_sops_encrypted_decrypts_on_a_controller_and_not_on_a_compute(
@@ -225,7 +228,7 @@ def test_canary_the_password_is_nowhere_but_in_0600_files_and_a_node_dropped_as_
     assert note is not None and note.get("reason") == "SECRET_UNREADABLE"
     # ctl2 is still a recipient after the rotation: it decrypts the re-encrypted file.
     _, on_ctl2 = unlocked(deployment, k["ctl2"])
-    assert on_ctl2 == {"secrets/controllers.yaml": {"db_password": CANARY}}
+    assert {p: f.values for p, f in on_ctl2.items()} == {"secrets/controllers.yaml": {"db_password": CANARY}}  # type: ignore[attr-defined]
 
 
 def test_validate_with_a_key_finds_the_password_pasted_in_plain_text_and_never_prints_it(
@@ -254,3 +257,159 @@ def test_validate_with_a_key_finds_the_password_pasted_in_plain_text_and_never_p
     broken.write_text("AGE-SECRET-KEY-1NOTAKEY\n")
     bad = validate("--age-identity", str(broken))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "NOTAKEY" not in bad.stderr
+
+
+LEAKY_CONF = "db password: {{ secrets.db_password }}\n"
+
+
+def add_leaky(deployment: Deployment, service_yaml: str) -> None:
+    """A service of ctl1 alone (its own group) that prints its db password on stdout."""
+    deployment.write("services/leaky/service.yaml", service_yaml)
+    deployment.write("services/leaky/templates/leaky.conf.j2", LEAKY_CONF)
+    inv = yaml.safe_load(deployment.read("inventory.yaml"))
+    inv["groups"]["leakers"] = {"services": ["leaky"]}
+    inv["nodes"]["ctl1"]["groups"].append("leakers")
+    deployment.write("inventory.yaml", yaml.safe_dump(inv, sort_keys=False))
+
+
+def node_cli(deployment: Deployment, state: Path, key: Path, merge_key: SigningKey,
+             *args: str) -> subprocess.CompletedProcess[str]:
+    """``reconciler ARGS`` as ctl1's operator runs it, with ctl1's settings as flags."""
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler", *args, "--node", "ctl1", "--remote", deployment.url, "--state-dir",
+         str(state), "--allowed-signers", str(merge_key.allowed_signers), "--age-identity", str(key)],
+        capture_output=True, text=True, timeout=120)
+
+
+def private_state(state: Path) -> bytes:
+    """Every byte the agent keeps under its state dir but the rendered files and the service's own
+    log (written by the service itself, 0600): the history database, records, notes to push."""
+    return b"".join(p.read_bytes() for p in sorted(state.rglob("*")) if p.is_file() and p.name != "service.log"
+                    and "leaky.conf" not in p.name and "db-auth.conf" not in p.name)
+
+
+def test_a_service_that_prints_its_password_and_fails_its_health_check_leaves_only_its_name(
+        deployment: Deployment, tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent]) -> None:
+    k = keys(tmp_path)
+    add_secret(deployment, k)
+    add_leaky(deployment, f"""description: prints its db password, then never answers its health check
+runtime:
+  command: [sh, -c, "echo connecting; cat leaky.conf; exec sleep 600"]
+files:
+  - {{path: leaky.conf, template: leaky.conf.j2}}
+health:
+  tcp: "127.0.0.1:{free_port()}"
+  timeout: 1
+""")
+    c3 = deployment.commit("leaky: a program that prints its password")
+    state = agents("ctl1", deployment.url).cfg.state_dir  # its teardown stops what the commands start
+
+    human = node_cli(deployment, state, k["ctl1"], merge_key, "agent", "--once")
+    assert node_cli(deployment, state, k["ctl1"], merge_key, "retry").returncode == 0
+    as_json = node_cli(deployment, state, k["ctl1"], merge_key, "agent", "--once", "-o", "json")
+    history = [node_cli(deployment, state, k["ctl1"], merge_key, "history", "leaky", *o) for o in ((), ("-o", "json"))]
+
+    assert human.returncode == 1 and as_json.returncode == 1, human.stderr
+    run = json.loads(as_json.stdout)
+    assert run["report"]["state"] == "failed" and run["report"]["services"]["leaky"]["result"] == "failed"
+    # The output was captured (what the history keeps of a failure), with the value replaced by its name.
+    rows = json.loads(history[1].stdout)
+    failed = [r for r in rows if r["result"] == "failed"]
+    assert failed and all("db password: <secret db_password>" in r["detail"] for r in failed), rows
+    note = deployment.note("ctl1", c3)
+    assert note is not None and note["state"] == "failed"
+    shown = [human.stdout, human.stderr, as_json.stdout, as_json.stderr, *(h.stdout + h.stderr for h in history),
+             json.dumps(note), git("--git-dir", str(deployment.bare), "log", "-p", "--all", "--format=%B")]
+    assert [CANARY in text for text in shown] == [False] * len(shown)
+    assert CANARY.encode() not in private_state(state)
+    # ...while the service's own log, which only root reads, holds what it printed.
+    log = next(state.rglob("leaky/service.log"))
+    assert CANARY in log.read_text() and stat.S_IMODE(log.stat().st_mode) & 0o077 == 0
+
+
+def test_an_upgrade_step_that_prints_the_password_and_fails_is_noted_with_its_name_only(
+        deployment: Deployment, tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent]) -> None:
+    k = keys(tmp_path)
+    add_secret(deployment, k)
+    leaky = """description: prints its db password at start
+version: "1"
+runtime:
+  command: [sh, -c, "cat leaky.conf; exec sleep 600"]
+files:
+  - {path: leaky.conf, template: leaky.conf.j2}
+"""
+    add_leaky(deployment, leaky)
+    deployment.commit("leaky, version 1")
+    ctl1 = agents("ctl1", deployment.url, secrets=SecretsConfig(k["ctl1"]))
+    assert ctl1.reconcile_once().exit_code == 0
+    ctl1.close()
+    deployment.write("services/leaky/service.yaml", leaky.replace('version: "1"', 'version: "2"') + """upgrade:
+  - {name: migrate, action: command, command: "echo migrating with; cat leaky.conf; exit 3"}
+""")
+    c3 = deployment.commit("leaky, version 2: a migration that fails and prints the password")
+
+    proc = node_cli(deployment, ctl1.cfg.state_dir, k["ctl1"], merge_key, "agent", "--once", "-o", "json")
+
+    assert proc.returncode == 1, proc.stderr
+    run = json.loads(proc.stdout)
+    assert run["report"]["reason"] == "UPGRADE_FAILED"
+    assert run["report"]["error"].endswith("exit 3: migrating with\ndb password: <secret db_password>")
+    note = deployment.note("ctl1", c3)
+    assert note is not None and note["reason"] == "UPGRADE_FAILED"
+    step = next(s for s in note["upgrade"] if s["step"] == "migrate")  # type: ignore[union-attr]
+    assert step["status"] == "failed" and "db password: <secret db_password>" in step["detail"]
+    for text in (proc.stdout, proc.stderr, json.dumps(note)):
+        assert CANARY not in text
+    assert CANARY.encode() not in private_state(ctl1.cfg.state_dir)  # the step's kept output included
+    assert [p for p in world_readable(ctl1.cfg.state_dir) if CANARY.encode() in p.read_bytes()] == []
+    scratch = next(ctl1.cfg.state_dir.glob("upgrade/*/leaky/migrate"))
+    assert stat.S_IMODE(scratch.stat().st_mode) == 0o700  # the rendered files the step ran with
+
+
+def test_no_hash_the_node_or_a_review_shows_can_confirm_a_guessed_password(
+        deployment: Deployment, tmp_path: Path, agents: Callable[..., Agent]) -> None:
+    from dataclasses import replace
+
+    k = keys(tmp_path)
+    c1 = git("rev-parse", "HEAD", cwd=deployment.work)
+    c2 = add_secret(deployment, k)
+    ctl1 = agents("ctl1", deployment.url, secrets=SecretsConfig(k["ctl1"]))
+    assert ctl1.reconcile_once().exit_code == 0
+    repo, opened = unlocked(deployment, k["ctl1"])
+    on_node = render_node(replace(repo, unlocked=opened), "ctl1", c2).by_name()["db"]  # type: ignore[arg-type]
+    # What anyone who reads the repo computes for a guess (here the right one): every file of the
+    # slice as the template makes it, hashed with plain SHA-256 as other files are.
+    plain = {p: Opened(f.values, b"") for p, f in opened.items()}  # type: ignore[attr-defined]
+    guessed = render_node(replace(repo, unlocked=plain), "ctl1", c2).by_name()["db"]  # type: ignore[arg-type]
+    node_files, guessed_files = ({f.path: f for f in s.files} for s in (on_node, guessed))
+    assert node_files["db-auth.conf"].content == guessed_files["db-auth.conf"].content  # the guess is right
+
+    note = deployment.note("ctl1", c2)
+    assert note is not None and note["services"]["db"]["hash"] == on_node.hash  # type: ignore[index]
+    assert guessed.hash != on_node.hash  # the note's hash does not confirm it
+    assert node_files["db-auth.conf"].sha256 != guessed_files["db-auth.conf"].sha256
+    assert set(node_files["db-auth.conf"].to_dict()) == {"path", "mode", "hmac-sha256", "secret"}
+    assert node_files["db.conf"].sha256 == guessed_files["db.conf"].sha256  # a file with no secret: as before
+    record = (ctl1.cfg.state_dir / "services" / "db" / "record.json").read_text()
+    assert guessed_files["db-auth.conf"].sha256 not in record
+    # Keyed, the live files still match what was applied: the next pass finds nothing to do.
+    assert ctl1.reconcile_once().report is None
+    # A reviewer's diff and render hash the file with markers in it, never with the value.
+    shown = markdown(diff_repos(load_repo(open_tree(deployment.work, c1)), c1,
+                                load_repo(open_tree(deployment.work, c2)), c2), c1, c2)
+    review = {f.path: f for f in render_node(repo, "ctl1", c2).by_name()["db"].files}  # type: ignore[attr-defined]
+    assert f"-> {review['db-auth.conf'].sha256[:12]}" in shown
+    assert guessed_files["db-auth.conf"].sha256[:12] not in shown and CANARY.encode() not in review["db-auth.conf"].content
+
+
+def test_the_redactor_replaces_whole_values_longest_first_and_pem_lines_alone() -> None:
+    pem = "-----BEGIN KEY-----\nMIIBVQIBADANBgkqhkiG9w0BAQEFAASCAT8w\nggE7AgEAAkEAq7BFUpkGp3+LQmlQ\n-----END KEY-----"
+    redact = Redactor.of([("db_password", "hunter2-long"), ("short", "hunter2"), ("tls.key", pem), ("secret", "secret")])
+
+    assert redact("login hunter2-long, then hunter2") == "login <secret db_password>, then <secret short>"
+    # A marker is never redacted again, though "secret" is a value too.
+    assert redact("a secret") == "a <secret secret>"
+    # Printed line by line and joined by " | " (a captured output), the key's lines still go.
+    joined = " | ".join(pem.splitlines())
+    assert redact(joined) == " | ".join(["<secret tls.key>"] * 4)
+    assert redact(pem) == "<secret tls.key>" and repr(redact) == "Redactor(8 values)"  # never the values
