@@ -156,7 +156,7 @@ class Agent:
 
         path = self.cfg.secrets.age_identity
         if path is None:
-            return replace(repo, unlocked={})
+            return replace(repo, unlocked={}, no_identity=True)
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:

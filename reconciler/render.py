@@ -257,7 +257,8 @@ def secret_view(repo: DeploymentRepo, node: str) -> SecretView:
     if repo.unlocked is not None:
         readable: dict[str, Mapping[str, Any]] = {p: f.values for p, f in repo.unlocked.items()}
         hash_keys = {p: f.hash_key for p, f in repo.unlocked.items()}
-        why = "its age key is not among the file's recipients"
+        why = ("no age identity is configured on it: secrets.age_identity or --age-identity" if repo.no_identity
+               else "its age key is not among the file's recipients")
     else:
         mine = repo.node_vars(node).get("age_recipient") or ()
         mine = {mine} if isinstance(mine, str) else set(mine)

@@ -107,6 +107,9 @@ class DeploymentRepo:
     # Path -> the secret files this node decrypted, values and hash key (the agent sets it with
     # its identity); None where no key is at hand (review, validate): templates see placeholders.
     unlocked: Mapping[str, Opened] | None = None
+    # The agent has no age identity configured (so ``unlocked`` is empty): said in the error of a
+    # template that reads a secret, which is then a setup to fix on the node, not a rotation.
+    no_identity: bool = False
 
     def node(self, name: str) -> NodeDef:
         try:

@@ -276,7 +276,8 @@ def test_the_daemon_logs_a_verdict_once_with_its_reason_and_the_service_output(
     config = tmp_path / "ctl1.yaml"
     config.write_text(f"node: ctl1\nremote: {deployment.url}\nstate_dir: {ctl1.cfg.state_dir}\n"
                       f"interval: 0.5\njitter: 0\nsupervise_interval: 5\n"
-                      f"trust: {{allowed_signers: {merge_key.allowed_signers}}}\n")
+                      f"trust: {{allowed_signers: {merge_key.allowed_signers}}}\n"
+                      f"secrets: {{age_identity: {ctl1.cfg.secrets.age_identity}}}\n")
     log = tmp_path / "daemon.log"
     with open(log, "w") as out:
         daemon = subprocess.Popen([sys.executable, "-m", "reconciler", "agent", "--config", str(config)],

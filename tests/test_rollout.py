@@ -167,7 +167,7 @@ def test_manual_instantiate_mode_stages_until_an_operator_applies(
     proc = subprocess.run(
         [sys.executable, "-m", "reconciler", "apply", "--service", "identity", "--node", "ctl2", "--remote",
          deployment.url, "--state-dir", str(ctl2.cfg.state_dir), "--allowed-signers",
-         str(merge_key.allowed_signers), "-o", "json"], capture_output=True, text=True)
+         str(merge_key.allowed_signers), *age_args(ctl2), "-o", "json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     applied = json.loads(proc.stdout)["report"]
     assert applied["services"]["identity"]["action"] == "start"

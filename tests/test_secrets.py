@@ -413,3 +413,16 @@ def test_the_redactor_replaces_whole_values_longest_first_and_pem_lines_alone() 
     joined = " | ".join(pem.splitlines())
     assert redact(joined) == " | ".join(["<secret tls.key>"] * 4)
     assert redact(pem) == "<secret tls.key>" and repr(redact) == "Redactor(8 values)"  # never the values
+
+
+def test_a_controller_without_an_age_identity_says_so_and_starts_nothing(
+        deployment: Deployment, agents: Callable[..., Agent]) -> None:
+    ctl1 = agents("ctl1", deployment.url, secrets=SecretsConfig(None))  # the example, without ctl1's demo key
+
+    result = ctl1.reconcile_once()
+
+    assert result.error is not None and result.error.reason == "SECRET_UNREADABLE"
+    assert str(result.error).endswith("which node ctl1 cannot decrypt (no age identity is configured on it: "
+                                      "secrets.age_identity or --age-identity)")
+    assert "services/db/templates/db-auth.conf.j2:3" in str(result.error)
+    assert [o for d in ctl1.drivers(None).values() for o in d.observe()] == []
