@@ -152,7 +152,7 @@ class Agent:
         identity configured: none decrypted, and a template that reads one fails SECRET_UNREADABLE."""
         from dataclasses import replace
 
-        from .secrets import SecretUnreadable, identities, named_values, open_files
+        from .secrets import SecretUnreadable, identities, open_files
 
         path = self.cfg.secrets.age_identity
         if path is None:
@@ -162,11 +162,18 @@ class Agent:
         except (OSError, UnicodeDecodeError) as exc:
             raise SecretUnreadable(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
                                    file=str(path)) from None
-        opened = open_files(repo.secret_files, identities(text, str(path)))
-        for f in opened.values():
+        unlocked = replace(repo, unlocked=open_files(repo.secret_files, identities(text, str(path))))
+        self.learn(unlocked)
+        return unlocked
+
+    def learn(self, repo: DeploymentRepo) -> None:
+        """Remember the secret values ``repo`` was decrypted with, to clean them out of every
+        output this agent captures (here, and in the ledger it writes)."""
+        from .secrets import named_values
+
+        for f in (repo.unlocked or {}).values():
             self.redact = self.redact.plus(named_values(f.values))
         self.ledger.redact = self.redact
-        return replace(repo, unlocked=opened)
 
     def desired(self, rev: VerifiedRevision, repo: DeploymentRepo | None = None) -> Desired:
         """The node's slice at ``rev``, with pinned services at their pinned commit (vouched for
