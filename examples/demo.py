@@ -251,7 +251,7 @@ def new_password(root: Path, work: Path, bare: Path, remote: str) -> None:
     c = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
     notes_table(bare, c, f"notes on {c[:12]}")
     assert pids(root) == before, "a new password is a reload: every process kept"
-    live = root / "nodes" / "ctl1" / "services" / "db" / "live" / "db-auth.conf"
+    live = next((root / "nodes" / "ctl1").glob("*/db/live/db-auth.conf"))  # services/ or docker/
     console.print(f"{live}: mode {live.stat().st_mode & 0o777:04o} (a file that holds a secret)")
     req = urllib.request.Request("http://127.0.0.1:18100/v3/auth/tokens", data=b"{}", method="POST")
     with urllib.request.urlopen(req, timeout=5) as resp:
