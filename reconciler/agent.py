@@ -25,6 +25,8 @@ from .observe import observe
 from .pipeline import RunResult, reconcile
 from .plan import in_windows, stage
 from .plan import plan as make_plan
+from .redact import NONE as NO_SECRETS
+from .redact import Redactor
 from .report import Reporter, notes_ref
 from .source import Source
 from .state import State
@@ -64,6 +66,9 @@ class Agent:
     source: Source = field(init=False)
     reporter: Reporter = field(init=False)
     keeper: TrustKeeper = field(init=False)
+    # Every secret value this agent decrypted so far (never fewer: a service may still run, or
+    # be put back on, an older value): what its output is cleaned of before it is kept or shown.
+    redact: Redactor = field(init=False, default=NO_SECRETS)
     _said: dict[Hashable, None] = field(init=False, default_factory=dict)
     pulled_ahead: set[str] = field(init=False, default_factory=set)  # commits whose images a wait pulled
 
@@ -100,13 +105,14 @@ class Agent:
         return drivers_for(self.cfg, desired)
 
     def last_output(self, service: str) -> str:
+        """The service's last lines of output, secret values replaced by ``<secret NAME>``."""
         for driver in self.drivers(None).values():
             try:
                 text = driver.last_output(service)
             except Exception:  # a driver that cannot read its log says nothing
                 continue
             if text:
-                return text
+                return self.redact(text)
         return ""
 
     def head(self, fetch: bool, rev: str | None) -> tuple[str, bool]:
@@ -150,17 +156,28 @@ class Agent:
         identity configured: none decrypted, and a template that reads one fails SECRET_UNREADABLE."""
         from dataclasses import replace
 
-        from .secrets import SecretUnreadable, identities, unlock
+        from .secrets import SecretUnreadable, identities, open_files
 
         path = self.cfg.secrets.age_identity
         if path is None:
-            return replace(repo, unlocked={})
+            return replace(repo, unlocked={}, no_identity=True)
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise SecretUnreadable(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
                                    file=str(path)) from None
-        return replace(repo, unlocked=unlock(repo.secret_files, identities(text, str(path))))
+        unlocked = replace(repo, unlocked=open_files(repo.secret_files, identities(text, str(path))))
+        self.learn(unlocked)
+        return unlocked
+
+    def learn(self, repo: DeploymentRepo) -> None:
+        """Remember the secret values ``repo`` was decrypted with, to clean them out of every
+        output this agent captures (here, and in the ledger it writes)."""
+        from .secrets import named_values
+
+        for f in (repo.unlocked or {}).values():
+            self.redact = self.redact.plus(named_values(f.values))
+        self.ledger.redact = self.redact
 
     def desired(self, rev: VerifiedRevision, repo: DeploymentRepo | None = None) -> Desired:
         """The node's slice at ``rev``, with pinned services at their pinned commit (vouched for

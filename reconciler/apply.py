@@ -5,7 +5,9 @@ killed half way leaves a record of what it was doing; the next run re-plans from
 observes, which makes applying twice the same as applying once.
 
 A failed service stops the run for this commit: the services after it are skipped, not
-half-applied, and the result says which service failed first.
+half-applied, and the result says which service failed first. What a failure says (its error,
+the service's own last output, each escalation step) is cleaned of the node's secret values
+(``redact``) before it reaches a result, the history, a note or the log.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from .drivers.base import Check, clean_env
 from .errors import ApplyError, ReconcilerError
 from .ledger import Ledger, Version
 from .model import LADDER, Action, ActionKind, Desired, DesiredService, Health, Plan, ResultState, ServiceResult, rank
+from .redact import NONE as NO_SECRETS
+from .redact import Redactor
 
 log = logging.getLogger("reconciler.apply")
 
@@ -83,11 +87,22 @@ def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], N
             since = None
             if now >= start + h.timeout:
                 what = f"{h.kind} {h.target}".strip()
-                raise ApplyError(f"service {svc.name} not healthy after {h.timeout:g}s ({what})")
+                # What it printed says why, more often than not (kept in the history, redacted).
+                raise ApplyError(f"service {svc.name} not healthy after {h.timeout:g}s ({what})",
+                                 output=_last_output(driver, svc.name))
         if now >= start + h.timeout + hold:
             raise ApplyError(f"service {svc.name} did not stay healthy for {hold:g}s in a row "
-                             f"within {h.timeout + hold:g}s (its check keeps failing and passing)")
+                             f"within {h.timeout + hold:g}s (its check keeps failing and passing)",
+                             output=_last_output(driver, svc.name))
         sleep(0.1)
+
+
+def _last_output(driver: Driver, name: str) -> str:
+    """The service's last lines, for the error that explains its failure ("" if unreadable)."""
+    try:
+        return driver.last_output(name)
+    except Exception:  # a log that cannot be read must not hide the failure it would explain
+        return ""
 
 
 def _exited(driver: Driver, svc: DesiredService, since: float | None) -> ApplyError:
@@ -99,14 +114,16 @@ def _exited(driver: Driver, svc: DesiredService, since: float | None) -> ApplyEr
     else:
         text = (f"service {svc.name} exited {time.monotonic() - since:.1f}s after its health check passed "
                 f"(min_healthy {svc.health.min_healthy:g}s): the check may be answered by another program")
-    return ApplyError(text, output=driver.last_output(svc.name))
+    return ApplyError(text, output=_last_output(driver, svc.name))
 
 
 def apply_plan(
-    plan: Plan, drivers: Mapping[str, Driver], ledger: Ledger, recheck: frozenset[str] = frozenset()
+    plan: Plan, drivers: Mapping[str, Driver], ledger: Ledger, recheck: frozenset[str] = frozenset(),
+    redact: Redactor = NO_SECRETS,
 ) -> list[ServiceResult]:
     """Apply in order. ``recheck``: services a killed run had started but not yet seen healthy;
-    they are health-checked even when the plan leaves them alone.
+    they are health-checked even when the plan leaves them alone. ``redact``: the node's secret
+    values, replaced in whatever a failure says (a service may print its own password).
 
     Each action is journalled before it runs and settled only after its effect (or after the
     previous version was put back), so a run killed in between leaves the entry, and the next
@@ -132,7 +149,7 @@ def apply_plan(
         steps: list[str] = []
         try:
             try:
-                pid, done = _do(action, drivers[action.driver], origin, steps)
+                pid, done = _do(action, drivers[action.driver], origin, steps, redact)
             except ReconcilerError:
                 raise
             except Exception as exc:  # a runtime's own error (API, OS, timeout): a failed action, noted
@@ -140,14 +157,14 @@ def apply_plan(
         except ReconcilerError as exc:
             if exc.reason == "DISK_FULL":
                 raise  # not the service's fault: the run stops, the next one finishes
-            output = _output(exc)
+            said, output = redact(str(exc)), redact(_output(exc))
             ledger.log(action.service, origin, h, str(action.kind), "failed", action.reason,
-                       str(exc) + (f" | output: {output}" if output else ""), head=plan.commit)
+                       said + (f" | output: {output}" if output else ""), head=plan.commit)
             ledger.failed(action.service, plan.commit)
             ledger.done(entry, ok=False)
-            log.error("%s %s failed: %s", action.kind, action.service, exc)
+            log.error("%s %s failed: %s", action.kind, action.service, said)
             results.append(ServiceResult(
-                action.service, action.kind, ResultState.FAILED, action.reason, detail=str(exc), hash=h,
+                action.service, action.kind, ResultState.FAILED, action.reason, detail=said, hash=h,
                 steps=tuple(steps),
             ))
             failed = f"not applied: {action.service} failed first"
@@ -202,8 +219,10 @@ def hook(svc: DesiredService, which: str, commit: str) -> None:
         raise ApplyError(f"service {svc.name}: {which} hook failed: {(done.stderr or done.stdout).strip()[-200:]}")
 
 
-def _do(action: Action, driver: Driver, commit: str, steps: list[str]) -> tuple[int | None, ActionKind]:
-    """Run the action (escalating on failure); return the pid and the step that worked."""
+def _do(action: Action, driver: Driver, commit: str, steps: list[str],
+        redact: Redactor = NO_SECRETS) -> tuple[int | None, ActionKind]:
+    """Run the action (escalating on failure); return the pid and the step that worked. Each
+    step tried goes into ``steps`` (redacted: it reaches the note)."""
     if action.kind is ActionKind.STOP:
         driver.remove(action.service)
         return None, action.kind
@@ -250,8 +269,8 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str]) -> tuple[
         try:
             pid = methods[step](svc, commit, check)
         except ReconcilerError as exc:
-            steps.append(f"{step}: failed: {exc}")
-            log.warning("%s %s failed, escalating: %s", step, svc.name, exc)
+            steps.append(f"{step}: failed: {redact(str(exc))}")
+            log.warning("%s %s failed, escalating: %s", step, svc.name, redact(str(exc)))
             last = exc
             continue
         steps.append(f"{step}: ok")

@@ -236,6 +236,9 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     secrets_values = values.pop("secrets", None) or {}
     if not isinstance(secrets_values, dict) or set(secrets_values) - {"age_identity", "age-identity"}:
         raise ConfigError("secrets: a mapping with age_identity (the node's age key file)", file=file)
+    flag = overrides.pop("secrets_age_identity", None)
+    if flag is not None:
+        secrets_values = {"age_identity": flag}
     trust_values = values.pop("trust", None) or {}
     if not isinstance(trust_values, dict):
         raise ConfigError("trust must be a mapping", file=file)

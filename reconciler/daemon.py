@@ -78,7 +78,7 @@ class Supervisor:
             driver.revive(svc)
             ok, detail = True, f"restart #{n + 1} after crash"
         except ReconcilerError as exc:
-            ok, detail = False, str(exc)
+            ok, detail = False, self.agent.redact(str(exc))
         log.warning("%s: service %s was not running: %s", self.agent.cfg.node, svc, detail)
         self.agent.ledger.log(svc, commit, hash_, "revive", "ok" if ok else "failed", "supervisor", detail)
         return ok

@@ -40,6 +40,8 @@ from typing import Any, NamedTuple
 from . import faults
 from .errors import DiskFull, ReconcilerError, StateMissing
 from .model import ActionKind, Report, ResultState, Scope, ServiceResult, StepRecord, StepStatus, Verdict
+from .redact import NONE as NO_SECRETS
+from .redact import Redactor
 
 SCHEMA_VERSION = 3
 
@@ -284,6 +286,10 @@ class Ledger:
 
     path: Path
     db: sqlite3.Connection = field(repr=False)
+    # The secret values this node decrypted (the agent keeps it current): every free text the
+    # ledger keeps (a service's output in an error, a step's, an event) is redacted on the way
+    # in, so neither the history database nor a note (its projection) ever holds a value.
+    redact: Redactor = field(default=NO_SECRETS, repr=False)
 
     @staticmethod
     def open(root: Path, *, create: bool = True) -> Ledger:
@@ -422,6 +428,7 @@ class Ledger:
         and events are kept, and the note is due. Raises ``IllegalTransition`` otherwise.
         ``converged`` (service -> hash, for an applied commit): the no-op fast path's marker,
         in the same transaction, so a pass that finds it also finds the verdict (and its note due)."""
+        report = self.redact.report(report)
         old = self.record(report.commit)
         new = report.state
         self._check(report.commit, old, new, proof)
@@ -473,7 +480,7 @@ class Ledger:
         the failure it was (noted already), so the new ledger does not try it again unasked."""
         with self._tx(f"recover {commit[:12]}") as db:
             db.execute("INSERT OR IGNORE INTO commits(commit_id, verdict, reason, error, noted, time)"
-                       " VALUES (?, 'failed', ?, ?, 1, ?)", (commit, reason, error, time.time()))
+                       " VALUES (?, 'failed', ?, ?, 1, ?)", (commit, reason, self.redact(error), time.time()))
 
     def add_event(self, commit: str, text: str) -> None:
         """Something happened to the node while ``commit`` was its head (a rollback, an unpin): the
@@ -481,7 +488,7 @@ class Ledger:
         with self._tx(f"event {commit[:12]}") as db:
             if db.execute("SELECT 1 FROM commits WHERE commit_id=?", (commit,)).fetchone() is None:
                 raise IllegalTransition(f"{commit[:12]}: no verdict here to add an event to")
-            db.execute("INSERT INTO events(commit_id, text) VALUES (?,?)", (commit, text))
+            db.execute("INSERT INTO events(commit_id, text) VALUES (?,?)", (commit, self.redact(text)))
             db.execute("UPDATE commits SET noted=0 WHERE commit_id=?", (commit,))
 
     def last_event(self, commit: str) -> str | None:
@@ -635,7 +642,8 @@ class Ledger:
         with self._tx(f"history {service} {action}") as db:
             db.execute("INSERT INTO history(time, service, commit_id, hash, action, result, reason, detail, head)"
                        " VALUES (?,?,?,?,?,?,?,?,?)",
-                       (time.time(), service, commit, hash_, action, result, reason, detail, head or commit))
+                       (time.time(), service, commit, hash_, action, result, self.redact(reason), self.redact(detail),
+                        head or commit))
 
     def history(self, service: str | None = None, limit: int = 50) -> list[HistoryRow]:
         q = "SELECT time, service, commit_id, hash, action, result, reason, detail, head FROM history"
@@ -712,6 +720,7 @@ class Ledger:
 
     def step(self, commit: str, seq: int, rec: StepRecord) -> None:
         """A step began, ended or was taken back: its record, and the note is due."""
+        rec = self.redact.step(rec)
         with self._tx(f"step {rec.service}/{rec.step} {rec.status}") as db:
             db.execute("INSERT OR IGNORE INTO commits(commit_id, verdict, noted, time) VALUES (?, 'waiting', 0, ?)",
                        (commit, time.time()))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -61,13 +62,23 @@ class FileSpec:
     content: bytes
     # Holds a secret (render saw its template read one): 0600, and printed only as "changed".
     secret: bool = False
+    # A secret file rendered with the values (on the node): the key its hash is an HMAC under
+    # (``secrets.Opened.hash_key``). A plain SHA-256 of a file that holds a low-entropy password
+    # would let anyone who reads a note (the service's hash is built from its files' hashes), a
+    # status or a record try passwords against it offline. b"": plain SHA-256 (a file with no
+    # secret, or a reviewer's render, whose files hold markers, not values).
+    key: bytes = field(default=b"", repr=False)
 
     @property
     def sha256(self) -> str:
+        """The content's hash: SHA-256, or HMAC-SHA256 under ``key`` for a keyed secret file."""
+        if self.key:
+            return hmac.new(self.key, self.content, hashlib.sha256).hexdigest()
         return sha256_hex(self.content)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "mode": f"{self.mode:04o}", "sha256": self.sha256}
+        out: dict[str, Any] = {"path": self.path, "mode": f"{self.mode:04o}",
+                               "hmac-sha256" if self.key else "sha256": self.sha256}
         if self.secret:  # other files print (and hash) as they always did
             out["secret"] = True
         return out

@@ -325,7 +325,7 @@ def upgrade(agent: Agent, run: Run, upgrader: Upgrader, fleet: FleetView) -> Run
         return RunResult(node, commit, run.fetched, pushed=agent.reporter.push(), waiting=outcome.waiting)
     if outcome.failed:
         agent.say_once(("failed", commit, outcome.detail), logging.ERROR, "%s: %s failed at %s [UPGRADE_FAILED]",
-                       node, commit[:12], outcome.detail)
+                       node, commit[:12], agent.redact(outcome.detail))
         undone = upgrader.undo(outcome.detail)
         failed = ServiceResult(outcome.failed, ActionKind.NONE, ResultState.FAILED, "upgrade", detail=outcome.detail)
         report = Report(node, commit, Verdict.FAILED, now_iso(), services=(failed,), reason="UPGRADE_FAILED",
@@ -478,7 +478,7 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
             return stopped(agent, run, Verdict.FAILED, exc)
         recheck = frozenset(i.service for i in run.interrupted if i.action is not ActionKind.STOP)
         before = {a.service: agent.ledger.service(a.service) for a in the_plan.changes}
-        results = apply_plan(the_plan, drivers, agent.ledger, recheck)
+        results = apply_plan(the_plan, drivers, agent.ledger, recheck, agent.redact)
         agent.ledger.clear_interrupted()  # done again above, or moot: only now
         failed = [r for r in results if r.state is ResultState.FAILED]
         if failed and not operation and _on_failure(agent, repo, run.commit) == "node":
@@ -572,7 +572,7 @@ def put_back(agent: Agent, commit: str, results: list[ServiceResult], before: Ma
         names = {s.name for s in old}
         back = make_plan(Desired(agent.cfg.node, commit, tuple(old)), observe(agent.cfg.node, drivers))
         back = Plan(back.node, commit, tuple(a for a in back.actions if a.service in names))
-        for r in apply_plan(back, drivers, agent.ledger):
+        for r in apply_plan(back, drivers, agent.ledger, redact=agent.redact):
             origin = next(s.origin for s in old if s.name == r.service)
             events.append(f"on_failure node: {r.service} put back to {origin[:12]} ({r.action} {r.state})"
                           + (f": {r.detail}" if r.detail else ""))
@@ -614,7 +614,10 @@ def rolled_back(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceRes
 
 def settle(agent: Agent, run: Run, report: Report, proof: Proof | None, root_id: str = "",
            converged: Mapping[str, str] | None = None) -> RunResult:
-    """The verdict into the ledger (one transaction), then the note written and pushed."""
+    """The verdict into the ledger (one transaction), then the note written and pushed. What the
+    report says (a step's output, a service's) is cleaned of secret values first: the ledger
+    keeps it, and the command line shows it."""
+    report = agent.redact.report(report)
     agent.ledger.settle(report, proof=proof, root_id=root_id, converged=converged)
     write_note(agent, report.commit)
     return RunResult(agent.cfg.node, report.commit, run.fetched, report=report, pushed=agent.reporter.push(),

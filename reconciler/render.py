@@ -20,8 +20,10 @@ Context of every template, runtime string and health target:
 
 A file whose template reads a secret, or whose content holds a secret's value, is a secret
 file: mode 0600 (the owner's bits of its declared mode), and whoever prints it shows only that
-it changed. Runtime strings (command, env, health, hooks) may not use secrets: they reach
-process tables, notes and logs.
+it changed. On the node its hash is keyed (``FileSpec.key``, from the data keys of the SOPS
+files whose values it holds), so no hash the node shows can confirm a guessed value. Runtime
+strings (command, env, health, hooks) may not use secrets: they reach process tables, notes
+and logs.
 
 The commit id is deliberately not in the context: a slice must change only when its inputs do.
 """
@@ -44,7 +46,7 @@ from .limits import Limits
 from .model import MIN_HEALTHY, ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
 from .repo import DeploymentRepo, ServiceDef
 from .sandbox import Budget, Sandbox, budget_in_use
-from .secrets import SecretUnreadable, leaf_strings, placeholders
+from .secrets import SecretUnreadable, file_key, leaf_strings, placeholders
 
 PORT = re.compile(r"((\d{1,3}\.){3}\d{1,3}:)?\d{1,5}:\d{1,5}(/(tcp|udp))?")
 HOSTPORT = re.compile(r"[^:\s]+:\d{1,5}")
@@ -196,19 +198,23 @@ class SecretView(Mapping[str, Any]):
     file being rendered is then a secret file), and a name this node cannot read is an error
     naming the file that defines it, never an empty value."""
 
-    def __init__(self, node: str, values: Mapping[str, Any], elsewhere: Mapping[str, str], why: str) -> None:
+    def __init__(self, node: str, values: Mapping[str, Any], origin: Mapping[str, str], elsewhere: Mapping[str, str],
+                 why: str, hash_keys: Mapping[str, bytes]) -> None:
         self._node = node
         self._values = dict(values)
+        self._origin = dict(origin)  # name -> the file defining it
         self._elsewhere = dict(elsewhere)  # name -> the file defining it, which this node cannot read
         self._why = why
+        self._hash_keys = dict(hash_keys)  # file -> its Opened.hash_key (on the node only)
         # Private (the sandbox refuses ``_`` names): a template cannot read the values as a set,
-        # nor clear the mark of the file it is printing.
-        self._touched = False
-        self._texts = leaf_strings(self._values)
+        # nor clear the mark of the file it is printing. ``_touched``: the files read since the mark.
+        self._touched: set[str] = set()
+        self._texts = {path: leaf_strings({n: v for n, v in self._values.items() if self._origin[n] == path})
+                       for path in sorted(set(self._origin.values()))}
 
     def __getitem__(self, name: str) -> Any:
         if name in self._values:
-            self._touched = True
+            self._touched.add(self._origin[name])
             return self._values[name]
         if name in self._elsewhere:
             raise SecretUnreadable(f"secrets.{name} is in {self._elsewhere[name]}, which node {self._node} cannot "
@@ -221,7 +227,7 @@ class SecretView(Mapping[str, Any]):
         return self[name]
 
     def __iter__(self) -> Iterator[str]:
-        self._touched = True
+        self._touched.update(self._origin.values())
         return iter(sorted(self._values))
 
     def __len__(self) -> int:
@@ -233,20 +239,30 @@ class SecretView(Mapping[str, Any]):
 
 
 def _unmark(view: SecretView) -> None:
-    view._touched = False
+    view._touched = set()
 
 
-def _holds_secret(view: SecretView, text: str) -> bool:
-    """Whether what was just rendered read a secret, or holds a secret's value as it is."""
-    return view._touched or any(t in text for t in view._texts)
+def _holds_secret(view: SecretView, text: str) -> frozenset[str]:
+    """The secret files whose values what was just rendered read, or holds as they are: none
+    for a text with no secret in it."""
+    return frozenset(view._touched | {path for path, texts in view._texts.items() if any(t in text for t in texts)})
+
+
+def _file_key(view: SecretView, used: frozenset[str]) -> bytes:
+    """The key a secret file's hash is keyed with: from the files it holds values of (b"" in a
+    reviewer's render, where it holds markers)."""
+    return file_key([view._hash_keys[p] for p in sorted(used) if p in view._hash_keys])
 
 
 def secret_view(repo: DeploymentRepo, node: str) -> SecretView:
     """The secrets this node reads: the files it decrypted (on the node), or without a key the
     files encrypted to its ``age_recipient`` (a reviewer's render: markers, not values)."""
+    hash_keys: dict[str, bytes] = {}
     if repo.unlocked is not None:
-        readable: dict[str, Mapping[str, Any]] = dict(repo.unlocked)
-        why = "its age key is not among the file's recipients"
+        readable: dict[str, Mapping[str, Any]] = {p: f.values for p, f in repo.unlocked.items()}
+        hash_keys = {p: f.hash_key for p, f in repo.unlocked.items()}
+        why = ("no age identity is configured on it: secrets.age_identity or --age-identity" if repo.no_identity
+               else "its age key is not among the file's recipients")
     else:
         mine = repo.node_vars(node).get("age_recipient") or ()
         mine = {mine} if isinstance(mine, str) else set(mine)
@@ -263,7 +279,7 @@ def secret_view(repo: DeploymentRepo, node: str) -> SecretView:
             values[name], origin[name] = value, path
     elsewhere = {name: path for path, f in sorted(repo.secret_files.items()) if path not in readable
                  for name in f.names if name not in origin}
-    return SecretView(node, values, elsewhere, why)
+    return SecretView(node, values, origin, elsewhere, why, hash_keys)
 
 
 def context(repo: DeploymentRepo, node: str, svc: ServiceDef,
@@ -345,9 +361,10 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
             over = budget.output(len(content), len(content), decl.path)
         if over is not None:
             raise RenderLimit(f"node {node}, service {svc.name}: {over}", file=tpl)
-        secret = _holds_secret(secrets, content.decode("utf-8", errors="replace"))
+        used = _holds_secret(secrets, content.decode("utf-8", errors="replace"))
         # Only the owner (the service's user, see the process driver) may read a secret file.
-        files.append(FileSpec(decl.path, decl.mode & 0o700 if secret else decl.mode, content, secret))
+        files.append(FileSpec(decl.path, decl.mode & 0o700 if used else decl.mode, content, bool(used),
+                              _file_key(secrets, used)))
 
     command = tuple(inline(arg, "command") for arg in svc.command)
     env_vars = tuple(sorted((k, inline(v, "env")) for k, v in svc.env.items()))

@@ -26,7 +26,7 @@ from typing import Any
 from .budget import Budget, BudgetError, parse_budgets
 from .errors import BadInput, InvalidRepo, UnknownNode
 from .limits import LIMITS, Limits
-from .secrets import SopsFile
+from .secrets import Opened, SopsFile
 from .secrets import parse as parse_sops
 from .tree import Tree
 from .upgrade import PostStep, Stage, Step, StepAction, check_steps, parse_post, parse_steps
@@ -108,9 +108,12 @@ class DeploymentRepo:
     windows: tuple[Window, ...] = ()  # reconciler.yaml `windows`: when each kind of disruption may happen
     budgets: tuple[Budget, ...] = ()  # reconciler.yaml `disruption_budgets`: how many of a group at once
     secret_files: Mapping[str, SopsFile] = field(default_factory=dict)  # secrets/*.yaml, still encrypted
-    # Path -> values of the secret files this node decrypted (the agent sets it with its identity);
-    # None where no key is at hand (review, validate): templates then see placeholders.
-    unlocked: Mapping[str, Mapping[str, Any]] | None = None
+    # Path -> the secret files this node decrypted, values and hash key (the agent sets it with
+    # its identity); None where no key is at hand (review, validate): templates see placeholders.
+    unlocked: Mapping[str, Opened] | None = None
+    # The agent has no age identity configured (so ``unlocked`` is empty): said in the error of a
+    # template that reads a secret, which is then a setup to fix on the node, not a rotation.
+    no_identity: bool = False
 
     def node(self, name: str) -> NodeDef:
         try:

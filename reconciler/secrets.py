@@ -24,9 +24,10 @@ import base64
 import binascii
 import datetime
 import hashlib
+import hmac
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyrage
@@ -253,16 +254,48 @@ def decrypt(f: SopsFile, key: bytes) -> dict[str, Any]:
     return values
 
 
-def unlock(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Identity]) -> dict[str, dict[str, Any]]:
-    """Path -> values of every file encrypted to one of ``keys``; the others are left alone
-    (another group's secrets: this node never holds them)."""
+# What the key of a secret file's hash is derived with (HMAC of this under the file's data key).
+HASH_LABEL = b"reconciler: hash of a rendered file that holds a secret, v1"
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A SOPS file this node decrypted: its values, and the key its secret files are hashed with."""
+
+    values: Mapping[str, Any]
+    # HMAC-SHA256 of ``HASH_LABEL`` under the file's data key: what hashes a rendered file that
+    # holds one of these values (``FileSpec.key``). A plain SHA-256 of such a file, printed in a
+    # note or a review, would let anyone who reads the repo try passwords against it offline;
+    # keyed, it cannot be checked without the data key. Derived from the data key, not the node's
+    # own: every recipient hashes alike, it changes exactly when sops makes a new data key
+    # (``--rotate``, when the values' ciphertext, and so a reviewer's markers, change too), and a
+    # key's leak (the agent keeps it in its private records, for drift) opens no value.
+    hash_key: bytes = field(repr=False)
+
+
+def open_files(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Identity]) -> dict[str, Opened]:
+    """Path -> the opened file, for every file encrypted to one of ``keys``; the others are left
+    alone (another group's secrets: this node never holds them)."""
     keys = tuple(keys)
     out = {}
     for path in sorted(files):
         key = data_key(files[path], keys)
         if key is not None:
-            out[path] = decrypt(files[path], key)
+            out[path] = Opened(decrypt(files[path], key), hmac.new(key, HASH_LABEL, hashlib.sha256).digest())
     return out
+
+
+def unlock(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Identity]) -> dict[str, dict[str, Any]]:
+    """Path -> values of every file encrypted to one of ``keys`` (see ``open_files``)."""
+    return {path: dict(f.values) for path, f in open_files(files, keys).items()}
+
+
+def file_key(hash_keys: Sequence[bytes]) -> bytes:
+    """The key that hashes a rendered file holding values of these files (``Opened.hash_key``,
+    in path order); b"" for none: a file with no value in it hashes plain."""
+    if len(hash_keys) <= 1:
+        return hash_keys[0] if hash_keys else b""
+    return hmac.new(b"".join(hash_keys), HASH_LABEL, hashlib.sha256).digest()
 
 
 def placeholders(f: SopsFile) -> dict[str, Any]:

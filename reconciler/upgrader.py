@@ -226,6 +226,7 @@ class Upgrader:
             elif detail == INTERRUPTED:
                 detail = (f"{INTERRUPTED}; a once step is not run twice unasked: check what it did, then "
                           "`reconciler retry` (or mark it idempotent: true)")
+            detail = self.agent.redact(detail)  # a step's output may print a secret it was given
             status = StepStatus.DONE if ok else StepStatus.FAILED
             ledger.step(self.commit, k, StepRecord(up.service, step.name, step.scope, status, started, time.time(),
                                                    detail))
@@ -315,7 +316,8 @@ class Upgrader:
             assert svc is not None
             planned = make_plan(Desired(self.node, self.commit, (svc,)), observe(self.node, drivers))
             actions = tuple(a for a in planned.actions if a.service == service)
-        results = apply_plan(Plan(self.node, self.commit, actions), drivers, self.agent.ledger)
+        results = apply_plan(Plan(self.node, self.commit, actions), drivers, self.agent.ledger,
+                             redact=self.agent.redact)
         failed = [r for r in results if r.state is ResultState.FAILED]
         if failed:
             output = self.agent.last_output(service)
@@ -337,7 +339,10 @@ class Upgrader:
                 return False, INTERRUPTED
             shutil.rmtree(d, ignore_errors=True)
             svc = self._render(service, self.commit) if service else None
-            (d / "files").mkdir(parents=True, exist_ok=True)
+            # Private: it holds the rendered files (secret ones too) and the command's raw output.
+            d.mkdir(parents=True, mode=0o700, exist_ok=True)
+            d.chmod(0o700)
+            (d / "files").mkdir(exist_ok=True)
             for f in svc.files if svc else ():
                 atomic_write(d / "files" / f.path, f.content, f.mode)
             where = {"RECONCILER_NODE": self.node, "RECONCILER_SERVICE": service, "RECONCILER_COMMIT": self.commit,
@@ -366,9 +371,13 @@ class Upgrader:
             if status is None:
                 return False, "the command's wrapper ended without an exit status"
         try:
-            output = (d / "output").read_bytes()[-OUTPUT:].decode(errors="replace").strip()
+            raw = (d / "output").read_bytes()
         except FileNotFoundError:
-            output = ""
+            raw = b""
+        text = raw.decode(errors="replace")
+        if self.agent.redact(text) != text:  # what stays on disk after the step: names, not values
+            atomic_write(d / "output", self.agent.redact(text).encode(), 0o600)
+        output = self.agent.redact(text[-OUTPUT:].strip())
         if status != 0:
             return False, f"exit {status}" + (f": {output[-500:]}" if output else "")
         return True, output[-200:] or "ok"
@@ -468,6 +477,7 @@ class Upgrader:
             started = time.time()
             self.agent.ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started))
             ok, detail = self._post(post)
+            detail = self.agent.redact(detail)
             self._forget("", post.name)
             self.agent.ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE,
                                                               StepStatus.DONE if ok else StepStatus.FAILED, started,
@@ -691,6 +701,8 @@ def _load(agent: Agent, commit: str) -> DeploymentRepo:
         if len(_CACHE) > 32:
             _CACHE.clear()
         hit = _CACHE[key] = agent.load(commit)
+    else:
+        agent.learn(hit)  # another agent of this node decrypted it: this one cleans its output of it too
     return hit
 
 

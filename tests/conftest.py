@@ -21,12 +21,14 @@ import pytest
 import yaml
 
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig, TrustConfig
+from reconciler.config import AgentConfig, SecretsConfig, TrustConfig
 
 pytest_plugins = ["docker_fixtures", "systemd_fixtures", "gitolite_fixtures", "registry_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "repo"
+# The example's age identities (DEMO ONLY, committed): examples/repo/secrets/ is encrypted to them.
+DEMO_KEYS = ROOT / "examples" / "demo-keys"
 NODES = ("cmp1", "cmp2", "ctl1", "ctl2", "ctl3")
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Operator", "GIT_AUTHOR_EMAIL": "op@example.org",
@@ -224,15 +226,29 @@ def deployment(tmp_path: Path, merge_key: SigningKey) -> Deployment:
     return dep
 
 
+def demo_secrets(node: str) -> SecretsConfig:
+    """The agent setting that gives ``node`` its demo age key, when the example has one for it."""
+    key = DEMO_KEYS / f"{node}.key"
+    return SecretsConfig(key if key.is_file() else None)
+
+
+def age_args(agent: Agent) -> list[str]:
+    """The CLI flag that gives a node command the agent's age identity (none: no flag)."""
+    key = agent.cfg.secrets.age_identity
+    return ["--age-identity", str(key)] if key else []
+
+
 @pytest.fixture
 def agents(tmp_path: Path, merge_key: SigningKey) -> Iterator[Callable[..., Agent]]:
-    """Make a node's agent (trusting the merge key unless told otherwise); every service any of
-    them started is stopped at teardown."""
+    """Make a node's agent (trusting the merge key unless told otherwise, and holding the
+    example's age identity for its name, as the demo's nodes do); every service any of them
+    started is stopped at teardown."""
     made: list[Agent] = []
 
     def make(node: str, remote: str, trust: TrustConfig | None = None, clock: Any = None, **kw: Any) -> Agent:
         trust = trust or TrustConfig(allowed_signers=merge_key.allowed_signers)
         kw.setdefault("state_dir", tmp_path / "nodes" / node)
+        kw.setdefault("secrets", demo_secrets(node))
         cfg = AgentConfig(node=node, remote=remote, trust=trust, **kw)
         agent = Agent(cfg, progress=False, **({"clock": clock} if clock else {}))
         made.append(agent)

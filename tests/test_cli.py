@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLE, Deployment, SigningKey
+from conftest import EXAMPLE, Deployment, SigningKey, age_args
 
 from reconciler.agent import Agent
 from reconciler.errors import ConfigError
@@ -58,7 +58,7 @@ def one_error_line(proc: subprocess.CompletedProcess[str], reason: str) -> None:
 
 def node_args(agent: Agent, key: SigningKey) -> list[str]:
     return ["--node", agent.cfg.node, "--remote", agent.cfg.remote, "--state-dir", str(agent.cfg.state_dir),
-            "--allowed-signers", str(key.allowed_signers)]
+            "--allowed-signers", str(key.allowed_signers), *age_args(agent)]
 
 
 def break_identity(deployment: Deployment) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Deployment, SigningKey, wait_for
+from conftest import Deployment, SigningKey, demo_secrets, wait_for
 
 from reconciler.agent import Agent, drivers_for
 from reconciler.daemon import Supervisor
@@ -115,7 +115,8 @@ def test_agent_killed_mid_apply_is_finished_by_the_next_run(
     deployment.commit("add a slow service")
     state_dir = tmp_path / "nodes" / "ctl1"
     args = ["agent", "--once", "--node", "ctl1", "--remote", deployment.url, "--state-dir", str(state_dir),
-            "--allowed-signers", str(merge_key.allowed_signers)]
+            "--allowed-signers", str(merge_key.allowed_signers),
+            "--age-identity", str(demo_secrets("ctl1").age_identity)]
     proc = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def in_flight() -> bool:

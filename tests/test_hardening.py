@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Deployment, SigningKey, wait_for
+from conftest import Deployment, SigningKey, age_args, wait_for
 
 from reconciler.agent import Agent
 
@@ -40,7 +40,7 @@ def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
 
 def node_args(agent: Agent, key: SigningKey) -> list[str]:
     return ["--node", agent.cfg.node, "--remote", agent.cfg.remote, "--state-dir", str(agent.cfg.state_dir),
-            "--allowed-signers", str(key.allowed_signers)]
+            "--allowed-signers", str(key.allowed_signers), *age_args(agent)]
 
 
 def ttl(deployment: Deployment, node: str) -> int:
@@ -276,7 +276,8 @@ def test_the_daemon_logs_a_verdict_once_with_its_reason_and_the_service_output(
     config = tmp_path / "ctl1.yaml"
     config.write_text(f"node: ctl1\nremote: {deployment.url}\nstate_dir: {ctl1.cfg.state_dir}\n"
                       f"interval: 0.5\njitter: 0\nsupervise_interval: 5\n"
-                      f"trust: {{allowed_signers: {merge_key.allowed_signers}}}\n")
+                      f"trust: {{allowed_signers: {merge_key.allowed_signers}}}\n"
+                      f"secrets: {{age_identity: {ctl1.cfg.secrets.age_identity}}}\n")
     log = tmp_path / "daemon.log"
     with open(log, "w") as out:
         daemon = subprocess.Popen([sys.executable, "-m", "reconciler", "agent", "--config", str(config)],

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import NODES, Deployment, SigningKey, git
+from conftest import NODES, Deployment, SigningKey, age_args, git
 
 from reconciler.agent import Agent
 
@@ -121,7 +121,7 @@ def test_manual_rollback_with_the_remote_down_pins_until_the_branch_moves(
 
     # The git server is gone: the operator rolls identity back on this node from the CLI.
     offline = ["--node", "ctl1", "--remote", "git://127.0.0.1:9/gone.git", "--state-dir", str(ctl1.cfg.state_dir),
-               "--allowed-signers", str(merge_key.allowed_signers)]
+               "--allowed-signers", str(merge_key.allowed_signers), *age_args(ctl1)]
     ctl1.close()
     proc = subprocess.run([sys.executable, "-m", "reconciler", "rollback", "identity", *offline, "-o", "json"],
                           capture_output=True, text=True)
@@ -167,7 +167,7 @@ def test_manual_instantiate_mode_stages_until_an_operator_applies(
     proc = subprocess.run(
         [sys.executable, "-m", "reconciler", "apply", "--service", "identity", "--node", "ctl2", "--remote",
          deployment.url, "--state-dir", str(ctl2.cfg.state_dir), "--allowed-signers",
-         str(merge_key.allowed_signers), "-o", "json"], capture_output=True, text=True)
+         str(merge_key.allowed_signers), *age_args(ctl2), "-o", "json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     applied = json.loads(proc.stdout)["report"]
     assert applied["services"]["identity"]["action"] == "start"

@@ -1,14 +1,17 @@
 """Secrets in the deployment repo: encrypted with the real ``sops`` to age keys made here,
 decrypted in process on the node that is a recipient, and never seen anywhere else.
 
-The example deployment gets one secret, the database password that db and identity share,
-in ``secrets/controllers.yaml`` encrypted to the controllers' keys (ctl1, ctl2, ctl3)::
+The example deployment has one secret, the database password that db and identity share
+(each reads it into its own db-auth.conf), in ``secrets/controllers.yaml`` encrypted to the
+controllers' demo keys. The tests encrypt it again with sops, to keys made here, with a canary
+value to look for everywhere::
 
-    C1 initial deployment --- C2 secret db_password used by db.conf and identity.conf --- C3 ...
+    C1 initial deployment (the example) --- C2 db_password re-encrypted to fresh keys --- C3 ...
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -20,15 +23,16 @@ from pathlib import Path
 import pyrage
 import pytest
 import yaml
-from conftest import Deployment, git
+from conftest import Deployment, SigningKey, free_port, git
 
 from reconciler.agent import Agent
 from reconciler.config import SecretsConfig
 from reconciler.errors import BadInput
+from reconciler.redact import Redactor
 from reconciler.render import render_node
 from reconciler.repo import load_repo
 from reconciler.review import diff_repos, markdown, validate_tree
-from reconciler.secrets import SecretUnreadable, identities, unlock
+from reconciler.secrets import Opened, SecretUnreadable, identities, open_files, unlock
 from reconciler.tree import open_tree
 
 SOPS = shutil.which("sops", path=str(Path(sys.executable).parent)) or shutil.which("sops")
@@ -72,23 +76,21 @@ def encrypt_to(deployment: Deployment, recipients: list[str], values: dict[str, 
 
 
 def add_secret(deployment: Deployment, key_files: dict[str, Path], value: str = CANARY) -> str:
-    """C2: the shared db password, read by db.conf and identity.conf; each node's public key in
-    the inventory (what validate checks recipients against)."""
+    """C2: the shared db password (db's and identity's db-auth.conf read it) encrypted again, to
+    the controllers' keys made here; each node's public key in the inventory (what validate
+    checks recipients against)."""
     encrypt_to(deployment, [public(key_files[n]) for n in CONTROLLERS], {"db_password": value})
     inv = yaml.safe_load(deployment.read("inventory.yaml"))
     for node, path in key_files.items():
         inv["nodes"][node]["vars"]["age_recipient"] = public(path)
     deployment.write("inventory.yaml", yaml.safe_dump(inv, sort_keys=False))
-    deployment.edit("services/db/templates/db.conf.j2", "max_connections =",
-                    "password = {{ secrets.db_password }}\nmax_connections =")
-    deployment.edit("services/identity/templates/identity.conf.j2", "[database]\n",
-                    "[database]\npassword = {{ secrets.db_password }}\n")
-    return deployment.commit("db password shared by db and identity")
+    return deployment.commit("db password encrypted to the controllers' keys")
 
 
 def unlocked(deployment: Deployment, key: Path) -> object:
+    """The repo at HEAD with the files ``key`` opens, as the agent holding it renders it."""
     repo = load_repo(open_tree(deployment.work, "HEAD"))
-    return repo, unlock(repo.secret_files, identities(key.read_text(), str(key)))
+    return repo, open_files(repo.secret_files, identities(key.read_text(), str(key)))
 
 
 def test_a_file_sops_encrypted_decrypts_on_a_controller_and_not_on_a_compute(
@@ -133,14 +135,16 @@ def test_a_file_that_prints_a_secret_is_written_0600_and_diffed_as_changed_only(
     from dataclasses import replace
 
     on_node = render_node(replace(repo, unlocked=values), "ctl1", c2).by_name()  # type: ignore[type-var]
-    db_conf = {f.path: f for f in on_node["db"].files}
+    db_files = {f.path: f for f in on_node["db"].files}
 
-    assert db_conf["db.conf"].secret and db_conf["db.conf"].mode == 0o600
-    assert f"password = {CANARY}" in db_conf["db.conf"].content.decode()
-    assert not db_conf["db.py"].secret and db_conf["db.py"].mode == 0o755
+    assert db_files["db-auth.conf"].secret and db_files["db-auth.conf"].mode == 0o600
+    assert f"password = {CANARY}" in db_files["db-auth.conf"].content.decode()
+    assert not db_files["db.conf"].secret and db_files["db.conf"].mode == 0o644
+    assert not db_files["db.py"].secret and db_files["db.py"].mode == 0o755
     # A reviewer has no key: the same file, marked, with no value in it.
     review = {f.path: f for f in render_node(repo, "ctl1", c2).by_name()["identity"].files}  # type: ignore[arg-type]
-    assert review["identity.conf"].secret and b"<secret db_password " in review["identity.conf"].content
+    assert review["db-auth.conf"].secret and b"<secret db_password " in review["db-auth.conf"].content
+    assert not review["identity.conf"].secret
 
     # The reviewer's diff of a password change: which files change, never what they hold.
     c3_work = deployment.work
@@ -148,7 +152,7 @@ def test_a_file_that_prints_a_secret_is_written_0600_and_diffed_as_changed_only(
     c3 = deployment.commit("rotate the db password")
     diffs = diff_repos(load_repo(open_tree(c3_work, c2)), c2, load_repo(open_tree(c3_work, c3)), c3)
     text = markdown(diffs, c2, c3)
-    assert "<secret changed>" in text and "db.conf" in text and "identity.conf" in text
+    assert "<secret changed> ctl1/db/db-auth.conf" in text and "<secret changed> ctl1/identity/db-auth.conf" in text
     assert CANARY not in text and "second-Pw" not in text and "password =" not in text
     first = markdown(diff_repos(load_repo(open_tree(c3_work, c1)), c1, load_repo(open_tree(c3_work, c2)), c2), c1, c2)
     assert "<secret changed>" in first and "<secret db_password" not in first
@@ -197,7 +201,7 @@ def test_canary_the_password_is_nowhere_but_in_0600_files_and_a_node_dropped_as_
 
     assert result.exit_code == 0, result.error
     state = ctl1.cfg.state_dir
-    live = [p for p in state.rglob("db.conf") if p.is_file()]
+    live = [p for p in state.rglob("db-auth.conf") if p.is_file()]
     assert live and all(CANARY in p.read_text() and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in live)
     leaks = [p for p in world_readable(state) if CANARY.encode() in p.read_bytes()]
     assert leaks == []
@@ -224,7 +228,7 @@ def test_canary_the_password_is_nowhere_but_in_0600_files_and_a_node_dropped_as_
     assert note is not None and note.get("reason") == "SECRET_UNREADABLE"
     # ctl2 is still a recipient after the rotation: it decrypts the re-encrypted file.
     _, on_ctl2 = unlocked(deployment, k["ctl2"])
-    assert on_ctl2 == {"secrets/controllers.yaml": {"db_password": CANARY}}
+    assert {p: f.values for p, f in on_ctl2.items()} == {"secrets/controllers.yaml": {"db_password": CANARY}}  # type: ignore[attr-defined]
 
 
 def test_validate_with_a_key_finds_the_password_pasted_in_plain_text_and_never_prints_it(
@@ -253,3 +257,172 @@ def test_validate_with_a_key_finds_the_password_pasted_in_plain_text_and_never_p
     broken.write_text("AGE-SECRET-KEY-1NOTAKEY\n")
     bad = validate("--age-identity", str(broken))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "NOTAKEY" not in bad.stderr
+
+
+LEAKY_CONF = "db password: {{ secrets.db_password }}\n"
+
+
+def add_leaky(deployment: Deployment, service_yaml: str) -> None:
+    """A service of ctl1 alone (its own group) that prints its db password on stdout."""
+    deployment.write("services/leaky/service.yaml", service_yaml)
+    deployment.write("services/leaky/templates/leaky.conf.j2", LEAKY_CONF)
+    inv = yaml.safe_load(deployment.read("inventory.yaml"))
+    inv["groups"]["leakers"] = {"services": ["leaky"]}
+    inv["nodes"]["ctl1"]["groups"].append("leakers")
+    deployment.write("inventory.yaml", yaml.safe_dump(inv, sort_keys=False))
+
+
+def node_cli(deployment: Deployment, state: Path, key: Path, merge_key: SigningKey,
+             *args: str) -> subprocess.CompletedProcess[str]:
+    """``reconciler ARGS`` as ctl1's operator runs it, with ctl1's settings as flags."""
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler", *args, "--node", "ctl1", "--remote", deployment.url, "--state-dir",
+         str(state), "--allowed-signers", str(merge_key.allowed_signers), "--age-identity", str(key)],
+        capture_output=True, text=True, timeout=120)
+
+
+def private_state(state: Path) -> bytes:
+    """Every byte the agent keeps under its state dir but the rendered files and the service's own
+    log (written by the service itself, 0600): the history database, records, notes to push."""
+    return b"".join(p.read_bytes() for p in sorted(state.rglob("*")) if p.is_file() and p.name != "service.log"
+                    and "leaky.conf" not in p.name and "db-auth.conf" not in p.name)
+
+
+def test_a_service_that_prints_its_password_and_fails_its_health_check_leaves_only_its_name(
+        deployment: Deployment, tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent]) -> None:
+    k = keys(tmp_path)
+    add_secret(deployment, k)
+    add_leaky(deployment, f"""description: prints its db password, then never answers its health check
+runtime:
+  command: [sh, -c, "echo connecting; cat leaky.conf; exec sleep 600"]
+files:
+  - {{path: leaky.conf, template: leaky.conf.j2}}
+health:
+  tcp: "127.0.0.1:{free_port()}"
+  timeout: 1
+""")
+    c3 = deployment.commit("leaky: a program that prints its password")
+    state = agents("ctl1", deployment.url).cfg.state_dir  # its teardown stops what the commands start
+
+    human = node_cli(deployment, state, k["ctl1"], merge_key, "agent", "--once")
+    assert node_cli(deployment, state, k["ctl1"], merge_key, "retry").returncode == 0
+    as_json = node_cli(deployment, state, k["ctl1"], merge_key, "agent", "--once", "-o", "json")
+    history = [node_cli(deployment, state, k["ctl1"], merge_key, "history", "leaky", *o) for o in ((), ("-o", "json"))]
+
+    assert human.returncode == 1 and as_json.returncode == 1, human.stderr
+    run = json.loads(as_json.stdout)
+    assert run["report"]["state"] == "failed" and run["report"]["services"]["leaky"]["result"] == "failed"
+    # The output was captured (what the history keeps of a failure), with the value replaced by its name.
+    rows = json.loads(history[1].stdout)
+    failed = [r for r in rows if r["result"] == "failed"]
+    assert failed and all("db password: <secret db_password>" in r["detail"] for r in failed), rows
+    note = deployment.note("ctl1", c3)
+    assert note is not None and note["state"] == "failed"
+    shown = [human.stdout, human.stderr, as_json.stdout, as_json.stderr, *(h.stdout + h.stderr for h in history),
+             json.dumps(note), git("--git-dir", str(deployment.bare), "log", "-p", "--all", "--format=%B")]
+    assert [CANARY in text for text in shown] == [False] * len(shown)
+    assert CANARY.encode() not in private_state(state)
+    # ...while the service's own log, which only root reads, holds what it printed.
+    log = next(state.rglob("leaky/service.log"))
+    assert CANARY in log.read_text() and stat.S_IMODE(log.stat().st_mode) & 0o077 == 0
+
+
+def test_an_upgrade_step_that_prints_the_password_and_fails_is_noted_with_its_name_only(
+        deployment: Deployment, tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent]) -> None:
+    k = keys(tmp_path)
+    add_secret(deployment, k)
+    leaky = """description: prints its db password at start
+version: "1"
+runtime:
+  command: [sh, -c, "cat leaky.conf; exec sleep 600"]
+files:
+  - {path: leaky.conf, template: leaky.conf.j2}
+"""
+    add_leaky(deployment, leaky)
+    deployment.commit("leaky, version 1")
+    ctl1 = agents("ctl1", deployment.url, secrets=SecretsConfig(k["ctl1"]))
+    assert ctl1.reconcile_once().exit_code == 0
+    ctl1.close()
+    deployment.write("services/leaky/service.yaml", leaky.replace('version: "1"', 'version: "2"') + """upgrade:
+  - {name: migrate, action: command, command: "echo migrating with; cat leaky.conf; exit 3"}
+""")
+    c3 = deployment.commit("leaky, version 2: a migration that fails and prints the password")
+
+    proc = node_cli(deployment, ctl1.cfg.state_dir, k["ctl1"], merge_key, "agent", "--once", "-o", "json")
+
+    assert proc.returncode == 1, proc.stderr
+    run = json.loads(proc.stdout)
+    assert run["report"]["reason"] == "UPGRADE_FAILED"
+    assert run["report"]["error"].endswith("exit 3: migrating with\ndb password: <secret db_password>")
+    note = deployment.note("ctl1", c3)
+    assert note is not None and note["reason"] == "UPGRADE_FAILED"
+    step = next(s for s in note["upgrade"] if s["step"] == "migrate")  # type: ignore[union-attr]
+    assert step["status"] == "failed" and "db password: <secret db_password>" in step["detail"]
+    for text in (proc.stdout, proc.stderr, json.dumps(note)):
+        assert CANARY not in text
+    assert CANARY.encode() not in private_state(ctl1.cfg.state_dir)  # the step's kept output included
+    assert [p for p in world_readable(ctl1.cfg.state_dir) if CANARY.encode() in p.read_bytes()] == []
+    scratch = next(ctl1.cfg.state_dir.glob("upgrade/*/leaky/migrate"))
+    assert stat.S_IMODE(scratch.stat().st_mode) == 0o700  # the rendered files the step ran with
+
+
+def test_no_hash_the_node_or_a_review_shows_can_confirm_a_guessed_password(
+        deployment: Deployment, tmp_path: Path, agents: Callable[..., Agent]) -> None:
+    from dataclasses import replace
+
+    k = keys(tmp_path)
+    c1 = git("rev-parse", "HEAD", cwd=deployment.work)
+    c2 = add_secret(deployment, k)
+    ctl1 = agents("ctl1", deployment.url, secrets=SecretsConfig(k["ctl1"]))
+    assert ctl1.reconcile_once().exit_code == 0
+    repo, opened = unlocked(deployment, k["ctl1"])
+    on_node = render_node(replace(repo, unlocked=opened), "ctl1", c2).by_name()["db"]  # type: ignore[arg-type]
+    # What anyone who reads the repo computes for a guess (here the right one): every file of the
+    # slice as the template makes it, hashed with plain SHA-256 as other files are.
+    plain = {p: Opened(f.values, b"") for p, f in opened.items()}  # type: ignore[attr-defined]
+    guessed = render_node(replace(repo, unlocked=plain), "ctl1", c2).by_name()["db"]  # type: ignore[arg-type]
+    node_files, guessed_files = ({f.path: f for f in s.files} for s in (on_node, guessed))
+    assert node_files["db-auth.conf"].content == guessed_files["db-auth.conf"].content  # the guess is right
+
+    note = deployment.note("ctl1", c2)
+    assert note is not None and note["services"]["db"]["hash"] == on_node.hash  # type: ignore[index]
+    assert guessed.hash != on_node.hash  # the note's hash does not confirm it
+    assert node_files["db-auth.conf"].sha256 != guessed_files["db-auth.conf"].sha256
+    assert set(node_files["db-auth.conf"].to_dict()) == {"path", "mode", "hmac-sha256", "secret"}
+    assert node_files["db.conf"].sha256 == guessed_files["db.conf"].sha256  # a file with no secret: as before
+    record = (ctl1.cfg.state_dir / "services" / "db" / "record.json").read_text()
+    assert guessed_files["db-auth.conf"].sha256 not in record
+    # Keyed, the live files still match what was applied: the next pass finds nothing to do.
+    assert ctl1.reconcile_once().report is None
+    # A reviewer's diff and render hash the file with markers in it, never with the value.
+    shown = markdown(diff_repos(load_repo(open_tree(deployment.work, c1)), c1,
+                                load_repo(open_tree(deployment.work, c2)), c2), c1, c2)
+    review = {f.path: f for f in render_node(repo, "ctl1", c2).by_name()["db"].files}  # type: ignore[attr-defined]
+    assert f"-> {review['db-auth.conf'].sha256[:12]}" in shown
+    assert guessed_files["db-auth.conf"].sha256[:12] not in shown and CANARY.encode() not in review["db-auth.conf"].content
+
+
+def test_the_redactor_replaces_whole_values_longest_first_and_pem_lines_alone() -> None:
+    pem = "-----BEGIN KEY-----\nMIIBVQIBADANBgkqhkiG9w0BAQEFAASCAT8w\nggE7AgEAAkEAq7BFUpkGp3+LQmlQ\n-----END KEY-----"
+    redact = Redactor.of([("db_password", "hunter2-long"), ("short", "hunter2"), ("tls.key", pem), ("secret", "secret")])
+
+    assert redact("login hunter2-long, then hunter2") == "login <secret db_password>, then <secret short>"
+    # A marker is never redacted again, though "secret" is a value too.
+    assert redact("a secret") == "a <secret secret>"
+    # Printed line by line and joined by " | " (a captured output), the key's lines still go.
+    joined = " | ".join(pem.splitlines())
+    assert redact(joined) == " | ".join(["<secret tls.key>"] * 4)
+    assert redact(pem) == "<secret tls.key>" and repr(redact) == "Redactor(8 values)"  # never the values
+
+
+def test_a_controller_without_an_age_identity_says_so_and_starts_nothing(
+        deployment: Deployment, agents: Callable[..., Agent]) -> None:
+    ctl1 = agents("ctl1", deployment.url, secrets=SecretsConfig(None))  # the example, without ctl1's demo key
+
+    result = ctl1.reconcile_once()
+
+    assert result.error is not None and result.error.reason == "SECRET_UNREADABLE"
+    assert str(result.error).endswith("which node ctl1 cannot decrypt (no age identity is configured on it: "
+                                      "secrets.age_identity or --age-identity)")
+    assert "services/db/templates/db-auth.conf.j2:3" in str(result.error)
+    assert [o for d in ctl1.drivers(None).values() for o in d.observe()] == []

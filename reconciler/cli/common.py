@@ -91,7 +91,7 @@ def emit_json(data: Any) -> None:
 
 
 AGENT_KEYS = ("config_file", "node", "remote", "branch", "state_dir",
-              "trust_allowed_signers", "trust_gpg_home", "trust_revoked", "trust_policy")
+              "trust_allowed_signers", "trust_gpg_home", "trust_revoked", "trust_policy", "secrets_age_identity")
 
 
 def agent_options(f: F) -> F:
@@ -116,6 +116,8 @@ def agent_options(f: F) -> F:
         click.option("--revoked", "trust_revoked", type=path, help="Revoked key fingerprints, one per line."),
         click.option("--trust-policy", "trust_policy", type=click.Choice(["every-commit", "first-parent", "head"]),
                      help="Which commits must be signed [every-commit]."),
+        click.option("--age-identity", "secrets_age_identity", type=path,
+                     help="This node's age identity file: decrypts the repo's secrets/*.yaml encrypted to it."),
     ]):
         wrapper = opt(wrapper)
     return wrapper  # type: ignore[return-value]

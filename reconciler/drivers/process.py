@@ -43,7 +43,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -166,9 +166,11 @@ def check_account(kind: str, name: str) -> str | None:
 
 def file_drift(rec: dict[str, Any], live: tuple[FileSpec, ...]) -> str:
     """What differs between the live files and the content hashes the record says were applied:
-    "files: identity.conf changed, notes.txt added"; empty when they match."""
+    "files: identity.conf changed, notes.txt added"; empty when they match. A secret file's hash
+    is keyed (``FileSpec.key``): the record keeps its key, so the live file hashes alike."""
     applied = {k.removeprefix("file:"): v for k, v in rec.get("fingerprint", {}).items() if k.startswith("file:")}
-    now = {f.path: f"{f.mode:o}:{f.sha256}" for f in live}
+    keys = {path: bytes.fromhex(key) for path, key in (rec.get("file_keys") or {}).items()}
+    now = {f.path: f"{f.mode:o}:{replace(f, key=keys.get(f.path, b'')).sha256}" for f in live}
     changes = []
     for path in sorted(set(applied) | set(now)):
         if path not in now:
@@ -346,6 +348,9 @@ class ProcessDriver:
             "service": svc.name,
             "hash": svc.hash,
             "fingerprint": svc.fingerprint(),
+            # The keys of the secret files' hashes, to check the live files against the fingerprint
+            # (drift). Private like the record, beside files that hold the values themselves.
+            "file_keys": {f.path: f.key.hex() for f in svc.files if f.key},
             "commit": commit,
             "cwd": str(self._live(svc.name)),
             "rev": str(rev),

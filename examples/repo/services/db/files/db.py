@@ -1,16 +1,23 @@
 """Database stand-in (a Galera-like member): a small key-value store over HTTP.
 
-Reads ``db.conf`` (INI), section [db]: name, port, peers (comma-separated host:port, may be
-empty), max_connections. Data lives in $RECONCILER_DATA_DIR/db.json (./data when run by hand),
-loaded at start and rewritten atomically on every PUT. Peers are only listed, not replicated to.
+Reads its config from one or more INI files (``--config db.conf --config db-auth.conf``, later
+ones adding to earlier ones), section [db]: name, port, peers (comma-separated host:port, may be
+empty), max_connections, password (in a file of its own, db-auth.conf: the one secret file).
+Data lives in $RECONCILER_DATA_DIR/db.json (./data when run by hand), loaded at start and
+rewritten atomically on every PUT. Peers are only listed, not replicated to.
 Endpoints: PUT /kv/<key> (body = value), GET /kv/<key>, GET /healthz, GET /status.
+A /kv/ request needs the password (HTTP basic auth, any user name: identity sends its own),
+except keys under ``compute-``: the computes' heartbeats, written by nodes that hold none of
+the controllers' secrets. The password is never printed, not even in /status.
 SIGHUP re-reads the config in place; SIGTERM/SIGINT stop cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import configparser
+import hmac
 import json
 import os
 import signal
@@ -37,12 +44,17 @@ def log(msg: str) -> None:
     print(f"{SERVICE} {msg}", flush=True)
 
 
-def load_config(path: str) -> dict[str, Any]:
-    """Parse and check db.conf; raise ValueError when it is missing or unusable."""
+OPEN_PREFIX = "compute-"  # heartbeats of the computes: no password (they are not its recipients)
+
+
+def load_config(paths: list[str]) -> dict[str, Any]:
+    """Parse and check db.conf (and what the other files add); raise ValueError when one is
+    missing or the result is unusable."""
     ini = configparser.ConfigParser(interpolation=None)
     try:
-        if not ini.read(path):
-            raise ValueError(f"cannot read {path}")
+        for path in paths:
+            if not ini.read(path):
+                raise ValueError(f"cannot read {path}")
         db = ini["db"]
         peers = [p.strip() for p in db.get("peers", "").split(",") if p.strip()]
         for p in peers:
@@ -50,14 +62,21 @@ def load_config(path: str) -> dict[str, Any]:
             if not host or not port.isdigit():
                 raise ValueError(f"bad peer {p!r} (want host:port)")
         cfg: dict[str, Any] = {"name": db["name"], "port": int(db["port"]), "peers": peers,
-                               "max_connections": int(db["max_connections"])}
+                               "max_connections": int(db["max_connections"]), "password": db["password"]}
     except KeyError as e:
         raise ValueError(f"missing {e}") from None
     except configparser.Error as e:
         raise ValueError(" ".join(str(e).split())) from None
     if not 0 < cfg["port"] < 65536 or cfg["max_connections"] < 1:
         raise ValueError("port must be 1-65535 and max_connections >= 1")
+    if not cfg["password"]:
+        raise ValueError("password must not be empty")
     return cfg
+
+
+def shown(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config as /status shows it: everything but the password."""
+    return {k: v for k, v in cfg.items() if k != "password"}
 
 
 def save() -> None:
@@ -95,14 +114,26 @@ class Handler(BaseHTTPRequestHandler):
             with count_lock:
                 active -= 1
 
+    def authorised(self, key: str) -> bool:
+        if key.startswith(OPEN_PREFIX):
+            return True
+        kind, _, encoded = (self.headers.get("Authorization") or "").partition(" ")
+        try:
+            _, _, given = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return kind.lower() == "basic" and hmac.compare_digest(given.encode(), config["password"].encode())
+
     def key(self) -> str | None:
-        """The key of a /kv/<key> request; None (after a 404 or 503 reply) when there is none."""
+        """The key of a /kv/<key> request; None (after a 401, 404 or 503 reply) when there is none."""
         if not self.path.startswith("/kv/") or self.path == "/kv/":
             self.reply(404, {"error": "not found"})
         elif active > config["max_connections"]:
             self.reply(503, {"error": "too many connections"})
+        elif not self.authorised(key := urllib.parse.unquote(self.path[4:])):
+            self.reply(401, {"error": "wrong or missing password"})
         else:
-            return urllib.parse.unquote(self.path[4:])
+            return key
         return None
 
     def do_GET(self) -> None:
@@ -112,7 +143,7 @@ class Handler(BaseHTTPRequestHandler):
             with store_lock:
                 keys = len(store)
             return self.reply(200, {"service": SERVICE, "node": NODE, "commit": COMMIT, "pid": os.getpid(),
-                                    "config": config, "keys": keys, "peers": config["peers"],
+                                    "config": shown(config), "keys": keys, "peers": config["peers"],
                                     "connections": active, "data_file": DATA_FILE})
         if (key := self.key()) is not None:
             with store_lock:
@@ -131,7 +162,7 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> int:
     global config, store
     ap = argparse.ArgumentParser(description="Database stand-in (Galera-like key-value store).")
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--config", required=True, action="append", help="an INI file; repeat to add more")
     args = ap.parse_args()
     try:
         config = load_config(args.config)
@@ -141,7 +172,7 @@ def main() -> int:
                 store = json.load(f)
         server = ThreadingHTTPServer(("127.0.0.1", config["port"]), Handler)
     except (OSError, ValueError) as e:
-        print(f"{SERVICE}: cannot start with {args.config}: {e}", file=sys.stderr, flush=True)
+        print(f"{SERVICE}: cannot start with {', '.join(args.config)}: {e}", file=sys.stderr, flush=True)
         return 2
     server.daemon_threads = True
 

@@ -1,15 +1,19 @@
 """Identity API stand-in (Keystone-like): issues tokens and keeps them in the db service.
 
-Reads ``identity.conf`` (INI): [DEFAULT] debug (bool), region; [api] port; [token] ttl (int),
-provider; [database] url (base URL of the db service, e.g. http://127.0.0.1:18106).
+Reads its config from one or more INI files (``--config identity.conf --config db-auth.conf``,
+later ones adding to earlier ones): [DEFAULT] debug (bool), region; [api] port; [token] ttl
+(int), provider; [database] url (base URL of the db service, e.g. http://127.0.0.1:18106) and
+password (the db's, sent as HTTP basic auth; in db-auth.conf, the one secret file).
 Endpoints: GET /v3 (version document), POST /v3/auth/tokens (201 with a new token stored in
-the db as token-<id>; 503 if the db does not answer), GET /healthz (liveness only: 200 even when
-the db is down), GET /status. SIGHUP re-reads the config in place; SIGTERM/SIGINT stop cleanly.
+the db as token-<id>; 503 if the db does not answer or refuses the password), GET /healthz
+(liveness only: 200 even when the db is down), GET /status (never the password).
+SIGHUP re-reads the config in place; SIGTERM/SIGINT stop cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import configparser
 import json
 import os
@@ -34,16 +38,19 @@ def log(msg: str) -> None:
     print(f"{SERVICE} {msg}", flush=True)
 
 
-def load_config(path: str) -> dict[str, Any]:
-    """Parse and check identity.conf; raise ValueError when it is missing or unusable."""
+def load_config(paths: list[str]) -> dict[str, Any]:
+    """Parse and check identity.conf (and what the other files add); raise ValueError when one
+    is missing or the result is unusable."""
     ini = configparser.ConfigParser(interpolation=None)
     try:
-        if not ini.read(path):
-            raise ValueError(f"cannot read {path}")
+        for path in paths:
+            if not ini.read(path):
+                raise ValueError(f"cannot read {path}")
         cfg: dict[str, Any] = {"debug": ini.getboolean("DEFAULT", "debug", fallback=False),
                                "region": ini["DEFAULT"]["region"], "port": int(ini["api"]["port"]),
                                "token_ttl": int(ini["token"]["ttl"]), "provider": ini["token"]["provider"],
-                               "database_url": ini["database"]["url"].rstrip("/")}
+                               "database_url": ini["database"]["url"].rstrip("/"),
+                               "database_password": ini["database"]["password"]}
     except KeyError as e:
         raise ValueError(f"missing {e}") from None
     except configparser.Error as e:
@@ -53,6 +60,11 @@ def load_config(path: str) -> dict[str, Any]:
     if not cfg["database_url"].startswith(("http://", "https://")):
         raise ValueError(f"[database] url must be an http(s) URL, not {cfg['database_url']!r}")
     return cfg
+
+
+def shown(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config as /status shows it: everything but the password."""
+    return {k: v for k, v in cfg.items() if k != "database_password"}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -72,7 +84,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/healthz":
             self.reply(200, "ok")
         elif self.path == "/status":
-            self.reply(200, {"service": SERVICE, "node": NODE, "commit": COMMIT, "pid": os.getpid(), "config": cfg})
+            self.reply(200, {"service": SERVICE, "node": NODE, "commit": COMMIT, "pid": os.getpid(), "config": shown(cfg)})
         elif self.path.rstrip("/") == "/v3":
             self.reply(200, {"version": "v3", "node": NODE, "region": cfg["region"], "token_ttl": cfg["token_ttl"],
                              "provider": cfg["provider"], "debug": cfg["debug"]})
@@ -86,8 +98,10 @@ class Handler(BaseHTTPRequestHandler):
         cfg = config
         token = secrets.token_hex(16)
         record = {"node": NODE, "provider": cfg["provider"], "expires_at": int(time.time()) + cfg["token_ttl"]}
+        auth = base64.b64encode(f"identity:{cfg['database_password']}".encode()).decode()
         req = urllib.request.Request(f"{cfg['database_url']}/kv/token-{token}", data=json.dumps(record).encode(),
-                                     method="PUT", headers={"Content-Type": "application/json"})
+                                     method="PUT", headers={"Content-Type": "application/json",
+                                                            "Authorization": f"Basic {auth}"})
         try:
             with urllib.request.urlopen(req, timeout=DB_TIMEOUT) as resp:
                 resp.read()
@@ -103,13 +117,13 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> int:
     global config
     ap = argparse.ArgumentParser(description="Identity API stand-in (Keystone-like).")
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--config", required=True, action="append", help="an INI file; repeat to add more")
     args = ap.parse_args()
     try:
         config = load_config(args.config)
         server = ThreadingHTTPServer(("127.0.0.1", config["port"]), Handler)
     except (OSError, ValueError) as e:
-        print(f"{SERVICE}: cannot start with {args.config}: {e}", file=sys.stderr, flush=True)
+        print(f"{SERVICE}: cannot start with {', '.join(args.config)}: {e}", file=sys.stderr, flush=True)
         return 2
     server.daemon_threads = True
 
