@@ -32,12 +32,17 @@ GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "Ada Operator", "GIT_AUTHOR_EMAIL": 
            "GIT_COMMITTER_NAME": "Review Bot", "GIT_COMMITTER_EMAIL": "merge@example.org"}
 
 
+def output(text: str) -> None:
+    """A command's own output, as it printed it: "[db] password" is text here, not markup."""
+    console.print(text, markup=False, highlight=False)
+
+
 def sh(*args: str, cwd: Path | None = None, show: bool = True, check: bool = True) -> str:
     if show:
         console.print(f"[dim]$ {' '.join(args)}[/]")
     proc = subprocess.run(args, cwd=cwd, env=GIT_ENV, capture_output=True, text=True)
     if check and proc.returncode != 0:
-        console.print(proc.stdout + proc.stderr)
+        output(proc.stdout + proc.stderr)
         raise SystemExit(f"demo: command failed ({proc.returncode}): {' '.join(args)}")
     return proc.stdout
 
@@ -48,7 +53,7 @@ def reconciler(*args: str, show: bool = True, ok: tuple[int, ...] = (0,)) -> str
         console.print(f"[dim]$ reconciler {' '.join(args)}[/]")
     proc = subprocess.run([exe, *args], capture_output=True, text=True)
     if proc.returncode not in ok:
-        console.print(proc.stdout + proc.stderr)
+        output(proc.stdout + proc.stderr)
         raise SystemExit(f"demo: reconciler {args[0]} failed with exit code {proc.returncode}")
     return proc.stdout
 
@@ -160,7 +165,7 @@ def demo(root: Path, driver: str) -> None:
     sh("git", "init", "-q", "--bare", "-b", "main", str(bare))
     sh("git", "push", "-q", str(bare), "main", cwd=work)
     remote = f"file://{bare}"
-    console.print(reconciler("validate", "--repo", str(work)).strip())
+    output(reconciler("validate", "--repo", str(work)).strip())
     provision_keys(root)
 
     console.rule("2. every node's agent runs once: fetch, render its slice, start, note")
@@ -168,7 +173,7 @@ def demo(root: Path, driver: str) -> None:
     c1 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
     notes_table(bare, c1, f"notes on {c1[:12]} (refs/notes/reconciler/<node> on the remote)")
     sh("git", "--git-dir", str(bare), "notes", "--ref=reconciler/ctl1", "show", c1)
-    console.print(sh("git", "--git-dir", str(bare), "notes", "--ref=reconciler/ctl1", "show", c1, show=False)
+    output(sh("git", "--git-dir", str(bare), "notes", "--ref=reconciler/ctl1", "show", c1, show=False)
                   .strip()[:600] + "\n  ...")
     lb = "http://127.0.0.1:18100"
     console.print(f"[dim]$ curl -X POST {lb}/v3/auth/tokens   # load balancer -> identity -> db[/]")
@@ -181,10 +186,10 @@ def demo(root: Path, driver: str) -> None:
     tpl = work / "services/identity/templates/identity.conf.j2"
     tpl.write_text(tpl.read_text().replace("port = {{ port_base + ports.identity }}",
                                            "port = {{ port_base + ports.identity }}\nworkers = 4"))
-    console.print(sh("git", "diff", cwd=work))
+    output(sh("git", "diff", cwd=work))
     sh("git", "commit", "-q", "-am", "identity: four API workers", cwd=work)
     sh("git", "push", "-q", str(bare), "main", cwd=work)
-    console.print(reconciler("plan", *node_args(root, "ctl1", remote)))
+    output(reconciler("plan", *node_args(root, "ctl1", remote)))
     run_fleet(root, remote)
     c2 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
     notes_table(bare, c2, f"notes on {c2[:12]}")
@@ -204,14 +209,14 @@ def demo(root: Path, driver: str) -> None:
     inventory.write_text(inventory.read_text().replace("token_ttl: 3600", "token_ttl: 600"))
     sh("git", "commit", "-q", "-am", "identity: tokens live 10 minutes", cwd=work)
     sh("git", "push", "-q", str(bare), "main", cwd=work)
-    console.print(reconciler("diff", "--repo", str(work), "HEAD~1", "HEAD", "--node", "ctl1"))
+    output(reconciler("diff", "--repo", str(work), "HEAD~1", "HEAD", "--node", "ctl1"))
     run_fleet(root, remote)
     c2 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
     notes_table(bare, c2, f"notes on {c2[:12]}")
     assert pids(root) == before, "a reload keeps every process"
     with urllib.request.urlopen("http://127.0.0.1:18105/v3", timeout=5) as resp:
         console.print(f"same processes everywhere; ctl1 identity now says: {resp.read().decode().strip()}")
-    console.print(reconciler("history", "identity", "--state-dir", str(root / "nodes" / "ctl1"), "--limit", "5"))
+    output(reconciler("history", "identity", "--state-dir", str(root / "nodes" / "ctl1"), "--limit", "5"))
     new_password(root, work, bare, remote)
 
     console.rule("4. an unsigned commit reaches the branch: every node refuses it")
@@ -225,7 +230,7 @@ def demo(root: Path, driver: str) -> None:
     assert pids(root) == before
     console.print("nothing was rendered or restarted; every node keeps running "
                   f"{c2[:12]}, and its note says why it refused {c3[:12]}.")
-    console.print(reconciler("verify", *node_args(root, "ctl1", remote), f"{c1}..{c3}", ok=(2,)))
+    output(reconciler("verify", *node_args(root, "ctl1", remote), f"{c1}..{c3}", ok=(2,)))
 
 
 def new_password(root: Path, work: Path, bare: Path, remote: str) -> None:
@@ -246,7 +251,7 @@ def new_password(root: Path, work: Path, bare: Path, remote: str) -> None:
         raise SystemExit(f"demo: sops set failed: {done.stderr.strip()}")
     sh("git", "commit", "-q", "-am", "db: a new password", cwd=work)
     sh("git", "push", "-q", str(bare), "main", cwd=work)
-    console.print(reconciler("diff", "--repo", str(work), "HEAD~1", "HEAD", "--node", "ctl1"))
+    output(reconciler("diff", "--repo", str(work), "HEAD~1", "HEAD", "--node", "ctl1"))
     run_fleet(root, remote)
     c = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
     notes_table(bare, c, f"notes on {c[:12]}")
