@@ -68,6 +68,7 @@ from .upgrade import (
     version_changed,
     version_of,
 )
+from .windows import closed
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -514,6 +515,9 @@ class Upgrader:
             waiting = [n for n in before_me if progress.get(n, {}).get(("", post.name)) != StepStatus.DONE]
             if waiting:
                 return f"post_upgrade {post.name} waits for {_shown(waiting)} to reboot", ""
+            shut = closed(ActionKind.REBOOT, self.node, self.repo.windows, self.agent.clock())
+            if shut is not None:  # a maintenance window gates reboots here: its turn waits for it
+                return f"post_upgrade {post.name}: reboot {shut}", ""
             started = time.time()
             failed = _host_command(host, post.drain, post.timeout) if post.drain else ""
             if failed:

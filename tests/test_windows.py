@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -148,3 +149,49 @@ def test_durations() -> None:
     for bad in ("", "6", "30s", "0m", "8d"):
         with pytest.raises(WindowError):
             parse_duration(bad)
+
+
+def test_an_upgrades_reboot_post_step_waits_for_the_reboot_window(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    """cmp1 reboots after compute-agent's upgrade, and reboots only on Sunday nights: on a Monday
+    its upgrade goes through and the reboot waits, noted with the window's next opening."""
+    from test_upgrade import COMPUTE_STEPS, steps_of_nodes, versioned
+
+    from reconciler.config import HostConfig
+
+    clock = Clock(datetime(2026, 11, 23, 12, 0, tzinfo=PARIS))  # a Monday
+    reboots, boot = tmp_path / "reboots.log", tmp_path / "cmp1.boot_id"
+    boot.write_text("boot-0\n")
+    host = HostConfig(root=tmp_path, boot_id_file=boot,
+                      reboot_command=f'echo "$(cat {boot})" >> {reboots} && echo boot-1 > {boot}')
+    fleet = {"cmp1": agents("cmp1", deployment.url, host=host, clock=clock),
+             "cmp2": agents("cmp2", deployment.url, clock=clock)}
+    versioned(deployment)
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + """
+post_upgrade:
+  - {name: new-kernel, after: [compute-agent], node: cmp1, action: reboot}
+windows:
+  - {name: sunday-reboots, actions: [reboot], schedule: "0 2 * * 0", duration: 4h, timezone: Europe/Paris}
+""")
+    deployment.commit("compute-agent version 1; reboots on Sunday nights")
+    for agent in fleet.values():
+        assert agent.reconcile_once().exit_code == 0
+    text = deployment.read("services/compute-agent/service.yaml").replace('version: "1"\n', "")
+    deployment.write("services/compute-agent/service.yaml",
+                     COMPUTE_STEPS.replace("upgrade_after: [identity]\n", "").lstrip() + text)
+    head = deployment.commit("compute-agent version 2")
+
+    for _ in range(3):
+        for node in ("cmp2", "cmp1"):
+            result = fleet[node].reconcile_once()
+    assert result.waiting == ("post_upgrade new-kernel: reboot waiting (window): sunday-reboots opens "
+                              "2026-11-29T02:00+01:00"), result.waiting
+    assert not reboots.exists()  # upgraded, not rebooted
+    assert (deployment.note("cmp1", head) or {}).get("state") == "applied"
+
+    clock.now = datetime(2026, 11, 29, 2, 30, tzinfo=PARIS)  # Sunday night: open
+    fleet["cmp1"].reconcile_once()  # reboots (the command stands in for it)
+    fleet["cmp1"].reconcile_once()  # back under another boot id: done
+    assert reboots.read_text() == "boot-0\n"
+    assert steps_of_nodes(deployment, head, ("cmp1",))["cmp1"][("", "new-kernel")]["status"] == "done"
