@@ -320,7 +320,8 @@ class Action:
     driver: str = ""
     sync: bool = False  # a "none" whose files still change on disk (comments, none-rules)
     staged: bool = False  # held back by apply: manual until an operator's `reconciler apply`
-    waiting: str = ""  # held back by a closed maintenance window: which, and when it opens
+    waiting: str = ""  # held back on purpose: by what (which window and when it opens, whose slots)
+    held_by: str = ""  # the reason code of that hold: WINDOW or BUDGET
 
     def to_dict(self) -> dict[str, Any]:
         out = {"service": self.service, "action": str(self.kind), "reason": self.reason}

@@ -279,7 +279,7 @@ def hold(agent: Agent, run: Run, rev: VerifiedRevision, repo: DeploymentRepo,
 
 def held(agent: Agent, run: Run, the_plan: Plan, reason: str, why: str, lines: list[str],
          suspension: Mapping[str, str] | None = None) -> RunResult:
-    """A pass that held changes back on purpose (SUSPENDED, WINDOW): the commit is noted
+    """A pass that held changes back on purpose (SUSPENDED, WINDOW, BUDGET): the commit is noted
     waiting with ``why`` and ``lines`` (what it held back), or, when it settled here already
     (applied, failed), keeps its verdict and gets them as events, once per text. A pass that
     finds the same hold again and nothing new adds no run to the ledger."""
@@ -469,7 +469,7 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
             if not operation and repo is not None and repo.budgets:  # nor by budgets, nor is a rollback
                 why = slots.take(agent, repo, the_plan)
                 if why is not None:
-                    the_plan = hold_back(the_plan, DISRUPTIVE, why)
+                    the_plan = hold_back(the_plan, DISRUPTIVE, why, "BUDGET")
             if only is not None:
                 the_plan = Plan(the_plan.node, the_plan.commit, tuple(a for a in the_plan.actions if a.service in only))
         except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
@@ -487,7 +487,7 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
         return rolled_back(agent, run, the_plan, results, operation)
     reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
     waits = [a for a in the_plan.actions if a.waiting]
-    if not reboots and not any("waiting (budget)" in a.waiting for a in waits):
+    if not reboots and not any(a.held_by == "BUDGET" for a in waits):
         slots.release(agent)  # this pass's disruption is over (a reboot keeps it until the node is back)
     if waits and not failed and not reboots:
         return held_for(agent, run, the_plan, results, waits)
@@ -531,7 +531,7 @@ def held_for(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceResult
     lines += [f"{r.service}: {r.action} {r.state}" + (f" ({r.detail})" if r.detail else "")
               for r in results if r.action is not ActionKind.NONE]
     agent.say_once(("held", run.commit, why), logging.INFO, "%s: %s: %s", agent.cfg.node, run.commit[:12], why)
-    return held(agent, run, the_plan, "BUDGET" if "waiting (budget)" in waits[0].waiting else "WINDOW", why, lines)
+    return held(agent, run, the_plan, waits[0].held_by, why, lines)
 
 
 def _on_failure(agent: Agent, repo: DeploymentRepo | None, commit: str) -> str:

@@ -110,19 +110,20 @@ def in_windows(plan: Plan, windows: Iterable[Window], now: datetime) -> Plan:
     actions = []
     for a in plan.actions:
         shut = closed(a.kind, plan.node, windows, now) if a.kind is not ActionKind.NONE else None
-        actions.append(a if shut is None else _held(a, str(shut)))
+        actions.append(a if shut is None else _held(a, str(shut), "WINDOW"))
     return Plan(plan.node, plan.commit, tuple(actions))
 
 
-def hold_back(plan: Plan, kinds: Iterable[ActionKind], why: str) -> Plan:
-    """Hold back every change of these kinds, for ``why`` (a disruption budget's wait)."""
+def hold_back(plan: Plan, kinds: Iterable[ActionKind], why: str, held_by: str) -> Plan:
+    """Hold back every change of these kinds, for ``why`` (``held_by``: a disruption budget's
+    BUDGET)."""
     kinds = frozenset(kinds)
-    return Plan(plan.node, plan.commit, tuple(_held(a, why) if a.kind in kinds else a for a in plan.actions))
+    return Plan(plan.node, plan.commit, tuple(_held(a, why, held_by) if a.kind in kinds else a for a in plan.actions))
 
 
-def _held(a: Action, why: str) -> Action:
+def _held(a: Action, why: str, held_by: str) -> Action:
     return Action(ActionKind.NONE, a.service, f"{why}: {a.kind}: {a.reason}", a.desired, a.driver,
-                  waiting=f"{a.kind}: {why}")
+                  waiting=f"{a.kind}: {why}", held_by=held_by)
 
 
 def _put_back(svc: DesiredService, o: ObservedService, what: str) -> Action:

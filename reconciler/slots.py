@@ -13,7 +13,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .budget import DISRUPTIVE, budgets_of, next_ticket, wait
+from .budget import DISRUPTIVE, Budget, budgets_of, next_ticket, wait
+from .errors import RemoteError
 from .model import Plan
 from .notes import Claim
 
@@ -33,6 +34,15 @@ def take(agent: Agent, repo: DeploymentRepo, plan: Plan) -> str | None:
     if not mine or not needs:
         return None
     what = ", ".join(f"{a.kind} {a.service}" for a in needs)
+    try:
+        return _take(agent, mine, what)
+    except RemoteError as exc:  # the others' claims unread: a wait, never a go (nor a failed commit)
+        return f"waiting (budget): the other nodes' claims could not be read: {exc}"
+
+
+def _take(agent: Agent, mine: tuple[Budget, ...], what: str) -> str | None:
+    node = agent.cfg.node
+    group = {n for b in mine for n in b.members}
     claim = agent.reporter.claim()
     now = time.time()
     if claim is None or claim.state != "queued" or not all(b.live(claim, now) for b in mine):
@@ -41,7 +51,6 @@ def take(agent: Agent, repo: DeploymentRepo, plan: Plan) -> str | None:
         agent.reporter.write_claim(Claim(node, "choosing", 0, now, what))
         if not agent.reporter.push():
             return "waiting (budget): this node's claim could not be pushed (the remote did not answer)"
-        group = {n for b in mine for n in b.members}
         seen = agent.fleet_view(group).claims
         claim = Claim(node, "queued", next_ticket(seen, mine, time.time()), time.time(), what)
         agent.reporter.write_claim(claim)
@@ -51,7 +60,7 @@ def take(agent: Agent, repo: DeploymentRepo, plan: Plan) -> str | None:
         claim = replace(claim, time=now, action=what)  # still here: kept live while it waits
         agent.reporter.write_claim(claim)
         agent.reporter.push()
-    held = wait(claim, agent.fleet_view({n for b in mine for n in b.members}).claims, mine, time.time())
+    held = wait(claim, agent.fleet_view(group).claims, mine, time.time())
     if held is not None:
         return str(held)
     log.info("%s: disruption slot taken (ticket %d): %s", node, claim.ticket, what)

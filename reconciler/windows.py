@@ -76,8 +76,7 @@ def closed(kind: ActionKind, node: str, windows: Iterable[Window], now: datetime
     mine = [w for w in windows if w.applies(kind, node)]
     if not mine or any(w.open_until(now) is not None for w in mine):
         return None
-    soonest = min(mine, key=lambda w: w.next_opening(now))
-    return Closed(tuple(w.name for w in mine), soonest.next_opening(now))
+    return Closed(tuple(w.name for w in mine), min(w.next_opening(now) for w in mine))
 
 
 def parse_duration(text: str) -> timedelta:
