@@ -332,6 +332,6 @@ class Agent:
         own = self.ledger.verdict(commit)
         if own is not None and own not in (Verdict.HALTED, Verdict.WAITING, Verdict.ERROR, Verdict.REFUSED):
             return Go(True, reason="already started")  # started it: finish it whatever others do
-        if fleet is None:  # waves alone: its turn depends on the batches before it, nobody else
-            fleet = self.fleet_view(None if barriers else rollout.before(self.cfg.node))
+        if fleet is None:  # waves alone: the batches before it and its own, nobody else
+            fleet = self.fleet_view(None if barriers else rollout.watched(self.cfg.node))
         return decide(rollout, self.cfg.node, commit, fleet, time.time(), barriers=barriers)

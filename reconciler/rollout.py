@@ -52,14 +52,15 @@ class Rollout:
                 out.append((wave, wave.nodes[i:i + wave.batch]))
         return out
 
-    def before(self, node: str) -> tuple[str, ...]:
-        """The nodes of the batches before ``node``'s: the only notes its turn depends on (a
-        node outside the plan, or in the first batch, waits on none)."""
+    def watched(self, node: str) -> tuple[str, ...]:
+        """The nodes whose notes ``node``'s verdict depends on: its turn on the batches before
+        its own, a halt on those and on its own batch's peers, which run beside it (a later
+        batch has not started). A node outside the plan depends on none."""
         try:
             mine = self.position(node)
         except KeyError:
             return ()
-        return tuple(n for _, members in self.batches()[:mine] for n in members)
+        return tuple(n for _, members in self.batches()[:mine + 1] for n in members if n != node)
 
     def position(self, node: str) -> int:
         for i, (_, members) in enumerate(self.batches()):

@@ -61,3 +61,16 @@ def test_a_descendant_applied_counts_and_a_failure_halts_the_others() -> None:
 
 def test_no_plan_means_go() -> None:
     assert decide(plan_rollout({}, NODES, lambda g: []), "cmp1", "c1", FleetView(), 0).go
+
+
+def test_a_waiting_node_reads_the_batches_before_it_and_its_own_and_no_later_one() -> None:
+    """The notes a node's verdict depends on: its turn on earlier batches, a halt on those and on
+    the peers of its own batch that run beside it; a later batch has not started."""
+    r = plan()
+    assert r.watched("ctl1") == ()
+    assert r.watched("cmp3") == ("ctl1", "ctl2", "ctl3", "cmp1", "cmp2", "cmp4")
+    # what it reads is enough: a same-batch peer's failure halts it
+    peer_failed = FleetView({"cmp4": (Note("cmp4", "c1", "failed", "", "compute-agent", "boom"),),
+                             **applied("ctl1", "ctl2", "ctl3", "cmp1", "cmp2")})
+    seen = FleetView({n: peer_failed.notes[n] for n in r.watched("cmp3") if n in peer_failed.notes})
+    assert decide(r, "cmp3", "c1", seen, at("2026-11-22T00:00:00Z")).halted
