@@ -88,6 +88,20 @@ def run_fleet(root: Path, remote: str, ok: tuple[int, ...] = (0,)) -> dict[str, 
     return results
 
 
+def merge(work: Path, bare: Path, message: str) -> None:
+    """The reviewed change lands: committed (signed by the review system's key) and pushed."""
+    sh("git", "commit", "-q", "-am", message, cwd=work)
+    sh("git", "push", "-q", str(bare), "main", cwd=work)
+
+
+def roll_out(root: Path, remote: str, work: Path, bare: Path) -> str:
+    """Every node polls once; the head's notes shown. Returns the head."""
+    run_fleet(root, remote)
+    head = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
+    notes_table(bare, head, f"notes on {head[:12]}")
+    return head
+
+
 def notes_table(bare: Path, commit: str, title: str) -> None:
     table = Table("node", "state", "started", "restarted", "untouched", "signed by", title=title)
     for node in NODES:
@@ -187,12 +201,9 @@ def demo(root: Path, driver: str) -> None:
     tpl.write_text(tpl.read_text().replace("port = {{ port_base + ports.identity }}",
                                            "port = {{ port_base + ports.identity }}\nworkers = 4"))
     output(sh("git", "diff", cwd=work))
-    sh("git", "commit", "-q", "-am", "identity: four API workers", cwd=work)
-    sh("git", "push", "-q", str(bare), "main", cwd=work)
+    merge(work, bare, "identity: four API workers")
     output(reconciler("plan", *node_args(root, "ctl1", remote)))
-    run_fleet(root, remote)
-    c2 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
-    notes_table(bare, c2, f"notes on {c2[:12]}")
+    c2 = roll_out(root, remote, work, bare)
     after = pids(root)
     table = Table("node", "service", "pid before", "pid after", title="what really restarted")
     for node in NODES:
@@ -207,12 +218,9 @@ def demo(root: Path, driver: str) -> None:
     before = pids(root)
     inventory = work / "inventory.yaml"
     inventory.write_text(inventory.read_text().replace("token_ttl: 3600", "token_ttl: 600"))
-    sh("git", "commit", "-q", "-am", "identity: tokens live 10 minutes", cwd=work)
-    sh("git", "push", "-q", str(bare), "main", cwd=work)
+    merge(work, bare, "identity: tokens live 10 minutes")
     output(reconciler("diff", "--repo", str(work), "HEAD~1", "HEAD", "--node", "ctl1"))
-    run_fleet(root, remote)
-    c2 = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
-    notes_table(bare, c2, f"notes on {c2[:12]}")
+    c2 = roll_out(root, remote, work, bare)
     assert pids(root) == before, "a reload keeps every process"
     with urllib.request.urlopen("http://127.0.0.1:18105/v3", timeout=5) as resp:
         console.print(f"same processes everywhere; ctl1 identity now says: {resp.read().decode().strip()}")
@@ -249,12 +257,9 @@ def new_password(root: Path, work: Path, bare: Path, remote: str) -> None:
                           env={**GIT_ENV, "SOPS_AGE_KEY_FILE": str(DEMO_KEYS / "ctl1.key")})
     if done.returncode != 0:
         raise SystemExit(f"demo: sops set failed: {done.stderr.strip()}")
-    sh("git", "commit", "-q", "-am", "db: a new password", cwd=work)
-    sh("git", "push", "-q", str(bare), "main", cwd=work)
+    merge(work, bare, "db: a new password")
     output(reconciler("diff", "--repo", str(work), "HEAD~1", "HEAD", "--node", "ctl1"))
-    run_fleet(root, remote)
-    c = sh("git", "rev-parse", "HEAD", cwd=work, show=False).strip()
-    notes_table(bare, c, f"notes on {c[:12]}")
+    roll_out(root, remote, work, bare)
     assert pids(root) == before, "a new password is a reload: every process kept"
     live = next((root / "nodes" / "ctl1").glob("*/db/live/db-auth.conf"))  # services/ or docker/
     console.print(f"{live}: mode {live.stat().st_mode & 0o777:04o} (a file that holds a secret)")
