@@ -203,8 +203,9 @@ def _output(exc: BaseException | None) -> str:
     return ""
 
 
-def hook(svc: DesiredService, which: str, commit: str) -> None:
-    """Run a drain or undrain hook on this node; a failing drain stops the action."""
+def hook(svc: DesiredService, which: str, commit: str, redact: Redactor = NO_SECRETS) -> None:
+    """Run a drain or undrain hook on this node; a failing drain stops the action. Its output
+    is cleaned of secret values before it is cut (a value cut in half would match none)."""
     import subprocess
 
     command = svc.drain if which == "drain" else svc.undrain
@@ -216,7 +217,8 @@ def hook(svc: DesiredService, which: str, commit: str) -> None:
     except subprocess.TimeoutExpired as exc:
         raise ApplyError(f"service {svc.name}: {which} hook timed out") from exc
     if done.returncode != 0:
-        raise ApplyError(f"service {svc.name}: {which} hook failed: {(done.stderr or done.stdout).strip()[-200:]}")
+        said = redact((done.stderr or done.stdout).strip())[-200:]
+        raise ApplyError(f"service {svc.name}: {which} hook failed: {said}")
 
 
 def _do(action: Action, driver: Driver, commit: str, steps: list[str],
@@ -246,17 +248,17 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str],
     ladder = escalation(action.kind, svc.ceiling)
 
     def drain_restart(svc: DesiredService, commit: str, check: Check) -> int | None:
-        hook(svc, "drain", commit)
+        hook(svc, "drain", commit, redact)
         try:
             return driver.restart(svc, commit, check)
         finally:
-            hook(svc, "undrain", commit)  # work comes back whether the restart worked or not
+            hook(svc, "undrain", commit, redact)  # work comes back whether the restart worked or not
 
     def reboot(svc: DesiredService, commit: str, check: Check) -> int | None:
         do_reboot = getattr(driver, "reboot", None)
         if do_reboot is None:
             raise ApplyError(f"service {svc.name}: only a host service (driver: host) can reboot the node")
-        hook(svc, "drain", commit)
+        hook(svc, "drain", commit, redact)
         do_reboot(svc, commit)
         return None
 

@@ -14,10 +14,12 @@ node's own notes refs when they still read.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -173,15 +175,22 @@ class Source:
         ``git_cause`` reads), no stdin, a time limit, one trailing newline stripped."""
         env = {**os.environ, **self.env, "LANGUAGE": "C", "LC_ALL": "C"}
         url = url or self.url
+        # Its own process group: on a timeout, the ssh or https helper git started goes with it
+        # (killing git alone left one orphan per poll of a hung remote).
+        proc = subprocess.Popen(["git", "-c", "protocol.version=2", *args], cwd=cwd or self.path, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
         try:
-            done = subprocess.run(["git", "-c", "protocol.version=2", *args], cwd=cwd or self.path, env=env,
-                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=GIT_TIMEOUT)
+            out, err = proc.communicate(timeout=GIT_TIMEOUT)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             raise RemoteError(scrub(f"{what} {safe_url(url)} failed: git did not answer within "
                                     f"{GIT_TIMEOUT} s", url)) from None
-        if done.returncode != 0:
-            raise self._failed(what, done.stderr.decode(errors="replace").strip(), done.returncode, url)
-        return done.stdout.decode(errors="replace").removesuffix("\n")
+        if proc.returncode != 0:
+            raise self._failed(what, err.decode(errors="replace").strip(), proc.returncode, url)
+        return out.decode(errors="replace").removesuffix("\n")
 
     def _failed(self, what: str, stderr: str, status: object, url: str | None = None) -> RemoteError:
         """``what URL failed: <git's cause>``, free of credentials."""

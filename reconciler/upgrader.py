@@ -47,6 +47,8 @@ from .model import (
 )
 from .observe import observe
 from .plan import plan as make_plan
+from .redact import NONE as NO_SECRETS
+from .redact import Redactor
 from .rollout import FleetView, plan_rollout
 from .upgrade import (
     Bases,
@@ -376,9 +378,10 @@ class Upgrader:
         except FileNotFoundError:
             raw = b""
         text = raw.decode(errors="replace")
-        if self.agent.redact(text) != text:  # what stays on disk after the step: names, not values
-            atomic_write(d / "output", self.agent.redact(text).encode(), 0o600)
-        output = self.agent.redact(text[-OUTPUT:].strip())
+        clean = self.agent.redact(text)  # whole, then cut: a value cut in half would match none
+        if clean != text:  # what stays on disk after the step: names, not values
+            atomic_write(d / "output", clean.encode(), 0o600)
+        output = clean[-OUTPUT:].strip()
         if status != 0:
             return False, f"exit {status}" + (f": {output[-500:]}" if output else "")
         return True, output[-200:] or "ok"
@@ -501,7 +504,7 @@ class Upgrader:
             if before != boot:
                 detail = f"rebooted (boot id {before} -> {boot})"
                 if post.undrain:
-                    failed = _host_command(host, post.undrain, post.timeout)
+                    failed = _host_command(host, post.undrain, post.timeout, self.agent.redact)
                     detail += "; undrain " + (f"failed: {failed}" if failed else "ok")
                 ledger.step(self.commit, k, replace(rec, status=StepStatus.DONE, ended=time.time(), detail=detail))
                 note()
@@ -519,7 +522,7 @@ class Upgrader:
             if shut is not None:  # a maintenance window gates reboots here: its turn waits for it
                 return f"post_upgrade {post.name}: reboot {shut}", ""
             started = time.time()
-            failed = _host_command(host, post.drain, post.timeout) if post.drain else ""
+            failed = _host_command(host, post.drain, post.timeout, self.agent.redact) if post.drain else ""
             if failed:
                 why = f"drain failed: {failed}"
                 ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED, started,
@@ -530,7 +533,7 @@ class Upgrader:
                                                    detail=f"rebooting: boot id {boot}"))
             note()  # the fleet sees this node go down for its reboot before it does
         faults.point("spawn", f"post_upgrade reboot {post.name}")
-        failed = _host_command(host, host.reboot_command, 120)
+        failed = _host_command(host, host.reboot_command, 120, self.agent.redact)
         if failed:
             why = f"reboot command failed: {failed}"
             ledger.step(self.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED,
@@ -634,7 +637,7 @@ def _running_version(agent: Agent, service: str) -> tuple[str, str]:
     return (prior[2], prior[1]) if prior is not None else ("", "")
 
 
-def _host_command(host: HostAccess, command: str, timeout: float) -> str:
+def _host_command(host: HostAccess, command: str, timeout: float, redact: Redactor = NO_SECRETS) -> str:
     """A reboot step's hook or reboot command on the host: "" when it succeeded, else why not
     (its output's end, a timeout, a command that cannot start): a failed step, never a traceback."""
     try:
@@ -643,7 +646,9 @@ def _host_command(host: HostAccess, command: str, timeout: float) -> str:
         return f"timed out after {timeout:g}s"
     except OSError as exc:
         return str(exc)
-    return "" if done.returncode == 0 else (done.stderr or done.stdout).strip()[-200:] or f"exit {done.returncode}"
+    if done.returncode == 0:
+        return ""
+    return redact((done.stderr or done.stdout).strip())[-200:] or f"exit {done.returncode}"
 
 
 def _shown(nodes: Sequence[str]) -> str:

@@ -129,7 +129,10 @@ DEFAULT_CONFIG = Path("/etc/reconciler/agent.yaml")
 def default_config() -> Path | None:
     """The config a node's commands read when neither --config nor $RECONCILER_CONFIG names one:
     /etc/reconciler/agent.yaml, when it exists (an installed node needs no flags)."""
-    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+    try:
+        return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+    except OSError:  # /etc/reconciler is root's (it holds the age key): a user's read command has none
+        return None
 
 
 def agent_config(agent_opts: dict[str, Any], **defaults: Any) -> AgentConfig:
