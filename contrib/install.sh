@@ -87,6 +87,8 @@ pip install --upgrade "$@" # dependencies: upgraded only where the new version n
 # The same version number may carry new code (a checkout, a rebuilt wheel): replace the agent itself.
 pip install --force-reinstall --no-deps "$@"
 ln -sfn "$VENV/bin/reconciler" /usr/local/bin/reconciler
+# An agent that does not even start stops the script here, before /etc or the unit is touched.
+version=$("$VENV/bin/reconciler" --version)
 
 # --- 3. settings, trust root, state ---------------------------------------------------------
 install -d -m 0755 "$ETC" "$ETC/trust"
@@ -105,7 +107,6 @@ if [ -n "$host_driver" ] || [ -e "$dropin" ]; then # an upgrade keeps the choice
     install -d -m 0755 "$UNIT_DIR/$UNIT.d"
     install -m 0644 "$here/host-driver.conf" "$dropin"
 fi
-version=$("$VENV/bin/reconciler" --version)
 if [ ! -d /run/systemd/system ]; then
     say "$version installed; systemd is not running here: start $UNIT yourself where it is"
     exit 0

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from .drivers import Driver
 from .drivers.base import Check, clean_env
+from .drivers.registry import PullFailed
 from .errors import ApplyError, ReconcilerError
 from .ledger import Ledger, Version
 from .model import LADDER, Action, ActionKind, Desired, DesiredService, Health, Plan, ResultState, ServiceResult, rank
@@ -270,6 +271,11 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str],
     for step in ladder:
         try:
             pid = methods[step](svc, commit, check)
+        except PullFailed as exc:
+            # No step up the ladder brings a missing image; a drain+restart would restart the old
+            # container on the new files and record a version it is not running.
+            steps.append(f"{step}: failed: {redact(str(exc))}")
+            raise
         except ReconcilerError as exc:
             steps.append(f"{step}: failed: {redact(str(exc))}")
             log.warning("%s %s failed, escalating: %s", step, svc.name, redact(str(exc)))

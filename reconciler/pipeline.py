@@ -214,8 +214,8 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
 def pull_ahead(agent: Agent, rev: VerifiedRevision, repo: DeploymentRepo) -> None:
     """While the node waits for an earlier wave: the images the commit will run here, pulled
     meanwhile, so its turn does not wait on the registry. Best effort, nothing else touched: a
-    pull that fails is logged once and tried on the next poll, and at the node's turn the
-    change fails on it with nothing stopped. Done once per commit per agent process."""
+    pull that fails is logged, not tried again until the node's turn, when the change pulls again
+    (and fails on it with nothing stopped). Done once per commit per agent process."""
     if rev.commit in agent.pulled_ahead:
         return
     try:
@@ -228,6 +228,7 @@ def pull_ahead(agent: Agent, rev: VerifiedRevision, repo: DeploymentRepo) -> Non
     except ReconcilerError as exc:  # the engine down, a render error: the node's turn says it
         agent.say_once(("pull-ahead", rev.commit, exc.reason), logging.WARNING, "%s: %s: images not pulled ahead: "
                        "%s [%s]", agent.cfg.node, rev.commit[:12], exc, exc.reason)
+        agent.pulled_ahead.add(rev.commit)  # tried once: not a render and a registry call every waiting poll
         return
     for p in pulled:
         if p.result == "pulled":
@@ -235,8 +236,7 @@ def pull_ahead(agent: Agent, rev: VerifiedRevision, repo: DeploymentRepo) -> Non
         elif p.result == "failed":
             agent.say_once(("pull-ahead", rev.commit, p.image), logging.WARNING, "%s: %s: %s", agent.cfg.node,
                            rev.commit[:12], p.detail)
-    if all(p.result != "failed" for p in pulled):
-        agent.pulled_ahead.add(rev.commit)
+    agent.pulled_ahead.add(rev.commit)  # once per commit, whatever came of it: its turn pulls again
 
 
 def suspended_by(agent: Agent, repo: DeploymentRepo, commit: str) -> dict[str, str] | None:

@@ -236,6 +236,8 @@ class DockerDriver:
             return False
         except docker.errors.APIError as exc:
             raise EngineDown(f"node {self.node}: docker engine error: {exc.explanation}") from exc
+        except (docker.errors.DockerException, requests.RequestException) as exc:  # the engine went away
+            raise EngineDown(f"node {self.node}: docker engine not reachable: {exc}") from exc
         return True
 
     def pull(self, image: str) -> bool:
@@ -286,12 +288,7 @@ class DockerDriver:
                 self.client.networks.create(net, driver="bridge", labels={PREFIX + "owner": self.node})
 
     def _create(self, svc: DesiredService, commit: str) -> Container:
-        rt = svc.runtime
-        try:
-            self.client.images.get(rt.image)
-        except docker.errors.ImageNotFound:
-            raise ApplyError(f"node {self.node}, service {svc.name}: image {rt.image} not found on the engine "
-                             "(pull it, or point image: at a registry this node can reach)") from None
+        rt = svc.runtime  # its image is on the engine: start and recreate pull it first
         self._networks(rt.networks)
         volumes = _volumes(rt.volumes)
         volumes[str(self._live(svc.name))] = {"bind": rt.config_dir, "mode": "ro"}

@@ -34,6 +34,7 @@ groups. Elsewhere the process group alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import grp
 import os
 import pwd
@@ -186,6 +187,7 @@ def file_drift(rec: dict[str, Any], live: tuple[FileSpec, ...]) -> str:
 LOG_LIMIT = 16 * 1024 * 1024  # service.log is rotated past this many bytes (one older file kept)
 
 
+@functools.cache  # asked by every driver made (each pass, each supervisor tick): the answer stays
 def systemd_scopes() -> bool:
     """Whether services can get scopes of their own: systemd is the init system (sd_booted's
     test), the agent is root, and systemd-run and setpriv are there."""
