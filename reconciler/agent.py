@@ -145,10 +145,14 @@ class Agent:
 
     def load(self, commit: str) -> DeploymentRepo:
         # Imported here: templates and schemas are not needed on a poll that finds nothing new.
+        from dataclasses import replace
+
         from .repo import load_repo
         from .tree import GitTree
 
         repo = load_repo(GitTree(self.source.repo, commit))
+        if (self.ledger.plane(commit) or {}).get("aborted"):
+            repo = replace(repo, cutover_aborted=True)  # its cutover failed where it attached: see controlplane
         return self.unlock(repo) if repo.secret_files else repo
 
     def unlock(self, repo: DeploymentRepo) -> DeploymentRepo:
@@ -327,11 +331,24 @@ class Agent:
         from .rollout import decide, plan_rollout
 
         rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
-        if not rollout.enabled and not barriers:
+        planes = repo.planes
+        attaches = planes.attaches(self.cfg.node, self.ledger.was_attached()) and bool(planes.off(self.cfg.node))
+        if not rollout.enabled and not barriers and not attaches:
             return Go(True)
         own = self.ledger.verdict(commit)
         if own is not None and own not in (Verdict.HALTED, Verdict.WAITING, Verdict.ERROR, Verdict.REFUSED):
             return Go(True, reason="already started")  # started it: finish it whatever others do
+        if attaches:  # detach first, then attach: never both planes on the VIP networks
+            from .controlplane import gate
+
+            off = planes.off(self.cfg.node)
+            view = fleet or self.fleet_view((*off, *rollout.watched(self.cfg.node)))
+            cut = gate(planes, self.cfg.node, self.ledger.was_attached(), commit, view)
+            if cut is not None and not cut.go:
+                return cut
+            fleet = view
+            if not rollout.enabled and not barriers:
+                return cut or Go(True)
         if fleet is None:  # waves alone: the batches before it and its own, nobody else
             fleet = self.fleet_view(None if barriers else rollout.watched(self.cfg.node))
         return decide(rollout, self.cfg.node, commit, fleet, time.time(), barriers=barriers)

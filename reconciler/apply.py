@@ -242,7 +242,7 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str],
             check()  # after an interrupted run, or to see that new files did no harm
             return None, action.kind
         case ActionKind.CONNECT:
-            driver.connect(svc, commit)
+            driver.connect(svc, commit, check)  # a VIP it joins must leave it working
             return None, action.kind
         case ActionKind.START:
             return driver.start(svc, commit, check), action.kind

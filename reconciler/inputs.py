@@ -16,7 +16,9 @@ come out the same. A service's render for a node is a function of (see ``render`
 - the node's secrets view (its files' markers or values decide which files are secret files,
   even for a template that never names ``secrets``);
 - the node's own settings the render reads: its driver for the service, ``manual``, the
-  services it runs (``depends_on`` is filtered by them), the repo's ``defaults`` and limits.
+  services it runs (``depends_on`` is filtered by them), the repo's ``defaults`` and limits;
+- its placement (release, pending release, mode, VIP attachment): while two control planes run
+  side by side, every service of every node is rendered (peers differ per node).
 
 Two values are the same only when they print the same: same types (``1`` is not ``True``) and
 same key order (a template may loop over a mapping), compared recursively.
@@ -36,7 +38,8 @@ from .errors import ReconcilerError
 from .repo import DeploymentRepo, ServiceDef
 
 # Names the render sets itself (see ``render.context``), compared as described above.
-_OWN = frozenset({"node", "service", "service_version", "release", "groups", "hostvars", "secrets"})
+_OWN = frozenset({"node", "service", "service_version", "release", "pending_release", "groups", "hostvars",
+                  "secrets"})
 _MISSING = object()
 
 
@@ -234,6 +237,10 @@ class Inputs:
         if (not self.repo_same or mine_a != mine_b or node not in a.nodes or node not in b.nodes
                 or a.node(node).manual != b.node(node).manual or a.node(node).driver != b.node(node).driver):
             return everything  # the driver: a service's own is in its definition, the default above
+        if a.planes.active or b.planes.active or a.planes[node] != b.planes[node]:
+            # Two planes: peers and VIP networks are per node (see ``controlplane``); rendered
+            # whole while the fleet runs them side by side.
+            return everything
         vars_a, vars_b = a.node_vars(node), b.node_vars(node)
         if not self._secrets_of_node_same(node, vars_a, vars_b):
             return everything

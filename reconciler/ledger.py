@@ -43,7 +43,7 @@ from .model import ActionKind, Report, ResultState, Scope, ServiceResult, StepRe
 from .redact import NONE as NO_SECRETS
 from .redact import Redactor
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mark (
@@ -142,6 +142,10 @@ CREATE TABLE IF NOT EXISTS runs (
     reason TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS planes (
+    commit_id TEXT PRIMARY KEY,
+    body TEXT NOT NULL        -- JSON: release, pending_release, mode, vip: where the node stood at it
+);
 CREATE TABLE IF NOT EXISTS upgrades (
     commit_id TEXT NOT NULL,
     service TEXT NOT NULL,
@@ -457,6 +461,9 @@ class Ledger:
             for seq, v in enumerate(report.verdicts):
                 db.execute("INSERT INTO trust_verdicts(commit_id, seq, body) VALUES (?,?,?)",
                            (report.commit, seq, json.dumps(dict(v), sort_keys=True)))
+            if report.plane is not None:
+                db.execute("INSERT OR REPLACE INTO planes(commit_id, body) VALUES (?,?)",
+                           (report.commit, json.dumps(dict(report.plane), sort_keys=True)))
             if converged is not None:
                 db.execute("INSERT OR REPLACE INTO converged(id, commit_id, hashes) VALUES (1,?,?)",
                            (report.commit, json.dumps(dict(sorted(converged.items())))))
@@ -532,9 +539,35 @@ class Ledger:
         # and on the head's (an applied one whose drift is left alone).
         held = rec.verdict is Verdict.WAITING and rec.reason == "SUSPENDED"
         suspended = self.suspension() if held or commit == self.mark().commit else None
+        plane = self._one("SELECT body FROM planes WHERE commit_id=?", commit)
         return Report(node, commit, rec.verdict, time_text, services=results, reason=rec.reason, error=rec.error,
                       plan_hash=rec.plan_hash, signer=rec.signer, verdicts=verdicts, events=events, pins=pins,
-                      steps=tuple(self.steps(commit)), suspended=suspended)
+                      steps=tuple(self.steps(commit)), suspended=suspended,
+                      plane=json.loads(plane[0]) if plane else None)
+
+    def plane(self, commit: str) -> dict[str, Any] | None:
+        """Where the node stood (release, mode, VIP attachment) when it settled ``commit``."""
+        row = self._one("SELECT body FROM planes WHERE commit_id=?", commit)
+        return dict(json.loads(row[0])) if row else None
+
+    def was_attached(self) -> bool | None:
+        """On the VIP networks after the last commit it settled (None: it settled none). A commit
+        settled with no plane record ran in a fleet of one plane: attached."""
+        row = self._one("SELECT c.commit_id, p.body FROM commits c LEFT JOIN planes p USING(commit_id)"
+                        " WHERE c.verdict IN ('applied','failed','staged','rebooting') ORDER BY c.time DESC LIMIT 1")
+        if row is None:
+            return None
+        return row[1] is None or json.loads(row[1]).get("vip") == "attached"
+
+    def replan(self, commit: str, plane: Mapping[str, Any]) -> None:
+        """The node's placement at ``commit`` changed without a new commit (its cutover was
+        aborted, or completed): recorded, the no-op marker cleared, the note due again."""
+        with self._tx(f"plane {commit[:12]}") as db:
+            db.execute("INSERT OR REPLACE INTO planes(commit_id, body) VALUES (?,?)",
+                       (commit, json.dumps(dict(plane), sort_keys=True)))
+            db.execute("UPDATE commits SET noted=0 WHERE commit_id=?", (commit,))
+            if plane.get("aborted"):
+                db.execute("DELETE FROM converged")
 
     def acted_on(self) -> Iterable[CommitRecord]:
         for (commit,) in self._all("SELECT commit_id FROM commits ORDER BY time"):

@@ -122,6 +122,7 @@ class Runtime:
     ports: tuple[str, ...] = ()  # "127.0.0.1:8080:80", "8080:80/udp"
     volumes: tuple[str, ...] = ()  # "source:target[:ro]"
     networks: tuple[str, ...] = ()  # networks the agent creates and owns
+    aliases: tuple[tuple[str, str], ...] = ()  # (network, name it answers to there): a VIP's name
     network_mode: str = ""  # "host": share the node's network stack (no ports, no networks)
     restart: str = ""  # no | always | unless-stopped | on-failure[:N]
     user: str = ""  # docker: user[:group]; process: a user on the node (root's agent starts it as that user)
@@ -134,6 +135,7 @@ class Runtime:
         extra: dict[str, Any] = {
             "image": self.image, "ports": list(self.ports), "volumes": list(self.volumes),
             "networks": list(self.networks) if networks else [], "network_mode": self.network_mode,
+            "aliases": [list(a) for a in self.aliases] if networks else [],
             "restart": self.restart, "user": self.user, "group": self.group,
             "healthcheck": dict(self.healthcheck), "config_dir": self.config_dir,
         }
@@ -215,7 +217,8 @@ class DesiredService:
         parts["runtime"] = sha256_hex(canonical_json(self.runtime.to_dict(networks=False)))
         parts["health"] = sha256_hex(canonical_json(self.health.to_dict()))
         if self.runtime.networks:
-            parts["networks"] = sha256_hex(canonical_json(sorted(self.runtime.networks)))
+            parts["networks"] = sha256_hex(canonical_json(sorted(self.runtime.networks) + (
+                [list(a) for a in self.runtime.aliases] if self.runtime.aliases else [])))
         return parts
 
     @property
@@ -463,3 +466,5 @@ class Report:
     pins: Mapping[str, str] = field(default_factory=dict)  # service -> commit it is held at
     steps: tuple[StepRecord, ...] = ()  # upgrade steps of this commit on this node
     suspended: Mapping[str, str] | None = None  # held back by a suspension: {reason, by, since}
+    # Two control planes side by side: the node's release, mode and VIP attachment at this commit
+    plane: Mapping[str, Any] | None = None

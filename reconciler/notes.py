@@ -44,6 +44,8 @@ def to_dict(report: Report) -> dict[str, Any]:
         out["upgrade"] = [s.to_dict() for s in report.steps]
     if report.suspended:
         out["suspended"] = dict(report.suspended)
+    if report.plane:
+        out["plane"] = dict(report.plane)
     return out
 
 
@@ -72,6 +74,7 @@ class Note:
     failed_service: str = ""
     error: str = ""
     steps: Mapping[tuple[str, str], str] = field(default_factory=dict)  # (service, step) -> status
+    vip: str = ""  # "attached" | "detached": on the VIP networks at this commit ("": no two planes)
 
     @staticmethod
     def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
@@ -79,8 +82,10 @@ class Note:
                   if isinstance(r, Mapping) and r.get("result") == "failed"]
         steps = {(str(s.get("service", "")), str(s.get("step", ""))): str(s.get("status", ""))
                  for s in data.get("upgrade") or () if isinstance(s, Mapping)}
+        plane = data.get("plane")
         return Note(node, commit, str(data.get("state", "")), str(data.get("time", "")),
-                    failed[0] if failed else "", str(data.get("error", "")), steps)
+                    failed[0] if failed else "", str(data.get("error", "")), steps,
+                    str(plane.get("vip", "")) if isinstance(plane, Mapping) else "")
 
 
 # A node's claim on a disruption slot (see ``budget``) is a note too, in the same ref, on an

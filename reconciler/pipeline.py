@@ -120,6 +120,7 @@ class Run:
     interrupted: tuple[Interrupted, ...]
     events: tuple[str, ...] = ()
     signer: Mapping[str, str] | None = None
+    before: bool | None = None  # on the VIP networks after the last commit it settled (None: none yet)
 
 
 def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | None,
@@ -132,6 +133,7 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
         waiting = agent.resume_after_reboot(events)
         if waiting is not None:
             return RunResult(agent.cfg.node, waiting, fetched, pushed=agent.reporter.push())
+        events += cutover_watch(agent, commit)
         if not interrupted and not events and only is None and unchanged(agent, commit):
             pending = agent.ledger.get_meta(POST_PENDING)
             if pending:  # this commit's post steps, or an earlier one's the branch moved past
@@ -169,6 +171,7 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
             upgrader = Upgrader.of(agent, commit, repo)
             run = replace(run, events=run.events + upgrader.held_events())
             fleet = agent.fleet_view() if upgrader.barriers else None
+            run = replace(run, before=agent.ledger.was_attached())
             verdict = agent.rollout_gate(repo, commit, barriers=upgrader.barriers, fleet=fleet)
         except BadInput as exc:
             return stopped(agent, run, Verdict.ERROR, exc)
@@ -481,7 +484,9 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
         results = apply_plan(the_plan, drivers, agent.ledger, recheck, agent.redact)
         agent.ledger.clear_interrupted()  # done again above, or moot: only now
         failed = [r for r in results if r.state is ResultState.FAILED]
-        if failed and not operation and _on_failure(agent, repo, run.commit) == "node":
+        attaching = repo is not None and repo.planes.attaches(agent.cfg.node, run.before)
+        # A node that fails as it takes the VIPs over leaves them whole: the old plane takes them back.
+        if failed and not operation and (attaching or _on_failure(agent, repo, run.commit) == "node"):
             run = replace(run, events=run.events + tuple(put_back(agent, run.commit, results, before, drivers)))
     if operation:
         return rolled_back(agent, run, the_plan, results, operation)
@@ -507,7 +512,7 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
     report = Report(
         agent.cfg.node, run.commit, verdict, now_iso(), services=tuple(results), plan_hash=the_plan.hash,
         signer=run.signer, reason="APPLY_FAILED" if failed else "", error=failed[0].detail if failed else "",
-        events=run.events,
+        events=run.events, plane=plane_of(agent.cfg.node, repo, run.before, bool(failed)),
     )
     if failed:
         detail = f"{failed[0].service}: {failed[0].detail}"
@@ -519,6 +524,50 @@ def converge(agent: Agent, run: Run, rev: VerifiedRevision, *, repo: DeploymentR
     hashes = {s.name: s.hash for s in desired.services} if verdict is Verdict.APPLIED else None
     result = settle(agent, run, report, proof, converged=hashes)
     return replace(result, plan=the_plan)
+
+
+def plane_of(node: str, repo: DeploymentRepo | None, before: bool | None, failed: bool) -> dict[str, Any] | None:
+    """What the note says of the node's place while two control planes run side by side (see
+    ``controlplane``): release, mode, on the VIP networks or not, and, where it left them for a
+    cutover, the nodes whose attach it watches (their failure puts it back on)."""
+    if repo is None or not (repo.planes.active or repo.cutover_aborted):
+        return None
+    planes = repo.planes
+    out = planes[node].to_dict()
+    if failed and planes.attaches(node, before):
+        out["vip"] = "detached"  # put back where it was
+    if repo.cutover_aborted:
+        out["aborted"] = True
+    elif planes.detaches(node, before) and planes.cutover(node):
+        out["watch"] = list(planes.cutover(node))
+    return out
+
+
+def cutover_watch(agent: Agent, commit: str) -> list[str]:
+    """This node left the VIP networks at ``commit`` for a cutover: while the nodes taking them
+    over have not all noted it applied, read their notes; one that failed it aborts the cutover
+    here (the next render of ``commit`` puts this node back on them). Returns what the note says."""
+    plane = agent.ledger.plane(commit)
+    if not plane or not plane.get("watch") or plane.get("aborted"):
+        return []
+    watched = [str(n) for n in plane["watch"]]
+    try:
+        fleet = agent.fleet_view(watched)
+    except ReconcilerError as exc:  # the remote is away: look again next poll
+        agent.say_once(("cutover-watch", commit, exc.reason), logging.WARNING, "%s: %s: cannot read the notes of "
+                       "%s: %s", agent.cfg.node, commit[:12], ", ".join(watched), exc)
+        return []
+    failed = next((n for n in watched if (note := fleet.note(n, commit)) is not None and note.state == "failed"), None)
+    if failed is not None:
+        note = fleet.note(failed, commit)
+        why = f"cutover aborted: {failed} failed {commit[:12]}" + (f" ({note.error})" if note and note.error else "")
+        agent.ledger.replan(commit, {**{k: v for k, v in plane.items() if k != "watch"}, "aborted": True})
+        log.error("%s: %s: back onto the VIP networks", agent.cfg.node, why)
+        return [f"{why}: back onto the VIP networks"]
+    if all(fleet.reached(n, commit) is not None for n in watched):
+        agent.ledger.replan(commit, {k: v for k, v in plane.items() if k != "watch"})
+        write_note(agent, commit)
+    return []
 
 
 def held_for(agent: Agent, run: Run, the_plan: Plan, results: list[ServiceResult], waits: list[Action]) -> RunResult:

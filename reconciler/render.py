@@ -11,9 +11,12 @@ Context of every template, runtime string and health target:
 
 - every variable, precedence low to high: the service's ``defaults``, the repo's ``vars``, the
   node's groups' ``vars`` (in the order the node lists its groups), the node's own ``vars``;
-- ``node`` (this node's name), ``service`` (this service's name), ``release``;
+- ``node`` (this node's name), ``service`` (this service's name), ``release`` (the node's own,
+  else the inventory's), ``pending_release`` (the release it is being deployed as, or "");
 - ``groups``: group name -> sorted member node names;
 - ``hostvars``: node name -> that node's variables (without service defaults);
+  both only of the nodes of its own plane when it, or they, are split off (an isolated node, the
+  old plane after a cutover: see ``controlplane``);
 - ``secrets``: name -> value, from the ``secrets/*.yaml`` files this node can decrypt (the
   agent's identity; see ``secrets``). Without a key (review, validate) the values are markers
   ``<secret NAME HASH>``, for the files encrypted to the node's ``age_recipient`` variable.
@@ -288,13 +291,16 @@ def context(repo: DeploymentRepo, node: str, svc: ServiceDef,
     ctx: dict[str, Any] = dict(svc.defaults)
     ctx.update(repo.node_vars(node))
     ctx.update(pinned or {})
+    placement = repo.planes[node]
+    groups, hostvars = repo.peers(node)
     ctx.update(
         node=node,
         service=svc.name,
         service_version=svc.version,
-        release=repo.release,
-        groups=repo.group_members,
-        hostvars=repo.hostvars,
+        release=placement.release,
+        pending_release=placement.pending,
+        groups=groups,
+        hostvars=hostvars,
         secrets=secret_view(repo, node),
     )
     return ctx
@@ -394,12 +400,13 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
         raise RenderError(f"node {node}: reload: unknown signal {signal_name!r}", file=svc.file,
                           line=svc.lines.get("runtime"))
     driver = repo.driver_of(node, svc.name)
+    networks, aliases = _networks(repo, node, svc, inline)
     runtime = Runtime(
         driver, command, env_vars,
         image=inline(str(c.get("image", "")), "runtime"),
         ports=strings("ports", PORT, "[host_ip:]host_port:container_port[/tcp|udp]"),
         volumes=strings("volumes", VOLUME, "source:/target[:ro|rw]"),
-        networks=tuple(sorted(strings("networks", NAME, "a network name"))),
+        networks=networks, aliases=aliases,
         network_mode=str(c.get("network_mode", "")),
         restart=str(c.get("restart", "")), user=inline(str(c.get("user", "")), "runtime"),
         group=inline(str(c.get("group", "")), "runtime"),
@@ -428,6 +435,31 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
         drain=inline(svc.drain, "runtime") if svc.drain else "",
         undrain=inline(svc.undrain, "runtime") if svc.undrain else "",
     )
+
+
+def _networks(repo: DeploymentRepo, node: str, svc: ServiceDef,
+              inline: Callable[[str, str], str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The networks (and the names it answers to on each) the service's container joins on this
+    node: a VIP network only on a node of the live plane (see ``controlplane``)."""
+    names: list[str] = []
+    aliases: list[tuple[str, str]] = []
+    attached = repo.planes[node].attached
+    for entry in svc.container.get("networks", ()):
+        spec = entry if isinstance(entry, Mapping) else {"name": entry}
+        name = inline(str(spec["name"]), "runtime")
+        for value, form in ((name, "a network name"), *((inline(str(a), "runtime"), "an alias")
+                                                          for a in spec.get("aliases", ()))):
+            if not NAME.fullmatch(value):
+                raise RenderError(f"node {node}: networks: {value!r} is not {form}", file=svc.file,
+                                  line=svc.lines.get("runtime"))
+        if name in repo.vip_networks and not attached:
+            continue  # the same VIP addresses in its config, not the network that carries them
+        if name in names:
+            raise RenderError(f"node {node}: networks: {name!r} named twice", file=svc.file,
+                              line=svc.lines.get("runtime"))
+        names.append(name)
+        aliases += [(name, inline(str(a), "runtime")) for a in spec.get("aliases", ())]
+    return tuple(sorted(names)), tuple(sorted(aliases))
 
 
 def stand_in(repo: DeploymentRepo, node: str, svc: ServiceDef, node_services: Container[str]) -> DesiredService:

@@ -21,7 +21,7 @@ import graphlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .budget import Budget, BudgetError, parse_budgets
 from .errors import BadInput, InvalidRepo, UnknownNode
@@ -32,6 +32,9 @@ from .tree import Tree
 from .upgrade import PostStep, Stage, Step, StepAction, check_steps, parse_post, parse_steps
 from .windows import Window, WindowError, parse_windows
 from .yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml, safe_load
+
+if TYPE_CHECKING:
+    from .controlplane import Planes
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,10 @@ class NodeDef:
     driver: str | None
     vars: Mapping[str, Any]
     manual: bool = False
+    release: str = ""  # what it runs ("": the inventory's)
+    pending_release: str = ""  # what it is being deployed as (see ``controlplane``)
+    mode: str = ""  # normal | isolated | cutover; "": derived from the pending release
+    line: int | None = None  # in inventory.yaml
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,16 @@ class DeploymentRepo:
     # The agent has no age identity configured (so ``unlocked`` is empty): said in the error of a
     # template that reads a secret, which is then a setup to fix on the node, not a rotation.
     no_identity: bool = False
+    # This commit's cutover failed where it attached (the agent read the failed note): placed as
+    # if its cutover nodes were isolated, so the old plane re-attaches (see ``controlplane``).
+    cutover_aborted: bool = False
+
+    @functools.cached_property
+    def planes(self) -> Planes:
+        """Every node's release, mode and VIP attachment at this commit."""
+        from .controlplane import compute
+
+        return compute(self)
 
     def node(self, name: str) -> NodeDef:
         try:
@@ -129,7 +146,39 @@ class DeploymentRepo:
         names: set[str] = set()
         for g in self.node(node).groups:
             names.update(self.groups[g].services)
+        if self.vip_services and not self.planes[node].attached:
+            names -= self.vip_services  # they hold the VIPs themselves: off the live plane, not run
         return tuple(sorted(names))
+
+    @functools.cached_property
+    def vip_services(self) -> frozenset[str]:
+        from .controlplane import vip_services
+
+        return vip_services(self.settings)
+
+    @functools.cached_property
+    def vip_networks(self) -> frozenset[str]:
+        from .controlplane import vip_networks
+
+        return vip_networks(self.settings)
+
+    def peers(self, node: str) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
+        """``groups`` and ``hostvars`` as ``node``'s templates see them: every node, or only the
+        nodes of its own plane when it, or they, are split off (see ``controlplane``)."""
+        planes = self.planes
+        if not planes.active:
+            return self.group_members, self.hostvars
+        seen = planes.visible(node)
+        hit = self._peer_views.get(seen)
+        if hit is None:
+            hit = ({g: [n for n in ns if n in seen] for g, ns in self.group_members.items()},
+                   {n: v for n, v in self.hostvars.items() if n in seen})
+            self._peer_views[seen] = hit
+        return hit
+
+    @functools.cached_property
+    def _peer_views(self) -> dict[frozenset[str], tuple[dict[str, list[str]], dict[str, dict[str, Any]]]]:
+        return {}
 
     @functools.cached_property
     def group_members(self) -> dict[str, list[str]]:
@@ -364,7 +413,9 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
                         f"node {nname!r}: unknown group {gname!r}",
                     ))
             nodes[nname] = NodeDef(nname, tuple(n["groups"]), n.get("driver"), dict(n.get("vars", {})),
-                                   n.get("apply") == "manual")
+                                   n.get("apply") == "manual", str(n.get("release", "")),
+                                   str(n.get("pending_release", "")), str(n.get("mode", "")),
+                                   inventory.line(("nodes", nname)))
 
     secret_files = _secret_files(tree, limits, problems)
     problems.extend(_check_dependencies(services))
@@ -393,6 +444,10 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         secret_files=secret_files,
     )
     problems = repo.check_drivers()
+    if not problems:
+        from .controlplane import check as check_planes
+
+        problems = check_planes(repo, {n: d.line for n, d in nodes.items()})
     if problems:
         raise RepoProblems(problems)
     return repo

@@ -64,8 +64,9 @@ class Driver(Protocol):
         """New files and record only; the running program is not touched."""
         ...
 
-    def connect(self, svc: DesiredService, commit: str) -> None:
-        """Bring the instance's networks to the spec, live."""
+    def connect(self, svc: DesiredService, commit: str, check: Check | None = None) -> None:
+        """Bring the instance's networks to the spec, live; ``check`` after it, the networks it
+        had put back when it fails."""
         ...
 
     def remove(self, name: str) -> None:

@@ -30,7 +30,7 @@ from docker.types import Mount
 
 from .. import faults
 from ..errors import ApplyError, ReconcilerError
-from ..model import DesiredService, ObservedService
+from ..model import DesiredService, ObservedService, Runtime
 from .base import Check
 from .files import read_dir, read_record, sync_dir, write_record
 from .registry import PullFailed, RegistryLogin, redact, registry_of, split_reference
@@ -79,6 +79,17 @@ def _healthcheck(items: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
     if "retries" in hc:
         out["retries"] = int(hc["retries"])
     return out
+
+
+def _aliases(rt: Runtime, network: str | None) -> tuple[str, ...]:
+    return tuple(a for n, a in rt.aliases if n == network)
+
+
+def _attached(c: Container) -> dict[str, tuple[str, ...]]:
+    """Network -> the aliases the container was given there (not the ids the engine adds)."""
+    nets = c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {}
+    short = {c.id[:12], c.id, c.name}
+    return {n: tuple(a for a in (e or {}).get("Aliases") or () if a not in short) for n, e in nets.items()}
 
 
 class DockerDriver:
@@ -297,6 +308,9 @@ class DockerDriver:
             PREFIX + "hash": svc.hash, PREFIX + "spec-hash": svc.spec_hash,
             PREFIX + "config-hash": svc.config_hash, PREFIX + "fingerprint": json.dumps(svc.fingerprint()),
         }
+        first = rt.networks[0] if rt.networks else None
+        endpoints = {first: self.client.api.create_endpoint_config(aliases=list(_aliases(rt, first)))} \
+            if first and _aliases(rt, first) else None
         env = dict(rt.env)
         env.update(RECONCILER_NODE=self.node, RECONCILER_SERVICE=svc.name, RECONCILER_COMMIT=commit,
                    RECONCILER_DATA_DIR=f"/var/lib/{svc.name}")  # a named volume: data outlives containers
@@ -305,12 +319,12 @@ class DockerDriver:
                 rt.image, command=list(rt.command) or None, name=self.container_name(svc.name), labels=labels,
                 environment=env, ports=_ports(rt.ports), volumes=volumes, user=rt.user or None,
                 restart_policy=_restart(rt.restart), healthcheck=_healthcheck(rt.healthcheck),
-                network=rt.networks[0] if rt.networks else None, network_mode=rt.network_mode or None,
+                network=first, networking_config=endpoints, network_mode=rt.network_mode or None,
                 working_dir=rt.config_dir, detach=True, init=True,  # an init as PID 1: signals and reaping
                 mounts=[Mount(f"/var/lib/{svc.name}", f"rc-{self.node}-{svc.name}-data", type="volume")],
             )
             for net in rt.networks[1:]:
-                self.client.networks.get(net).connect(c)
+                self.client.networks.get(net).connect(c, aliases=list(_aliases(rt, net)) or None)
             c.start()
         except docker.errors.APIError as exc:
             with contextlib.suppress(docker.errors.APIError, UnboundLocalError):
@@ -437,26 +451,58 @@ class DockerDriver:
                 with contextlib.suppress(docker.errors.APIError):
                     c.remove(force=True)
 
-    def connect(self, svc: DesiredService, commit: str) -> None:
+    def connect(self, svc: DesiredService, commit: str, check: Check | None = None) -> None:
+        """Networks changed alone: joined and left live, the same container running on. When
+        the service fails its check on its new networks (a VIP taken over by a control plane
+        that does not work), the networks it had come back."""
         c = self._container(svc.name)
         if c is None:
             raise ApplyError(f"node {self.node}, service {svc.name}: no container to connect")
+        previous = self._record(svc.name)
+        c.reload()
+        before = _attached(c)
         self._sync_networks(c, svc)
         sync_dir(self._live(svc.name), svc.files)
+        if check is not None:
+            try:
+                check()
+            except ReconcilerError as exc:
+                self._restore_networks(c, before)
+                if previous is not None:
+                    write_record(self._dir(svc.name), previous)
+                raise ApplyError(f"{exc}; previous networks restored ({', '.join(sorted(before)) or 'none'})") \
+                    from exc
         self._write_record(svc, commit, c)
 
+    def _restore_networks(self, c: Container, before: dict[str, tuple[str, ...]]) -> None:
+        c.reload()
+        now = _attached(c)
+        for net in sorted(set(now) - set(before)):
+            with contextlib.suppress(docker.errors.APIError):
+                self.client.networks.get(net).disconnect(c)
+        for net in sorted(set(before) - set(now)):
+            with contextlib.suppress(docker.errors.APIError):
+                self.client.networks.get(net).connect(c, aliases=list(before[net]) or None)
+
     def _sync_networks(self, c: Container, svc: DesiredService) -> None:
+        """Leave first, then join: a container moving its VIP name from one network to another
+        is never on both."""
         if svc.runtime.network_mode == "host":
             return
         self._networks(svc.runtime.networks)
         c.reload()
-        have = set(c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {})
-        want = set(svc.runtime.networks) or {svc.runtime.network_mode or "bridge"}
+        have = _attached(c)
+        rt = svc.runtime
+        want = {n: _aliases(rt, n) for n in rt.networks} or {rt.network_mode or "bridge": ()}
         try:
-            for net in sorted(want - have):
-                self.client.networks.get(net).connect(c)
-            for net in sorted(have - want):
-                self.client.networks.get(net).disconnect(c)
+            for net in sorted(have):
+                if net not in want or not set(want[net]) <= set(have[net]):
+                    faults.point("disconnect", f"{c.name} {net}")
+                    self.client.networks.get(net).disconnect(c)
+            for net in sorted(want):
+                if net not in have or not set(want[net]) <= set(have[net]):
+                    faults.point("connect", f"{c.name} {net}")
+                    self.client.networks.get(net).connect(c, aliases=list(want[net]) or None)
         except docker.errors.APIError as exc:
             raise ApplyError(f"node {self.node}, service {svc.name}: {exc.explanation or exc}") from exc
 

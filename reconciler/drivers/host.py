@@ -158,7 +158,7 @@ class HostDriver:
         self._write(svc.files)
         self._write_record(svc, commit)
 
-    def connect(self, svc: DesiredService, commit: str) -> None:
+    def connect(self, svc: DesiredService, commit: str, check: Check | None = None) -> None:
         self.update(svc, commit)
 
     def reboot(self, svc: DesiredService, commit: str) -> None:

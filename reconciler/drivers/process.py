@@ -373,7 +373,7 @@ class ProcessDriver:
     def recreate(self, svc: DesiredService, commit: str, check: Check) -> int | None:
         return self._replace(svc, commit, check, restore=True)
 
-    def connect(self, svc: DesiredService, commit: str) -> None:
+    def connect(self, svc: DesiredService, commit: str, check: Check | None = None) -> None:
         self.update(svc, commit)  # plain processes have no networks of their own
 
     def _replace(self, svc: DesiredService, commit: str, check: Check, restore: bool) -> int | None:

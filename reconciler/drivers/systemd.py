@@ -170,7 +170,7 @@ class SystemdDriver:
         sync_dir(self._live(svc.name), svc.files)
         self._write_record(svc, commit)
 
-    def connect(self, svc: DesiredService, commit: str) -> None:
+    def connect(self, svc: DesiredService, commit: str, check: Check | None = None) -> None:
         self.update(svc, commit)
 
     def remove(self, name: str) -> None:
