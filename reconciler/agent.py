@@ -339,11 +339,11 @@ class Agent:
         if own is not None and own not in (Verdict.HALTED, Verdict.WAITING, Verdict.ERROR, Verdict.REFUSED):
             return Go(True, reason="already started")  # started it: finish it whatever others do
         if attaches:  # detach first, then attach: never both planes on the VIP networks
-            from .controlplane import gate
+            from .rollout import cutover_gate
 
             off = planes.off(self.cfg.node)
             view = fleet or self.fleet_view((*off, *rollout.watched(self.cfg.node)))
-            cut = gate(planes, self.cfg.node, self.ledger.was_attached(), commit, view)
+            cut = cutover_gate(planes, self.cfg.node, self.ledger.was_attached(), commit, view)
             if cut is not None and not cut.go:
                 return cut
             fleet = view

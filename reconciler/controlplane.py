@@ -17,7 +17,7 @@ VIP networks (``vip.networks``) and the only one running the VIP services (``vip
   old one's config does not change when the new one is added. Both still render the same VIP
   addresses (variables): only the attachment differs.
 
-Order, gated on the notes like a wave (``gate``): at a commit where a node attaches (it was not
+Order, gated on the notes like a wave (``rollout.cutover_gate``): at a commit where a node attaches (it was not
 attached at the commit it ran before), it waits until every node of its groups that is off the
 VIP networks at this commit has noted it applied and detached: detach first, then attach, so
 there is never a moment with both planes attached. A revert of a cutover is the same rule run
@@ -36,8 +36,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from .rollout import FleetView
-from .rollout import Verdict as Go
 from .yamlfile import Problem
 
 if TYPE_CHECKING:
@@ -128,7 +126,8 @@ def compute(repo: DeploymentRepo) -> Planes:
     for g in repo.groups:
         members = [n for n, d in nodes.items() if g in d.groups]
         cut = {plane[n] for n in members if explicit[n] is Mode.CUTOVER}
-        live[g] = cut or {plane[n] for n in members if not pending[n] and explicit[n] is not Mode.ISOLATED}
+        live[g] = cut or {plane[n] for n in members if explicit[n] is Mode.NORMAL
+                          or (not pending[n] and explicit[n] is not Mode.ISOLATED)}
     placements = {}
     for n, d in nodes.items():
         mode, derived = explicit[n], False
@@ -183,7 +182,7 @@ def check(repo: DeploymentRepo, lines: Mapping[str, int | None]) -> list[Problem
                    for s in repo.services_of(n) if s in repo.services):
                 on.setdefault(p[n].plane, []).append(n)
         if len(on) > 1:
-            where = ", ".join(f"release {r}: {', '.join(ns)}" for r, ns in sorted(on.items()))
+            where = "; ".join(f"release {r}: {', '.join(ns)}" for r, ns in sorted(on.items()))
             last = max(on.items(), key=lambda kv: kv[0])[1][0]
             problems.append(Problem("inventory.yaml", lines.get(last),
                                     f"VIP network {net!r} would be attached to two releases at once ({where}); "
@@ -212,20 +211,40 @@ def order(before: DeploymentRepo, after: DeploymentRepo, nodes: Iterable[str]) -
     return tuple(detach), tuple(attach)
 
 
-def gate(p: Planes, node: str, before: bool | None, commit: str, fleet: FleetView) -> Go | None:
-    """A node that goes onto the VIP networks at ``commit`` waits until every node of its groups
-    that is off them at ``commit`` noted it applied, and detached; None: nothing to wait for."""
-    if not p.attaches(node, before):
-        return None
-    off = p.off(node)
-    if not off:
-        return None
-    failed = fleet.failure(commit)
-    if failed is not None and failed.node != node:
-        return Go(False, halted=True, failed=failed,
-                  reason=f"halted: {failed.node} failed {commit[:12]}: {failed.error}".rstrip(": "))
-    waiting = tuple(n for n in off if (note := fleet.reached(n, commit)) is None or note.vip == "attached")
-    if waiting:
-        return Go(False, reason=f"cutover: waiting for {', '.join(waiting)} to leave the VIP networks",
-                  waiting_for=waiting)
-    return Go(True, reason=f"cutover: {', '.join(off)} left the VIP networks")
+@dataclass(frozen=True)
+class CutoverStep:
+    """One step of a review's cutover order: nodes leaving (or joining) the VIP networks, and
+    per node the services whose networks change live."""
+
+    verb: str  # "detach" | "attach"
+    nodes: Mapping[str, tuple[str, ...]]  # node -> services connected or disconnected
+    releases: tuple[str, ...]
+    after: tuple[str, ...] = ()  # attach: the nodes whose notes it waits for
+
+    def line(self, n: int) -> str:
+        who = "; ".join(f"{node} ({', '.join(svcs) or 'no service'})" for node, svcs in self.nodes.items())
+        text = f"{n}. {self.verb} {who}: release {', '.join(self.releases)}"
+        if self.after:
+            text += f", once {', '.join(self.after)} noted the commit applied and detached"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.verb, "nodes": {n: list(s) for n, s in self.nodes.items()},
+                "releases": list(self.releases), "after": list(self.after)}
+
+
+def cutover_steps(before: DeploymentRepo, after: DeploymentRepo, nodes: Iterable[str],
+                  connects: Mapping[str, tuple[str, ...]]) -> tuple[CutoverStep, ...]:
+    """The order a commit moves the VIP networks in: detach first, then attach (empty when it
+    moves nothing). ``connects``: node -> the services whose networks change there (the plan's)."""
+    detach, attach = order(before, after, nodes)
+    pa, pb = planes(after), planes(before)
+    steps = []
+    if detach:
+        steps.append(CutoverStep("detach", {n: connects.get(n, ()) for n in detach},
+                                 tuple(sorted({pb[n].plane for n in detach}))))
+    if attach:
+        off = tuple(sorted({m for n in attach for m in pa.off(n)}))
+        steps.append(CutoverStep("attach", {n: connects.get(n, ()) for n in attach},
+                                 tuple(sorted({pa[n].plane for n in attach})), off))
+    return tuple(steps)

@@ -7,10 +7,11 @@ stage each node is at.
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from .controlplane import Mode, Placement, Planes
 from .notes import Note
 from .rollout import FleetView, Rollout
 from .upgrade import Bases, fleet_upgrades_of, held_back, holding, stage_of, upgraded
@@ -34,12 +35,17 @@ class NodeStatus:
     commit: str  # the commit its state is about (C, or the descendant it applied)
     detail: str = ""
     stage: str = ""  # with stages: the commit's stage this node is in, or what it keeps outside it
+    release: str = ""  # what the inventory at the commit says it runs
+    pending_release: str = ""  # and what it is being deployed as
+    plane: str = ""  # two control planes side by side: isolated, cutover, detached (off the VIPs), or ""
 
     def to_dict(self) -> dict[str, Any]:
         out = {"node": self.node, "wave": self.wave, "state": self.state, "commit": self.commit,
-               "detail": self.detail}
+               "detail": self.detail, "release": self.release, "pending_release": self.pending_release}
         if self.stage:
             out["stage"] = self.stage
+        if self.plane:
+            out["plane"] = self.plane
         return out
 
 
@@ -62,7 +68,8 @@ def stage_labels(repo: DeploymentRepo, base: Bases) -> dict[str, str]:
 
 
 def fleet_status(rollout: Rollout, nodes: list[str], commit: str, fleet: FleetView,
-                 stages: dict[str, str] | None = None) -> list[NodeStatus]:
+                 stages: dict[str, str] | None = None, planes: Planes | None = None) -> list[NodeStatus]:
+    """``planes``: the commit's releases and modes (``DeploymentRepo.planes``)."""
     wave_of = {n: w.name for w in rollout.waves for n in w.nodes}
     stages = stages or {}
     out = []
@@ -78,7 +85,18 @@ def fleet_status(rollout: Rollout, nodes: list[str], commit: str, fleet: FleetVi
                                   stages.get(node, "")))
         else:
             out.append(NodeStatus(node, wave_of.get(node, "-"), "pending", commit, stage=stages.get(node, "")))
-    return out
+    if planes is None:
+        return out
+    return [replace(s, release=p.release, pending_release=p.pending, plane=_plane(p, planes.active))
+            if (p := planes.placements.get(s.node)) is not None else s for s in out]
+
+
+def _plane(p: Placement, active: bool) -> str:
+    if not active:
+        return ""
+    if p.mode is not Mode.NORMAL:
+        return str(p.mode) + ("" if p.attached or p.mode is Mode.ISOLATED else " (off the VIPs)")
+    return "" if p.attached else "detached"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .controlplane import CutoverStep, cutover_steps
 from .errors import BadInput, ReconcilerError
 from .inputs import Inputs
 from .model import ActionKind, Desired, Observed, ObservedService, Plan
@@ -185,6 +186,15 @@ def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
     return out
 
 
+def cutover(repo_a: DeploymentRepo, repo_b: DeploymentRepo, diffs: list[NodeDiff]) -> tuple[CutoverStep, ...]:
+    """For a commit that moves the VIP networks from one control plane to another: the nodes
+    that leave them, then those that join them once the first noted it (see ``controlplane``)."""
+    moves = (ActionKind.START, ActionKind.STOP)  # a VIP holder (vip.services) starts or stops with its plane
+    connects = {d.node: tuple(a.service for a in d.plan.changes if a.kind is ActionKind.CONNECT
+                              or (a.kind in moves and a.service in repo_b.vip_services)) for d in diffs}
+    return cutover_steps(repo_a, repo_b, [d.node for d in diffs], connects)
+
+
 # Most disruptive first: what a reviewer must see before anything else.
 DISRUPTION: tuple[ActionKind, ...] = (
     ActionKind.REBOOT, ActionKind.DRAIN_RESTART, ActionKind.RECREATE, ActionKind.RESTART, ActionKind.STOP,
@@ -276,7 +286,8 @@ def node_set(nodes: tuple[str, ...], groups: Mapping[str, Sequence[str]], everyo
 
 
 def markdown(diffs: list[NodeDiff], a: str, b: str, *, groups: Mapping[str, Sequence[str]] | None = None,
-             max_bytes: int | None = None, artifact_url: str | None = None) -> str:
+             max_bytes: int | None = None, artifact_url: str | None = None,
+             steps: Sequence[CutoverStep] = ()) -> str:
     """A pull-request comment for a reviewer: the summary (most disruptive first), then per
     service the nodes grouped by what it does there, then each group's diff folded.
 
@@ -291,6 +302,9 @@ def markdown(diffs: list[NodeDiff], a: str, b: str, *, groups: Mapping[str, Sequ
     head += ["| action | nodes | services |", "|---|---:|---:|"]
     head += [f"| {k} | {v['nodes']} | {v['services']} |" for k, v in summ.items()]
     head += ["", f"{len(diffs) - unchanged} of {len(diffs)} nodes change; {unchanged} unchanged."]
+    if steps:
+        head += ["", "#### Cutover of the VIP networks, in order (each step gated on the notes)", ""]
+        head += [_html(step.line(i)) for i, step in enumerate(steps, 1)]
     found = changes(diffs)
     names = {id(c): node_set(c.nodes, groups or {}, len(diffs)) for c in found}
     overview = ["", "#### Per service", ""]

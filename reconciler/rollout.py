@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any
 
+from .controlplane import Planes
 from .notes import Claim, Note
 
 __all__ = ["FleetView", "Note", "Rollout", "Verdict", "Wave", "decide", "plan_rollout"]
@@ -183,3 +184,23 @@ def _ts(text: str) -> float:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return 0.0
+
+
+def cutover_gate(p: Planes, node: str, before: bool | None, commit: str, fleet: FleetView) -> Verdict | None:
+    """A node that goes onto the VIP networks at ``commit`` waits until every node of its groups
+    that is off them at ``commit`` noted it applied, and detached; None: nothing to wait for."""
+    if not p.attaches(node, before):
+        return None
+    off = p.off(node)
+    if not off:
+        return None
+    failed = fleet.failure(commit)
+    if failed is not None and failed.node != node:
+        return Verdict(False, halted=True, failed=failed,
+                  reason=f"halted: {failed.node} failed {commit[:12]}: {failed.error}".rstrip(": "))
+    waiting = tuple(n for n in off if (note := fleet.reached(n, commit)) is None or note.vip == "attached")
+    if waiting:
+        return Verdict(False, reason=f"cutover: waiting for {', '.join(waiting)} to leave the VIP networks",
+                  waiting_for=waiting)
+    return Verdict(True, reason=f"cutover: {', '.join(off)} left the VIP networks")
+

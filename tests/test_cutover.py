@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -117,6 +118,13 @@ def identities(client: docker.DockerClient, node: str) -> dict[str, tuple[str, s
     return out
 
 
+def noted(dep: Deployment, node: str, commit: str, key: str) -> Any:
+    """A field of the node's note on the commit."""
+    note = dep.note(node, commit)
+    assert note is not None, f"{node} noted nothing on {commit[:12]}"
+    return note.get(key)
+
+
 def acts(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {r.service: str(r.action) for r in result.report.services} if result.report else {}
 
@@ -146,8 +154,7 @@ def test_isolated_new_plane_then_cutover_then_revert(cloud: tuple[Deployment, st
     rendered = "".join(p.read_text() for p in (tmp_path / "nodes" / new / "docker").glob("*/live/*"))
     assert "members = 10.0.0.4\n" in rendered and "vip = 192.0.2.10" in rendered
     assert not any(f"10.0.0.{i}" in rendered for i in (1, 2, 3)), "an old node's address reached the new plane"
-    note = dep.note(new, added)
-    assert note is not None and note["plane"] == {"release": "A", "pending_release": "B", "mode": "isolated",
+    assert noted(dep, new, added, "plane") == {"release": "A", "pending_release": "B", "mode": "isolated",
                                                   "derived": True, "vip": "detached"}
     assert all(line.startswith("lb of release A") for line in probe(docker_engine, net, busybox_image))
 
@@ -167,8 +174,7 @@ def test_isolated_new_plane_then_cutover_then_revert(cloud: tuple[Deployment, st
     assert {n: identities(docker_engine, n) for n in [*old, new]} == before, "a container was restarted"
     assert probe(docker_engine, net, busybox_image) == {f"lb of release B on {new}"}
     assert probe(docker_engine, net, busybox_image, "db") == {f"db of release B on {new}"}
-    note = dep.note(old[0], cut)
-    assert note is not None and note["plane"]["vip"] == "detached" and note["plane"]["watch"] == [new]
+    assert noted(dep, old[0], cut, "plane") == {"release": "A", "mode": "normal", "vip": "detached", "watch": [new]}
 
     # git revert: the new plane leaves first, then the old one comes back.
     git("revert", "--no-commit", cut, cwd=dep.work)
@@ -195,15 +201,14 @@ def test_isolated_new_plane_then_cutover_then_revert(cloud: tuple[Deployment, st
     failed = node[new].reconcile_once()
     assert failed.exit_code == 1 and failed.report is not None and failed.report.state == "failed"
     assert on_vip(docker_engine, new, net) == {"db": False, "identity": False, "lb": False}
-    note = dep.note(new, again)
-    assert note is not None and note["plane"]["vip"] == "detached"
+    assert noted(dep, new, again, "plane")["vip"] == "detached"
     for n in old:
         result = node[n].reconcile_once()
         assert result.exit_code == 0 and set(acts(result).values()) == {"connect"}, acts(result)
         assert on_vip(docker_engine, n, net) == {"db": True, "identity": True, "lb": True}
-        note = dep.note(n, again)
-        assert note is not None and note["plane"]["aborted"] is True and note["plane"]["vip"] == "attached"
-        assert any(e.startswith(f"cutover aborted: {new} failed") for e in note["events"]), note["events"]
+        assert noted(dep, n, again, "plane") == {"release": "A", "mode": "normal", "vip": "attached", "aborted": True}
+        events = noted(dep, n, again, "events")
+        assert any(e.startswith(f"cutover aborted: {new} failed") for e in events), events
     assert all(line.startswith("lb of release A") for line in probe(docker_engine, net, busybox_image))
     halted = node[compute].reconcile_once()
     assert halted.exit_code == 1 and halted.report is not None and halted.report.state == "halted"

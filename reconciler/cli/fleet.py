@@ -87,7 +87,7 @@ class FleetSource:
         info = CommitInfo(made.author.name, made.author.email, made.commit_time, made.commit_time_offset,
                           made.message.split("\n", 1)[0])
         return Snapshot(commit, repo.name, fleet_status(rollout, sorted(repo.nodes), commit, view,
-                                                        stage_labels(repo, base)),
+                                                        stage_labels(repo, base), repo.planes),
                         step_table(repo, commit, view, base, order), info)
 
 
@@ -121,10 +121,16 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
         emit_json(result)
         return
     staged = any(s.stage for s in statuses)
-    table = new_table("wave", "node", "state", *(("stage",) if staged else ()), "detail",
-                  title=f"{snap.name} @ {commit[:12]}")
+    released = any(s.release for s in statuses)
+    pending = any(s.pending_release for s in statuses)
+    planes = any(s.plane for s in statuses)
+    table = new_table("wave", "node", "state", *(("stage",) if staged else ()), *(("release",) if released else ()),
+                      *(("pending",) if pending else ()), *(("plane",) if planes else ()), "detail",
+                      title=f"{snap.name} @ {commit[:12]}")
     for s in statuses:
-        table.add_row(s.wave, s.node, style(s.state), *((escape(s.stage),) if staged else ()), escape(s.detail))
+        table.add_row(s.wave, s.node, style(s.state), *((escape(s.stage),) if staged else ()),
+                      *((escape(s.release),) if released else ()), *((escape(s.pending_release),) if pending else ()),
+                      *((escape(s.plane),) if planes else ()), escape(s.detail))
     out.print(table)
     if steps.columns:
         grid = new_table("node", *(escape(c) for c in steps.columns), title="upgrade steps")

@@ -180,27 +180,31 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
       2  bad input: not a git repo, an unknown commit or node, a problem in either commit's repo
     """
     from ..repo import load_repo
-    from ..review import diff_repos, markdown, summary
+    from ..review import cutover, diff_repos, markdown, summary
     from ..tree import open_tree
 
     if output != "markdown" and (max_bytes or artifact_url or report_file):
         raise BadInput("--max-bytes, --artifact-url and --report-file go with -o markdown")
     tree_a, tree_b = open_tree(repo_dir, rev_a), open_tree(repo_dir, rev_b)
-    repo_b = load_repo(tree_b)
-    diffs = diff_repos(load_repo(tree_a), tree_a.label, repo_b, tree_b.label,
-                       None if all_nodes or not nodes else list(nodes))
+    repo_a, repo_b = load_repo(tree_a), load_repo(tree_b)
+    diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, None if all_nodes or not nodes else list(nodes))
+    steps = cutover(repo_a, repo_b, diffs)
     changed = any(d.plan.changes or d.files for d in diffs)
     if output == "json":
         emit_json({"from": tree_a.label, "to": tree_b.label, "summary": summary(diffs),
-                   "nodes": [d.to_dict() for d in diffs]})
+                   "nodes": [d.to_dict() for d in diffs], "cutover": [s.to_dict() for s in steps]})
     elif output == "markdown":
         groups = repo_b.group_members
         if report_file is not None:
-            atomic_write(report_file, markdown(diffs, tree_a.label, tree_b.label, groups=groups).encode())
+            atomic_write(report_file, markdown(diffs, tree_a.label, tree_b.label, groups=groups, steps=steps).encode())
         click.echo(markdown(diffs, tree_a.label, tree_b.label, groups=groups, max_bytes=max_bytes,
-                            artifact_url=artifact_url), nl=False)
+                            artifact_url=artifact_url, steps=steps), nl=False)
     else:
         _print_diff(diffs)
+        if steps:
+            out.print("cutover of the VIP networks, in order (each step gated on the notes):")
+            for i, step in enumerate(steps, 1):
+                out.print("  " + escape(step.line(i)))
     if exit_code and changed:
         sys.exit(1)  # as `git diff --exit-code`: the changes are the output, not an error
 

@@ -84,11 +84,15 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
             body = body.encode()[:limit - 200].decode(errors="ignore") + "\n\n(cut; run `reconciler validate`)\n"
     else:
         from ..repo import load_repo
+        from ..review import cutover
 
-        diffs = diff_repos(load_repo(tree_a), tree_a.label, repo_b, tree_b.label)
+        repo_a = load_repo(tree_a)
+        diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label)
+        steps = cutover(repo_a, repo_b, diffs)
         members = repo_b.group_members
-        full = markdown(diffs, tree_a.label, tree_b.label, groups=members)
-        body = markdown(diffs, tree_a.label, tree_b.label, groups=members, max_bytes=limit, artifact_url=artifact_url)
+        full = markdown(diffs, tree_a.label, tree_b.label, groups=members, steps=steps)
+        body = markdown(diffs, tree_a.label, tree_b.label, groups=members, max_bytes=limit, artifact_url=artifact_url,
+                        steps=steps)
         # Per inventory group with a changed node: one status, saying what changes there.
         found = changes(diffs)
         changed = {n for c in found for n in c.nodes}
