@@ -32,7 +32,7 @@ failed note.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -78,8 +78,10 @@ class Planes:
     """Every node's placement at one commit, and what follows from it."""
 
     placements: Mapping[str, Placement]
-    cohorts: Mapping[str, frozenset[str]]  # node -> the nodes sharing one of its groups (itself too)
+    members: Mapping[str, tuple[str, ...]]  # group -> its nodes
+    groups_of: Mapping[str, tuple[str, ...]]  # node -> its groups
     active: bool  # more than one plane, or a mode set: anything below differs from "everyone, attached"
+    _views: dict[tuple[str, bool], frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
 
     def __getitem__(self, node: str) -> Placement:
         return self.placements[node]
@@ -89,11 +91,21 @@ class Planes:
         return a.plane == b.plane or not (a.split or b.split)
 
     def visible(self, node: str) -> frozenset[str]:
-        return frozenset(n for n in self.placements if self.sees(node, n))
+        """The nodes ``node`` sees as peers: the same for every node of one plane and split
+        state, so computed once per such pair (a fleet of 10,000 renders in linear time)."""
+        me = self.placements[node]
+        key = (me.plane, me.split)
+        if key not in self._views:
+            self._views[key] = frozenset(n for n in self.placements if self.sees(node, n))
+        return self._views[key]
+
+    def cohort(self, node: str) -> frozenset[str]:
+        """The nodes sharing one of ``node``'s groups (itself too)."""
+        return frozenset(m for g in self.groups_of.get(node, ()) for m in self.members.get(g, ()))
 
     def off(self, node: str) -> tuple[str, ...]:
         """The nodes of ``node``'s groups that are off the VIP networks at this commit."""
-        return tuple(sorted(n for n in self.cohorts.get(node, ()) if n != node and not self.placements[n].attached))
+        return tuple(sorted(n for n in self.cohort(node) if n != node and not self.placements[n].attached))
 
     def attaches(self, node: str, before: bool | None) -> bool:
         """``node`` goes onto the VIP networks at this commit, coming from ``before`` (attached
@@ -105,8 +117,7 @@ class Planes:
 
     def cutover(self, node: str) -> tuple[str, ...]:
         """The nodes of ``node``'s groups that take the VIP networks over at this commit."""
-        return tuple(sorted(n for n in self.cohorts.get(node, ()) if n != node
-                            and self.placements[n].mode is Mode.CUTOVER))
+        return tuple(sorted(n for n in self.cohort(node) if n != node and self.placements[n].mode is Mode.CUTOVER))
 
 
 def planes(repo: DeploymentRepo) -> Planes:
@@ -123,8 +134,9 @@ def compute(repo: DeploymentRepo) -> Planes:
     if repo.cutover_aborted:  # the cutover failed where it attached: its nodes go back to isolated
         explicit = {n: Mode.ISOLATED if m is Mode.CUTOVER else m for n, m in explicit.items()}
     live: dict[str, set[str]] = {}
+    group_members = repo.group_members
     for g in repo.groups:
-        members = [n for n, d in nodes.items() if g in d.groups]
+        members = group_members.get(g, [])
         cut = {plane[n] for n in members if explicit[n] is Mode.CUTOVER}
         live[g] = cut or {plane[n] for n in members if explicit[n] is Mode.NORMAL
                           or (not pending[n] and explicit[n] is not Mode.ISOLATED)}
@@ -142,9 +154,9 @@ def compute(repo: DeploymentRepo) -> Planes:
             attached = all(not live[g] or plane[n] in live[g] for g in d.groups)
         placements[n] = Placement(release[n], pending[n], mode, derived, attached,
                                   split=mode is not Mode.NORMAL or not attached)
-    cohorts = {n: frozenset(m for m, e in nodes.items() if set(e.groups) & set(d.groups)) for n, d in nodes.items()}
     active = len(set(plane.values())) > 1 or any(m is not None for m in explicit.values())
-    return Planes(placements, cohorts, active)
+    return Planes(placements, {g: tuple(m) for g, m in group_members.items()},
+                  {n: d.groups for n, d in nodes.items()}, active)
 
 
 def vip_networks(settings: Mapping[str, Any]) -> frozenset[str]:
