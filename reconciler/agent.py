@@ -323,32 +323,22 @@ class Agent:
         return fleet_view(self.source.repo, FLEET_PREFIX, own)
 
     def rollout_gate(self, repo: DeploymentRepo, commit: str, *, barriers: bool = False,
-                     fleet: FleetView | None = None) -> RolloutVerdict:
+                     fleet: FleetView | None = None, before: bool | None = None) -> RolloutVerdict:
         """``barriers``: this node takes part in an upgrade of ``commit``; its steps' barriers
-        order it (the waves do not), and a failure anywhere halts it all the same."""
+        order it (the waves do not), and a failure anywhere halts it all the same. ``before``: on
+        the VIP networks after the commit it settled last (a node joining them waits for the
+        nodes that leave them: see ``controlplane``)."""
         from .model import Verdict
         from .rollout import Verdict as Go
         from .rollout import decide, plan_rollout
 
         rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
-        planes = repo.planes
-        attaches = planes.attaches(self.cfg.node, self.ledger.was_attached()) and bool(planes.off(self.cfg.node))
-        if not rollout.enabled and not barriers and not attaches:
+        off = repo.planes.off(self.cfg.node) if repo.planes.attaches(self.cfg.node, before) else ()
+        if not rollout.enabled and not barriers and not off:
             return Go(True)
         own = self.ledger.verdict(commit)
         if own is not None and own not in (Verdict.HALTED, Verdict.WAITING, Verdict.ERROR, Verdict.REFUSED):
             return Go(True, reason="already started")  # started it: finish it whatever others do
-        if attaches:  # detach first, then attach: never both planes on the VIP networks
-            from .rollout import cutover_gate
-
-            off = planes.off(self.cfg.node)
-            view = fleet or self.fleet_view((*off, *rollout.watched(self.cfg.node)))
-            cut = cutover_gate(planes, self.cfg.node, self.ledger.was_attached(), commit, view)
-            if cut is not None and not cut.go:
-                return cut
-            fleet = view
-            if not rollout.enabled and not barriers:
-                return cut or Go(True)
-        if fleet is None:  # waves alone: the batches before it and its own, nobody else
-            fleet = self.fleet_view(None if barriers else rollout.watched(self.cfg.node))
-        return decide(rollout, self.cfg.node, commit, fleet, time.time(), barriers=barriers)
+        if fleet is None:  # waves alone: the batches before it and its own (and who leaves the VIPs first)
+            fleet = self.fleet_view(None if barriers else (*rollout.watched(self.cfg.node), *off))
+        return decide(rollout, self.cfg.node, commit, fleet, time.time(), barriers=barriers, off_first=off)

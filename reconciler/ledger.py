@@ -561,7 +561,8 @@ class Ledger:
 
     def replan(self, commit: str, plane: Mapping[str, Any]) -> None:
         """The node's placement at ``commit`` changed without a new commit (its cutover was
-        aborted, or completed): recorded, the no-op marker cleared, the note due again."""
+        aborted, or completed): recorded and the note due again; an abort also clears the no-op
+        marker, so the next pass renders the commit again (back onto the VIP networks)."""
         with self._tx(f"plane {commit[:12]}") as db:
             db.execute("INSERT OR REPLACE INTO planes(commit_id, body) VALUES (?,?)",
                        (commit, json.dumps(dict(plane), sort_keys=True)))

@@ -172,7 +172,7 @@ def reconcile(agent: Agent, *, fetch: bool, rev: str | None, only: set[str] | No
             run = replace(run, events=run.events + upgrader.held_events())
             fleet = agent.fleet_view() if upgrader.barriers else None
             run = replace(run, before=agent.ledger.was_attached())
-            verdict = agent.rollout_gate(repo, commit, barriers=upgrader.barriers, fleet=fleet)
+            verdict = agent.rollout_gate(repo, commit, barriers=upgrader.barriers, fleet=fleet, before=run.before)
         except BadInput as exc:
             return stopped(agent, run, Verdict.ERROR, exc)
         # Read here, after trust: only a verified head's reconciler.yaml can suspend the fleet.
@@ -536,10 +536,11 @@ def plane_of(node: str, repo: DeploymentRepo | None, before: bool | None, failed
     out = planes[node].to_dict()
     if failed and planes.attaches(node, before):
         out["vip"] = "detached"  # put back where it was
+    taking_over = planes.cutover(node) if planes.detaches(node, before) else ()
     if repo.cutover_aborted:
         out["aborted"] = True
-    elif planes.detaches(node, before) and planes.cutover(node):
-        out["watch"] = list(planes.cutover(node))
+    elif taking_over:
+        out["watch"] = list(taking_over)
     return out
 
 
@@ -557,10 +558,10 @@ def cutover_watch(agent: Agent, commit: str) -> list[str]:
         agent.say_once(("cutover-watch", commit, exc.reason), logging.WARNING, "%s: %s: cannot read the notes of "
                        "%s: %s", agent.cfg.node, commit[:12], ", ".join(watched), exc)
         return []
-    failed = next((n for n in watched if (note := fleet.note(n, commit)) is not None and note.state == "failed"), None)
+    failed = next((note for n in watched if (note := fleet.note(n, commit)) is not None and note.state == "failed"),
+                  None)
     if failed is not None:
-        note = fleet.note(failed, commit)
-        why = f"cutover aborted: {failed} failed {commit[:12]}" + (f" ({note.error})" if note and note.error else "")
+        why = f"cutover aborted: {failed.node} failed {commit[:12]}" + (f" ({failed.error})" if failed.error else "")
         agent.ledger.replan(commit, {**{k: v for k, v in plane.items() if k != "watch"}, "aborted": True})
         log.error("%s: %s: back onto the VIP networks", agent.cfg.node, why)
         return [f"{why}: back onto the VIP networks"]

@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any
 
-from .controlplane import Planes
 from .notes import Claim, Note
 
 __all__ = ["FleetView", "Note", "Rollout", "Verdict", "Wave", "decide", "plan_rollout"]
@@ -143,17 +142,23 @@ class FleetView:
 
 
 def decide(rollout: Rollout, node: str, commit: str, fleet: FleetView, now: float, *,
-           barriers: bool = False) -> Verdict:
+           barriers: bool = False, off_first: tuple[str, ...] = ()) -> Verdict:
     """``barriers``: the commit upgrades a service this node runs; its steps' barriers order the
     node instead of the waves (every node that runs the service moves step by step together),
-    and a failure anywhere still halts it."""
-    if not rollout.enabled and not barriers:
+    and a failure anywhere still halts it. ``off_first``: the node joins the VIP networks at this
+    commit (see ``controlplane``): these nodes must have noted it applied, and detached, before
+    it goes (a cutover: the old plane leaves first), and a failure anywhere halts it."""
+    if not rollout.enabled and not barriers and not off_first:
         return Verdict(True, reason="no rollout plan")
     failed = fleet.failure(commit)
-    if failed is not None and failed.node != node and (rollout.halt_on_failure or barriers):
+    if failed is not None and failed.node != node and (rollout.halt_on_failure or barriers or off_first):
         what = f" ({failed.failed_service})" if failed.failed_service else ""
         return Verdict(False, halted=True, failed=failed,
                        reason=f"halted: {failed.node} failed {commit[:12]}{what}: {failed.error}".rstrip(": "))
+    attached = tuple(n for n in off_first if (note := fleet.reached(n, commit)) is None or note.vip == "attached")
+    if attached:
+        return Verdict(False, reason=f"cutover: waiting for {', '.join(attached)} to leave the VIP networks",
+                       waiting_for=attached)
     if barriers:
         return Verdict(True, reason="upgrade: the steps' barriers order this node")
     if not rollout.enabled:
@@ -184,23 +189,3 @@ def _ts(text: str) -> float:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return 0.0
-
-
-def cutover_gate(p: Planes, node: str, before: bool | None, commit: str, fleet: FleetView) -> Verdict | None:
-    """A node that goes onto the VIP networks at ``commit`` waits until every node of its groups
-    that is off them at ``commit`` noted it applied, and detached; None: nothing to wait for."""
-    if not p.attaches(node, before):
-        return None
-    off = p.off(node)
-    if not off:
-        return None
-    failed = fleet.failure(commit)
-    if failed is not None and failed.node != node:
-        return Verdict(False, halted=True, failed=failed,
-                  reason=f"halted: {failed.node} failed {commit[:12]}: {failed.error}".rstrip(": "))
-    waiting = tuple(n for n in off if (note := fleet.reached(n, commit)) is None or note.vip == "attached")
-    if waiting:
-        return Verdict(False, reason=f"cutover: waiting for {', '.join(waiting)} to leave the VIP networks",
-                  waiting_for=waiting)
-    return Verdict(True, reason=f"cutover: {', '.join(off)} left the VIP networks")
-

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-import pytest
+from needs import unavailable
 
 # Without the background-networking flags Chromium keeps knocking on a closed network.
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -31,9 +31,7 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"Chromium unavailable on CI: {reason}", pytrace=False)
-    pytest.skip(f"Chromium unavailable: {reason}")
+    unavailable("Chromium", reason)
 
 
 def chromium() -> str:

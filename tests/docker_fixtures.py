@@ -23,6 +23,7 @@ from typing import NoReturn
 import docker
 import docker.errors
 import pytest
+from needs import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_SCRIPT = ROOT / "scripts" / "docker-engine.sh"
@@ -39,9 +40,7 @@ TEST_NODE_PREFIX = "t-"
 
 
 def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"Docker engine unavailable on CI: {reason}", pytrace=False)
-    pytest.skip(f"Docker engine unavailable: {reason}")
+    unavailable("Docker engine", reason)
 
 
 def _env_engine() -> tuple[str, bool] | None:

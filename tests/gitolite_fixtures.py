@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from needs import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_SCRIPT = ROOT / "scripts" / "gitolite-server.sh"
@@ -64,9 +65,7 @@ def free_port() -> int:
 
 
 def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"gitolite server unavailable on CI: {reason}", pytrace=False)
-    pytest.skip(f"gitolite server unavailable: {reason}")
+    unavailable("gitolite server", reason)
 
 
 def _sshd() -> str | None:

@@ -13,7 +13,6 @@ skipped elsewhere, as the other real parts are.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import secrets
 import shutil
@@ -27,15 +26,14 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from needs import unavailable
 
 REGISTRY_BIN = "docker-registry"
 HTPASSWD_BIN = "htpasswd"
 
 
 def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"image registry unavailable on CI: {reason}", pytrace=False)
-    pytest.skip(f"image registry unavailable: {reason} (apt-get install docker-registry apache2-utils)")
+    unavailable("image registry", reason)
 
 
 @dataclass(frozen=True)

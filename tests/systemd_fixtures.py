@@ -37,6 +37,7 @@ import docker
 import docker.errors
 import pytest
 from docker.models.containers import Container
+from needs import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_SCRIPT = ROOT / "scripts" / "systemd-image.sh"
@@ -46,9 +47,7 @@ BOOT_TIMEOUT = 60.0
 
 
 def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"systemd container unavailable on CI: {reason}", pytrace=False)
-    pytest.skip(f"systemd container unavailable: {reason}")
+    unavailable("systemd container", reason)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from reconciler.controlplane import Mode
 from reconciler.notes import Note
 from reconciler.render import render_node
 from reconciler.repo import DeploymentRepo, load_repo
-from reconciler.rollout import FleetView, cutover_gate
+from reconciler.rollout import FleetView, Rollout, Verdict, decide
 from reconciler.tree import DirTree
 
 LB = """\
@@ -113,19 +113,22 @@ def test_the_attaching_node_waits_for_every_node_off_the_vip_to_note_it(tmp_path
     def view(**states: tuple[str, str]) -> FleetView:
         return FleetView({n: (Note(n, "C", s, vip=v),) for n, (s, v) in states.items()})
 
-    assert cutover_gate(p, "ctl1", True, "C", view()) is None  # it detaches: no wait
-    assert cutover_gate(p, "ctl4", True, "C", view()) is None  # was attached already (not from isolation)
-    waiting = cutover_gate(p, "ctl4", False, "C", view(ctl1=("applied", "detached")))
-    assert waiting is not None and not waiting.go and waiting.waiting_for == ("ctl2", "ctl3")
+    def gate(node: str, before: bool | None, fleet: FleetView) -> Verdict:
+        """What the agent asks: the nodes to wait for when it joins the VIP networks here."""
+        off = p.off(node) if p.attaches(node, before) else ()
+        return decide(Rollout(), node, "C", fleet, 0.0, off_first=off)
+
+    assert gate("ctl1", True, view()).go  # it detaches: no wait
+    assert gate("ctl4", True, view()).go  # attached already (not coming from isolation)
+    waiting = gate("ctl4", False, view(ctl1=("applied", "detached")))
+    assert not waiting.go and waiting.waiting_for == ("ctl2", "ctl3")
+    assert waiting.reason == "cutover: waiting for ctl2, ctl3 to leave the VIP networks"
     # A note that says applied but still attached (an aborted cutover) is no go either.
     still = view(ctl1=("applied", "detached"), ctl2=("applied", "detached"), ctl3=("applied", "attached"))
-    verdict = cutover_gate(p, "ctl4", False, "C", still)
-    assert verdict is not None and verdict.waiting_for == ("ctl3",)
+    assert gate("ctl4", False, still).waiting_for == ("ctl3",)
     done = view(ctl1=("applied", "detached"), ctl2=("applied", "detached"), ctl3=("applied", "detached"))
-    verdict = cutover_gate(p, "ctl4", False, "C", done)
-    assert verdict is not None and verdict.go
-    halted = cutover_gate(p, "ctl4", False, "C", view(ctl1=("failed", "attached")))
-    assert halted is not None and halted.halted
+    assert gate("ctl4", False, done).go
+    assert gate("ctl4", False, view(ctl1=("failed", "attached"))).halted
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

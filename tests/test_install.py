@@ -20,10 +20,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from conftest import SigningKey, git, small_deployment
+from needs import unavailable
 from systemd_fixtures import SystemdHost
 
 import reconciler
@@ -49,10 +50,8 @@ def readme_score(which: str) -> float:
     return figures[0] if which == "unit" else figures[1]
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+def _unavailable(reason: str) -> NoReturn:
+    unavailable("the install test's Debian node", reason)
 
 
 @pytest.fixture(scope="session")

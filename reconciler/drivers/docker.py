@@ -467,22 +467,30 @@ class DockerDriver:
             try:
                 check()
             except ReconcilerError as exc:
-                self._restore_networks(c, before)
+                missed = self._restore_networks(c, before)
                 if previous is not None:
                     write_record(self._dir(svc.name), previous)
-                raise ApplyError(f"{exc}; previous networks restored ({', '.join(sorted(before)) or 'none'})") \
-                    from exc
+                restored = f"previous networks NOT restored: {missed}" if missed else \
+                    f"previous networks restored ({', '.join(sorted(before)) or 'none'})"
+                raise ApplyError(f"{exc}; {restored}") from exc
         self._write_record(svc, commit, c)
 
-    def _restore_networks(self, c: Container, before: dict[str, tuple[str, ...]]) -> None:
+    def _restore_networks(self, c: Container, before: dict[str, tuple[str, ...]]) -> str:
+        """The networks (and aliases) it had; returns what could not be put back ("": all was)."""
         c.reload()
         now = _attached(c)
+        missed = []
         for net in sorted(set(now) - set(before)):
-            with contextlib.suppress(docker.errors.APIError):
+            try:
                 self.client.networks.get(net).disconnect(c)
+            except docker.errors.APIError as exc:
+                missed.append(f"still on {net}: {exc.explanation or exc}")
         for net in sorted(set(before) - set(now)):
-            with contextlib.suppress(docker.errors.APIError):
+            try:
                 self.client.networks.get(net).connect(c, aliases=list(before[net]) or None)
+            except docker.errors.APIError as exc:
+                missed.append(f"not back on {net}: {exc.explanation or exc}")
+        return "; ".join(missed)
 
     def _sync_networks(self, c: Container, svc: DesiredService) -> None:
         """Leave first, then join: a container moving its VIP name from one network to another
