@@ -3,7 +3,8 @@
 Diffs both commits for every node and plans each node (what a reviewer's `diff` does), in
 one process on one core, and reports the total and the per-node time: rendering only the
 services whose inputs changed (now), and every service (before issue 17; the output is checked
-to be the same). The peer is the floor of
+to be the same); then with one worker per CPU (`diff --jobs 0`, the default), checked to give
+the same output. The peer is the floor of
 any template-based tool: plain (unsandboxed) Jinja2 rendering the same templates with the same
 variables, twice, with no loading, hashing, comparing or planning.
 
@@ -23,7 +24,7 @@ import jinja2
 
 from reconciler.inputs import Inputs
 from reconciler.repo import load_repo
-from reconciler.review import diff_repos, summary
+from reconciler.review import diff_repos, summary, usable_cpus
 from reconciler.tree import open_tree
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
@@ -134,13 +135,18 @@ def main() -> None:
         repo_a, repo_b = load_repo(a), load_repo(b)
         loaded = time.perf_counter() - t
         t = time.perf_counter()
-        diffs = diff_repos(repo_a, a.label, repo_b, b.label)
+        diffs = diff_repos(repo_a, a.label, repo_b, b.label, jobs=1)
         ours = time.perf_counter() - t
+        cpus = usable_cpus()
+        t = time.perf_counter()
+        spread = diff_repos(repo_a, a.label, repo_b, b.label, jobs=cpus)
+        wide = time.perf_counter() - t
+        assert [d.to_dict() for d in spread] == [d.to_dict() for d in diffs], "the workers' diff differs"
         rendered = sum(len(Inputs(repo_a, repo_b).changed(n)) for n in repo_b.nodes)
         full = None
         if not args.no_full:
             t = time.perf_counter()
-            same = diff_repos(repo_a, a.label, repo_b, b.label, every_service=True)
+            same = diff_repos(repo_a, a.label, repo_b, b.label, every_service=True, jobs=1)
             full = time.perf_counter() - t
             assert [d.to_dict() for d in same] == [d.to_dict() for d in diffs], "the skipping diff differs"
         floor = plain_jinja(work, args.nodes, args.services)
@@ -150,6 +156,8 @@ def main() -> None:
         print(f"  load both commits (YAML, schemas)      {loaded:8.2f} s")
         print(f"  diff, rendering changed inputs only    {ours:8.2f} s   {ours / args.nodes * 1000:6.2f} ms/node"
               f"   ({rendered} of {instances} instances rendered, at both commits)")
+        print(f"  the same, {cpus} worker processes       {wide:8.2f} s   {wide / args.nodes * 1000:6.2f} ms/node"
+              f"   (same output: checked)")
         if full is not None:
             print(f"  diff, rendering every service (before) {full:8.2f} s   {full / args.nodes * 1000:6.2f} ms/node"
                   f"   (same output: checked)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -61,8 +61,8 @@ def _walk(value: Any, prefix: str, out: dict[str, str]) -> None:
         out[prefix] = json.dumps(value, sort_keys=True, default=str)
 
 
-def _ini(text: str) -> dict[str, str]:
-    """``section.key`` -> every value it has, in order (as JSON), the way oslo.config reads a
+def _ini(text: str) -> dict[str, tuple[str, ...]]:
+    """``section.key`` -> every value it has, in order, the way oslo.config reads a
     file: a key may repeat (multi-valued options such as ``transport_url``) and so may a section
     (``[filter:x]`` blocks), so nothing is collapsed into its last occurrence. Lines indented
     below a key continue its value; ``#`` and ``;`` start comment lines; a file with no section
@@ -72,27 +72,30 @@ def _ini(text: str) -> dict[str, str]:
     section, key, key_indent = TOP, "", 0
     for line in text.splitlines():
         stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
         if not stripped:
             key = ""  # a blank line ends a value
-        elif stripped[0] in "#;":
             continue
-        elif key and indent > key_indent:
+        if stripped[0] in "#;":
+            continue
+        indent = len(line) - len(line.lstrip()) if line[0].isspace() else 0
+        if key and indent > key_indent:
             values[key][-1] += "\n" + stripped
-        elif stripped.startswith("[") and "]" in stripped:
+        elif stripped[0] == "[" and "]" in stripped:
             section, key = stripped[1:stripped.rindex("]")].strip(), ""
         else:
-            cut = min((i for i in (stripped.find("="), stripped.find(":")) if i >= 0), default=-1)
+            eq, colon = stripped.find("="), stripped.find(":")
+            cut = eq if colon < 0 or 0 <= eq < colon else colon
             name = stripped[:cut].strip()
             if cut < 0 or not name:
                 raise ValueError(f"not an option: {stripped!r}")
             key, key_indent = (name if section == TOP else f"{section}.{name}"), indent
             values.setdefault(key, []).append(stripped[cut + 1:].strip())
-    return {k: json.dumps(v) for k, v in values.items()}
+    return {k: tuple(v) for k, v in values.items()}
 
 
-def flatten(path: str, content: bytes) -> dict[str, str] | None:
-    """Leaf values by key, or None when the file is not a structured config or does not parse."""
+def flatten(path: str, content: bytes) -> Mapping[str, object] | None:
+    """Leaf values by key (compared, never shown), or None when the file is not a structured
+    config or does not parse."""
     kind = _format(path)
     if kind is None:
         return None

@@ -31,6 +31,18 @@ class ReconcilerError(Exception):
     def message(self) -> str:
         return str(self)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Crosses a process boundary whole (``review``'s workers): the message as it reads, and
+        # the attributes (file, line, reason) that the keyword-only constructors would not get back.
+        return _restore, (type(self), self.args, dict(self.__dict__))
+
+
+def _restore(cls: type[ReconcilerError], args: tuple[object, ...], state: dict[str, object]) -> ReconcilerError:
+    exc = Exception.__new__(cls)
+    Exception.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
+
 
 class BadInput(ReconcilerError):
     """User input that cannot be used as it is; says what and where."""

@@ -214,11 +214,7 @@ class DesiredService:
     @functools.cached_property
     def _fingerprint(self) -> dict[str, str]:
         parts = {f"file:{f.path}": f"{f.mode:o}:{f.sha256}" for f in self.files}
-        parts["runtime"] = sha256_hex(canonical_json(self.runtime.to_dict(networks=False)))
-        parts["health"] = sha256_hex(canonical_json(self.health.to_dict()))
-        if self.runtime.networks:
-            parts["networks"] = sha256_hex(canonical_json(sorted(self.runtime.networks) + (
-                [list(a) for a in self.runtime.aliases] if self.runtime.aliases else [])))
+        parts.update(_spec_parts(self.runtime, self.health))
         return parts
 
     @property
@@ -245,6 +241,18 @@ class DesiredService:
             "health": self.health.to_dict(),
             "depends_on": list(self.depends_on),
         }
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_parts(runtime: Runtime, health: Health) -> dict[str, str]:
+    # Most services of a fleet run alike on every node: hashed once per distinct spec, not once
+    # per node (JSON encoding was most of a 30,000-service plan's cost). Callers copy the dict.
+    parts = {"runtime": sha256_hex(canonical_json(runtime.to_dict(networks=False))),
+             "health": sha256_hex(canonical_json(health.to_dict()))}
+    if runtime.networks:
+        parts["networks"] = sha256_hex(canonical_json(sorted(runtime.networks) + (
+            [list(a) for a in runtime.aliases] if runtime.aliases else [])))
+    return parts
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import difflib
 import html
+import multiprocessing
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .controlplane import CutoverStep, cutover_steps
@@ -19,11 +21,11 @@ from .errors import BadInput, ReconcilerError
 from .inputs import Inputs
 from .model import ActionKind, Desired, Observed, ObservedService, Plan
 from .plan import plan as make_plan
-from .render import render_node
+from .render import compile_all, render_node
 from .repo import DeploymentRepo, load_repo
 from .rollout import plan_rollout
 from .tree import Tree
-from .upgrade import bases, describe, fleet_upgrades_of, held_back, stage_of, upgraded
+from .upgrade import Stage, Upgrade, bases, describe, fleet_upgrades_of, held_back, stage_of, upgraded
 from .yamlfile import Problem, RepoProblems
 
 
@@ -152,14 +154,36 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
     return out
 
 
+@dataclass(frozen=True)
+class _Review:
+    """What every node's diff reads alike (workers inherit it when forked)."""
+
+    repo_a: DeploymentRepo
+    a: str
+    repo_b: DeploymentRepo
+    b: str
+    inputs: Inputs | None
+    base: Mapping[str, tuple[str, DeploymentRepo]]
+    upgrades: Mapping[str, Upgrade]
+    stage: Stage | None
+
+
+# Below this many nodes a diff is quicker than starting workers.
+PARALLEL_FROM = 64
+_JOB: _Review | None = None  # the review a forked worker diffs its nodes of
+
+
 def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
-               nodes: list[str] | None = None, *, every_service: bool = False) -> list[NodeDiff]:
+               nodes: list[str] | None = None, *, every_service: bool = False,
+               jobs: int | None = None) -> list[NodeDiff]:
     """Per node, B's files and plan against A as applied. A service is rendered only where its
     inputs differ between A and B (``inputs``): the others would render the same bytes at both,
     plan "none" and show no file, so a stand-in takes their place on both sides. A one-service
     change across 1000 nodes renders that service only. ``every_service``: render them all (what
     the tests compare against). The one thing skipping changes: a service that fails to render
-    at A and at B with the same inputs is not reported here (``validate`` reports it)."""
+    at A and at B with the same inputs is not reported here (``validate`` reports it).
+    ``jobs``: worker processes (None: one per CPU this process may use); each node's diff is
+    independent of the others', so the output and the first error (in node order) are the same."""
     names = nodes or sorted(set(repo_a.nodes) | set(repo_b.nodes))
     inputs = None if every_service else Inputs(repo_a, repo_b)
     rollout = plan_rollout(repo_b.settings, repo_b.nodes, repo_b.members)
@@ -167,23 +191,63 @@ def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
     # A review compares with A alone: every node's base is A (a node's stage history is the agent's).
     base = bases(set(repo_a.nodes) | set(repo_b.nodes), [(a, repo_a)])
     upgrades = fleet_upgrades_of(repo_b, upgraded(repo_b, base), order)
-    stage = stage_of(repo_b)
-    out = []
+    review = _Review(repo_a, a, repo_b, b, inputs, base, upgrades, stage_of(repo_b))
     for node in names:
         if node not in repo_a.nodes and node not in repo_b.nodes:
             repo_b.node(node)  # raises UnknownNode
-        fresh = inputs.changed(node) if inputs is not None else None
-        da = render_node(repo_a, node, a, only=fresh) if node in repo_a.nodes else Desired(node, a, ())
-        db = render_node(repo_b, node, b, only=fresh) if node in repo_b.nodes else Desired(node, b, ())
-        held = held_back(repo_b, node, base)
-        if held:  # outside the commit's stage: these stay as at A
-            kept = da.by_name()
-            db = Desired(node, b, tuple(kept[s.name] if s.name in held and s.name in kept else s for s in db.services))
-        steps = tuple(line for up in upgrades.values() if node in up.participants for line in describe(up, node))
-        if held and stage is not None:
-            steps += (f"{', '.join(sorted(held))}: kept at their version (not in stage {stage.name})",)
-        out.append(NodeDiff(node, make_plan(db, as_applied(da)), tuple(file_diffs(node, da, db)), steps))
-    return out
+    workers = min(jobs or usable_cpus(), -(-len(names) // PARALLEL_FROM))
+    if workers <= 1:
+        return [_diff_node(review, node) for node in names]
+    return _in_workers(review, names, workers)
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _in_workers(review: _Review, names: list[str], workers: int) -> list[NodeDiff]:
+    global _JOB
+    # Forked, so each worker starts with both repos loaded and every template compiled; small
+    # chunks even out nodes that render more than others.
+    size = max(1, len(names) // (workers * 8))
+    chunks = [names[i:i + size] for i in range(0, len(names), size)]
+    compile_all(review.repo_a)
+    compile_all(review.repo_b)
+    _JOB = review
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            out: list[NodeDiff] = []
+            for part in pool.imap(_diff_chunk, chunks):  # in order: the first error is the serial one's
+                out += part
+            return out
+    finally:
+        _JOB = None
+
+
+def _diff_chunk(names: list[str]) -> list[NodeDiff]:
+    assert _JOB is not None
+    return [_diff_node(_JOB, node) for node in names]
+
+
+def _diff_node(r: _Review, node: str) -> NodeDiff:
+    fresh = r.inputs.changed(node) if r.inputs is not None else None
+    da = render_node(r.repo_a, node, r.a, only=fresh) if node in r.repo_a.nodes else Desired(node, r.a, ())
+    db = render_node(r.repo_b, node, r.b, only=fresh) if node in r.repo_b.nodes else Desired(node, r.b, ())
+    held = held_back(r.repo_b, node, r.base)
+    if held:  # outside the commit's stage: these stay as at A
+        kept = da.by_name()
+        db = Desired(node, r.b, tuple(kept[s.name] if s.name in held and s.name in kept else s for s in db.services))
+    steps = tuple(line for up in r.upgrades.values() if node in up.participants for line in describe(up, node))
+    if held and r.stage is not None:
+        steps += (f"{', '.join(sorted(held))}: kept at their version (not in stage {r.stage.name})",)
+    plan = make_plan(db, as_applied(da))
+    # A review keeps what it prints: not every rendered file of every action (a worker would
+    # send them all back).
+    plan = Plan(plan.node, plan.commit, tuple(replace(a, desired=None) for a in plan.actions))
+    return NodeDiff(node, plan, tuple(file_diffs(node, da, db)), steps)
 
 
 def cutover(repo_a: DeploymentRepo, repo_b: DeploymentRepo, diffs: list[NodeDiff]) -> tuple[CutoverStep, ...]:

@@ -116,8 +116,11 @@ def _format_width(fmt: str, args: Iterable[Any]) -> int:
     return max(widths)
 
 
+_SIZED = (str, bytes, list, tuple)  # a tuple, not ``str | bytes ...``: that builds a union per call
+
+
 def _length(value: Any) -> int:
-    return len(value) if isinstance(value, str | bytes | list | tuple) else 0
+    return len(value) if isinstance(value, _SIZED) else 0
 
 
 def _result_size(name: str, value: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
@@ -192,6 +195,9 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         self.globals.pop("lipsum", None)
         self.filters = {name: _paced_filter(name, f) for name, f in self.filters.items()}
         self.over_limit: MutableMapping[str, str] = {}  # template -> first node it passed a limit for
+        # A service's files by name, as loaded at the top (no include depth to check there):
+        # the cache lookup of ``get_template`` (lock, weakref, the stack walk below) once each.
+        self.top: dict[str, jinja2.Template] = {}
 
     @property
     def sources(self) -> Mapping[str, str]:
@@ -229,7 +235,7 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     def _binop_size(operator: str, left: Any, right: Any) -> int:
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
-                if isinstance(times, int) and isinstance(seq, str | list | tuple):
+                if isinstance(times, int) and isinstance(seq, (str, list, tuple)):
                     return len(seq) * times
         if operator == "+":
             return _length(left) + _length(right)

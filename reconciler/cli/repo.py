@@ -158,8 +158,11 @@ def _write_slice(root: Path, desired: Desired) -> None:
 @click.option("--artifact-url", help="With --max-bytes: where the full report is; linked when the comment is cut.")
 @click.option("--report-file", type=click.Path(path_type=Path),
               help="With -o markdown: also write the uncut report to this file (the artifact).")
+@click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Worker processes for a large fleet (0: one per CPU; 1: none). Same output either way.")
 def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nodes: bool, output: str,
-         exit_code: bool, max_bytes: int | None, artifact_url: str | None, report_file: Path | None) -> None:
+         exit_code: bool, max_bytes: int | None, artifact_url: str | None, report_file: Path | None,
+         jobs: int) -> None:
     """What REV_B will do on each node, compared with REV_A: changed files and actions.
 
     Each node's plan hash is the one the node writes in its note when it applies REV_B, so a
@@ -187,7 +190,8 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
         raise BadInput("--max-bytes, --artifact-url and --report-file go with -o markdown")
     tree_a, tree_b = open_tree(repo_dir, rev_a), open_tree(repo_dir, rev_b)
     repo_a, repo_b = load_repo(tree_a), load_repo(tree_b)
-    diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, None if all_nodes or not nodes else list(nodes))
+    diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, None if all_nodes or not nodes else list(nodes),
+                       jobs=jobs or None)
     steps = cutover(repo_a, repo_b, diffs)
     changed = any(d.plan.changes or d.files for d in diffs)
     if output == "json":
