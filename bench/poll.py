@@ -169,12 +169,23 @@ def memory(idle_s: float) -> dict[str, str]:
                 time.sleep(idle_s)
                 cpu = (_cpu_s(daemon.pid) - cpu0) / (time.monotonic() - t0)
                 rss = _rss_mb(daemon.pid)
+                # A signed change arrives: verified, rendered, applied; then idle again. What a
+                # pass loaded (the signature code, Jinja2, the planner) stays loaded.
+                work = root / "work"
+                script = work / "services/idle/files/idle.py"
+                script.write_text(script.read_text() + "# changed\n")
+                git("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-S", "-q", "-am", "change",
+                    cwd=work)
+                git("push", "-q", url.removeprefix("file://"), "main", cwd=work)
+                time.sleep(idle_s * 2)
+                after = _rss_mb(daemon.pid)
             finally:
                 daemon.send_signal(signal.SIGTERM)
                 daemon.wait(30)
             return {
                 "idle daemon RSS (1 s polls)": f"{rss:6.1f} MB   {rss / floor_mb:5.2f}x a bare interpreter",
                 "idle daemon CPU": f"{cpu * 100:6.2f} % of a core (polling every second)",
+                "idle after applying a change": f"{after:6.1f} MB   {after / floor_mb:5.2f}x a bare interpreter",
                 "agent --once no-op, peak RSS": f"{once_mb:6.1f} MB   {once_mb / floor_mb:5.2f}x a bare interpreter",
                 "agent --once no-op, imports": f"{total_us / 1e6:6.2f} s cumulative import time",
                 "heavy packages it imports": ", ".join(sorted(imported & set(HEAVY))) or "none",

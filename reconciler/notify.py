@@ -21,8 +21,6 @@ import json
 import logging
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -140,6 +138,9 @@ class Notifier:
             secret = os.environ.get(hook.secret_env, "")
             digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
             headers[SIGNATURE_HEADER] = f"sha256={digest}"
+        import urllib.error  # here, where a webhook is configured: http, email and ssl are heavy to import
+        import urllib.request
+
         why = ""
         for attempt in range(hook.tries):
             if attempt:

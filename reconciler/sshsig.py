@@ -30,12 +30,11 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+if TYPE_CHECKING:  # imported where a signature is checked: an idle agent never loads OpenSSL's bindings
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from .errors import BadInput, ReconcilerError
 
@@ -43,9 +42,8 @@ _BEGIN = b"-----BEGIN SSH SIGNATURE-----\n"
 _END = b"\n-----END SSH SIGNATURE-----"
 _HASHES = ("sha256", "sha512")
 _CERT_SUFFIX = "-cert-v01@openssh.com"
-_CURVES = {"nistp256": ec.SECP256R1(), "nistp384": ec.SECP384R1(), "nistp521": ec.SECP521R1()}
-_RSA_HASHES: dict[str, hashes.HashAlgorithm] = {"rsa-sha2-256": hashes.SHA256(), "rsa-sha2-512": hashes.SHA512()}
-_EC_HASHES: dict[int, hashes.HashAlgorithm] = {256: hashes.SHA256(), 384: hashes.SHA384(), 521: hashes.SHA512()}
+_RSA_ALGORITHMS = ("rsa-sha2-256", "rsa-sha2-512")
+_POINT_BYTES = {"nistp256": 65, "nistp384": 97, "nistp521": 133}  # uncompressed: 0x04, x, y
 # Key type -> ECDSA curve name in the blob ("" for other kinds). sk-* are FIDO security keys.
 _KEY_TYPES = {
     "ssh-ed25519": "",
@@ -130,9 +128,6 @@ def _mpint(value: int) -> bytes:
     return _string(value.to_bytes(value.bit_length() // 8 + 1, "big") if value else b"")
 
 
-_PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey | rsa.RSAPublicKey
-
-
 @dataclass(frozen=True)
 class _Cert:
     cert_type: int
@@ -147,9 +142,27 @@ class _Key:
     key_type: str
     plain_type: str
     plain_blob: bytes  # canonical blob of the bare key: what fingerprints and key equality use
-    public: _PublicKey
+    numbers: tuple[str, bytes] | tuple[int, int] | bytes  # (curve, point), (e, n) or the ed25519 key
     application: bytes | None  # security keys sign for an application ("ssh:")
     cert: _Cert | None
+
+    @cached_property
+    def public(self) -> ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey | rsa.RSAPublicKey:
+        """The key as OpenSSL checks it (a point on its curve...): built when first used to verify."""
+        from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+        curves: dict[str, ec.EllipticCurve] = {"nistp256": ec.SECP256R1(), "nistp384": ec.SECP384R1(),
+                                               "nistp521": ec.SECP521R1()}
+        try:
+            if isinstance(self.numbers, bytes):
+                return ed25519.Ed25519PublicKey.from_public_bytes(self.numbers)
+            first, second = self.numbers
+            if isinstance(first, str) and isinstance(second, bytes):
+                return ec.EllipticCurvePublicKey.from_encoded_point(curves[first], second)
+            assert isinstance(first, int) and isinstance(second, int)
+            return rsa.RSAPublicNumbers(first, second).public_key()
+        except (ValueError, OverflowError) as exc:
+            raise _bad(f"invalid {self.plain_type} public key: {exc}") from None
 
     @property
     def fingerprint(self) -> str:
@@ -182,15 +195,21 @@ def _parse_key(blob: bytes) -> _Key:
             point = r.string()
             if point[:1] != b"\x04":  # OpenSSH takes uncompressed points only
                 raise _bad("compressed ECDSA point")
-            public: _PublicKey = ec.EllipticCurvePublicKey.from_encoded_point(_CURVES[curve], point)
+            if len(point) != _POINT_BYTES[curve]:
+                raise ValueError(f"a {curve} point is {_POINT_BYTES[curve]} bytes, not {len(point)}")
+            numbers: tuple[str, bytes] | tuple[int, int] | bytes = (curve, point)
             fields = _string(curve) + _string(point)
         elif plain == "ssh-rsa":
             e, n = r.mpint(), r.mpint()
-            public = rsa.RSAPublicNumbers(e, n).public_key()
+            if e < 3 or e % 2 == 0 or n < 3 or e >= n:
+                raise ValueError("exponent and modulus out of range")
+            numbers = (e, n)
             fields = _mpint(e) + _mpint(n)
         else:
             raw = r.string()
-            public = ed25519.Ed25519PublicKey.from_public_bytes(raw)
+            if len(raw) != 32:
+                raise ValueError(f"an ed25519 key is 32 bytes, not {len(raw)}")
+            numbers = raw
             fields = _string(raw)
     except (ValueError, OverflowError) as exc:
         raise _bad(f"invalid {plain} public key: {exc}") from None
@@ -199,7 +218,7 @@ def _parse_key(blob: bytes) -> _Key:
         fields += _string(application)
     cert = _parse_cert(r, blob) if plain != key_type else None
     r.done("public key")
-    return _Key(key_type, plain, _string(plain) + fields, public, application, cert)
+    return _Key(key_type, plain, _string(plain) + fields, numbers, application, cert)
 
 
 def _parse_cert(r: _Reader, blob: bytes) -> _Cert:
@@ -234,6 +253,11 @@ def _parse_cert(r: _Reader, blob: bytes) -> _Cert:
 
 def _check(key: _Key, signature: bytes, data: bytes) -> None:
     """Verify an SSH signature blob (string algorithm, algorithm-specific data) over ``data``."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+    from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
     r = _Reader(signature)
     alg = r.text()
     public = key.public
@@ -241,7 +265,7 @@ def _check(key: _Key, signature: bytes, data: bytes) -> None:
         if isinstance(public, rsa.RSAPublicKey):
             if alg == "ssh-rsa":
                 raise SignatureError("RSA signature with SHA-1 (ssh-rsa)", "WEAK_ALGORITHM")
-            if alg not in _RSA_HASHES:
+            if alg not in _RSA_ALGORITHMS:
                 raise _bad(f"signature algorithm {alg!r} does not fit a {key.plain_type} key")
             if public.key_size < _MIN_RSA_BITS:
                 raise SignatureError(f"RSA key of {public.key_size} bits", "WEAK_ALGORITHM")
@@ -251,7 +275,8 @@ def _check(key: _Key, signature: bytes, data: bytes) -> None:
             if len(sig) > size:
                 raise _bad("RSA signature longer than the modulus")
             # OpenSSH left-pads short signatures: some signers drop leading zero bytes.
-            public.verify(sig.rjust(size, b"\0"), data, padding.PKCS1v15(), _RSA_HASHES[alg])
+            digest = hashes.SHA256() if alg == "rsa-sha2-256" else hashes.SHA512()
+            public.verify(sig.rjust(size, b"\0"), data, padding.PKCS1v15(), digest)
             return
         if alg != key.plain_type:
             raise _bad(f"signature algorithm {alg!r} does not fit a {key.plain_type} key")
@@ -268,7 +293,9 @@ def _check(key: _Key, signature: bytes, data: bytes) -> None:
             inner = _Reader(sig)
             rs = inner.mpint(), inner.mpint()
             inner.done("ECDSA signature")
-            public.verify(encode_dss_signature(*rs), data, ec.ECDSA(_EC_HASHES[public.curve.key_size]))
+            size = public.curve.key_size
+            ec_digest = hashes.SHA256() if size == 256 else hashes.SHA384() if size == 384 else hashes.SHA512()
+            public.verify(encode_dss_signature(*rs), data, ec.ECDSA(ec_digest))
     except (InvalidSignature, ValueError):
         raise _bad("signature does not verify") from None
 

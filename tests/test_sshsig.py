@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -641,3 +642,23 @@ def test_flipped_armour_bytes_never_verify(samples: list[bytes], data: st.DataOb
     pos = data.draw(st.sampled_from([i for i in range(end) if armored[i] not in b" \t\n\r\v\f"]))
     armored[pos] ^= data.draw(st.integers(1, 255))
     _rejected(bytes(armored))
+
+
+def _blob(*fields: bytes) -> str:
+    return base64.b64encode(b"".join(struct.pack(">I", len(f)) + f for f in fields)).decode()
+
+
+def test_a_short_ed25519_key_is_refused_where_it_is_listed() -> None:
+    entry = f"{ALICE} ssh-ed25519 {_blob(b'ssh-ed25519', bytes(31))}"
+    with pytest.raises(BadInput, match="signers:1: .*ed25519 key is 32 bytes, not 31"):
+        parse_allowed_signers(entry + "\n", "signers")
+
+
+def test_reading_the_trust_root_loads_no_openssl_bindings(keys: Keys) -> None:
+    """An idle agent parses its allowed signers at start; the signature code loads with the
+    first commit it verifies (issue 17: the idle agent's memory)."""
+    text = f"{ALICE} {keys.pub('ed25519')}\n{ALICE} {keys.pub('ecdsa256')}\n{ALICE} {keys.pub('rsa')}\n"
+    probe = ("import sys; from reconciler.sshsig import parse_allowed_signers as p; "
+             f"assert len(p({text!r}, 's')) == 3; print('cryptography' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

@@ -183,7 +183,6 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is normal
     run_daemon(the_agent)
 
 
