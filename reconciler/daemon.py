@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 import signal
 import threading
 import time
@@ -167,21 +166,22 @@ class Outputs:
 
 
 class Every:
-    """Run ``job`` in its own thread every ``seconds`` (plus up to ``jitter``), one run at a time;
-    runs missed while one was in flight are not made up. ``later(delay)``: the next run waits
-    ``delay`` seconds from now (a backoff). A thread per job, so a pass stuck on a stalled git
-    server never holds up the supervisor's restarts. (Replaces apscheduler: two interval jobs
-    did not need its ~150 modules and ~8 MB in an idle agent.)"""
+    """Run ``job`` in its own thread at ``first``, then every ``seconds`` after each due time,
+    one run at a time; runs missed while one was in flight are not made up. ``later(delay)``:
+    the next run waits ``delay`` seconds from now (a backoff). The phase is fixed: no random
+    delay per run, so a node waiting on a wave notices its predecessors' notes within one
+    interval (nodes are spread by their offsets, ``node_offset``). A thread per job, so a pass
+    stuck on a stalled git server never holds up the supervisor's restarts. (Replaces
+    apscheduler: two interval jobs did not need its ~150 modules and ~8 MB in an idle agent.)"""
 
     def __init__(self, name: str, seconds: float, job: Callable[[], object], stop: threading.Event, *,
-                 first: float = 0.0, jitter: float = 0.0) -> None:
-        self.seconds, self.jitter, self.job, self.stop = seconds, jitter, job, stop
+                 first: float = 0.0) -> None:
+        self.seconds, self.job, self.stop = seconds, job, stop
         self._next = time.monotonic() + first
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> Every:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
     def later(self, delay: float) -> None:
         self._next = time.monotonic() + delay
@@ -194,8 +194,9 @@ class Every:
             except Exception:  # a bug in one run must not end the schedule
                 log.exception("%s: unexpected error", self._thread.name)
             if self._next == due:  # the job did not reschedule itself
-                spread = random.uniform(0, self.jitter) if self.jitter else 0.0  # noqa: S311 - spreading load
-                self._next = max(due + self.seconds, time.monotonic()) + spread
+                # The next due time of the same phase that is still ahead (a long run skips some).
+                behind = max(0.0, time.monotonic() - due)
+                self._next = due + self.seconds * (1 + int(behind // self.seconds))
 
 
 def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None) -> None:
@@ -243,9 +244,8 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        polls = Every("poll", cfg.interval, poll, stopping, first=node_offset(cfg.node, cfg.jitter),
-                      jitter=cfg.jitter)
-        polls.start()  # not chained: a first poll that fails at once backs off through `polls`
+        polls = Every("poll", cfg.interval, poll, stopping, first=node_offset(cfg.node, cfg.jitter))
+        polls.start()  # after the assignment: a first poll that fails at once backs off through `polls`
         # Not behind `polling`: a pass stuck on a stalled git server must not stop restarts.
         Every("supervise", cfg.supervise_interval, supervisor.tick, stopping, first=cfg.supervise_interval).start()
         log.info("%s: agent started; polling %s every %.0fs (jitter %.0fs)", cfg.node, cfg.branch, cfg.interval,
