@@ -159,11 +159,11 @@ def main() -> None:
         print(f"  the same, {cpus} worker processes       {wide:8.2f} s   {wide / args.nodes * 1000:6.2f} ms/node"
               f"   (same output: checked)")
         if full is not None:
-            print(f"  diff, rendering every service (before) {full:8.2f} s   {full / args.nodes * 1000:6.2f} ms/node"
+            print(f"  diff, rendering every service         {full:8.2f} s   {full / args.nodes * 1000:6.2f} ms/node"
                   f"   (same output: checked)")
         print(f"  plain Jinja2, every render (floor)     {floor:8.2f} s   {floor / args.nodes * 1000:6.2f} ms/node")
         print(f"  ratio                                  {ours / floor:8.2f}x the floor"
-              + (f" (before: {full / floor:.2f}x)" if full is not None else ""))
+              + (f" (every service: {full / floor:.2f}x)" if full is not None else ""))
         print(f"  summary: {summary(diffs)}")
 
 
