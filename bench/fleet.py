@@ -50,33 +50,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def signed_repo(root: Path, files: dict[str, str]) -> tuple[Path, list[str]]:
+    """A work tree of ``files`` under root/work, its first commit signed by a throwaway key that
+    root/allowed trusts; and the arguments of a signed ``git commit -am``."""
+    key = root / "merge"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    (root / "allowed").write_text(f"merge@example.org {(root / 'merge.pub').read_text()}")
+    work = root / "work"
+    for rel, text in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+    sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-S", "-q", "-am"]
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", "-A", cwd=work)
+    git(*sign, "c0", cwd=work)
+    return work, sign
+
+
+def serve(root: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A `git daemon` on loopback serving root/srv/cloud.git, with work's main pushed to it."""
+    srv = root / "srv"
+    git("init", "-q", "--bare", "-b", "main", str(srv / "cloud.git"), cwd=root)
+    port = free_port()
+    daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", f"--base-path={srv}", "--export-all",
+                               "--enable=receive-pack", f"--port={port}", "--listen=127.0.0.1",
+                               "--max-connections=0", str(srv)], stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    url = f"git://127.0.0.1:{port}/cloud.git"
+    git("push", "-q", url, "main", cwd=work)
+    return daemon, url
+
+
 def run(n: int, interval: float, jitter: bool, workers: int) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory(prefix="reconciler-bench-fleet-") as tmp:
         root = Path(tmp)
-        key = root / "merge"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-        (root / "allowed").write_text(f"merge@example.org {(root / 'merge.pub').read_text()}")
-        work = root / "work"
         names = [f"n{i:04d}" for i in range(n)]
         files = {"reconciler.yaml": "format: 1\nname: fleet\n",
                  "inventory.yaml": "vars: {v: 0}\ngroups:\n  all: {services: []}\nnodes:\n"
                                    + "".join(f"  {m}: {{groups: [all]}}\n" for m in names)}
-        for rel, text in files.items():
-            (work / rel).parent.mkdir(parents=True, exist_ok=True)
-            (work / rel).write_text(text)
-        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-S", "-q", "-am"]
-        git("init", "-q", "-b", "main", cwd=work)
-        git("add", "-A", cwd=work)
-        git(*sign, "c0", cwd=work)
-        srv = root / "srv"
-        git("init", "-q", "--bare", "-b", "main", str(srv / "cloud.git"), cwd=root)
-        port = free_port()
-        daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", f"--base-path={srv}", "--export-all",
-                                   "--enable=receive-pack", f"--port={port}", "--listen=127.0.0.1",
-                                   "--max-connections=0", str(srv)], stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        url = f"git://127.0.0.1:{port}/cloud.git"
-        git("push", "-q", url, "main", cwd=work)
+        work, sign = signed_repo(root, files)
+        daemon, url = serve(root, work)
         trust = TrustConfig(allowed_signers=root / "allowed", policy="head")
         agents = [Agent(AgentConfig(node=m, remote=url, state_dir=root / "nodes" / m, trust=trust,
                                     interval=interval, jitter=interval if jitter else 0), progress=False)

@@ -16,14 +16,13 @@ Usage: .venv/bin/python bench/waves.py [--nodes 24] [--waves 4] [--interval 3]
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fleet import ENV, cpu_seconds, free_port, git  # noqa: F401 - ENV: the same committer
+from fleet import cpu_seconds, git, serve, signed_repo
 
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
@@ -44,35 +43,17 @@ def main() -> None:
     per = -(-n // k)
     with tempfile.TemporaryDirectory(prefix="reconciler-bench-waves-") as tmp:
         root = Path(tmp)
-        key = root / "merge"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-        (root / "allowed").write_text(f"merge@example.org {(root / 'merge.pub').read_text()}")
         names = [f"n{i:03d}" for i in range(n)]
         waves = [names[i:i + per] for i in range(0, n, per)]
         rollout = "".join(f"    - {{name: w{i}, nodes: [{', '.join(w)}], batch: {len(w)}}}\n" for i, w in enumerate(waves))
-        work = root / "work"
         files = {"reconciler.yaml": f"format: 1\nname: fleet\nrollout:\n  waves:\n{rollout}",
                  "inventory.yaml": "vars: {v: 0}\ngroups:\n  all: {services: [idle]}\nnodes:\n"
                                    + "".join(f"  {m}: {{groups: [all]}}\n" for m in names),
                  "services/idle/service.yaml": SERVICE,
                  "services/idle/files/idle.py": "import time\nwhile True:\n    time.sleep(3600)\n",
                  "services/idle/templates/idle.conf.j2": "v = {{ v }}\n"}
-        for rel, text in files.items():
-            (work / rel).parent.mkdir(parents=True, exist_ok=True)
-            (work / rel).write_text(text)
-        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-S", "-q", "-am"]
-        git("init", "-q", "-b", "main", cwd=work)
-        git("add", "-A", cwd=work)
-        git(*sign, "c0", cwd=work)
-        srv = root / "srv"
-        git("init", "-q", "--bare", "-b", "main", str(srv / "cloud.git"), cwd=root)
-        port = free_port()
-        daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", f"--base-path={srv}", "--export-all",
-                                   "--enable=receive-pack", f"--port={port}", "--listen=127.0.0.1",
-                                   "--max-connections=0", str(srv)], stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        url = f"git://127.0.0.1:{port}/cloud.git"
-        git("push", "-q", url, "main", cwd=work)
+        work, sign = signed_repo(root, files)
+        daemon, url = serve(root, work)
         trust = TrustConfig(allowed_signers=root / "allowed", policy="head")
         agents = {m: Agent(AgentConfig(node=m, remote=url, state_dir=root / "nodes" / m, trust=trust,
                                        interval=interval, jitter=interval), progress=False) for m in names}

@@ -48,7 +48,7 @@ import jinja2.sandbox
 
 from .errors import RenderError, RenderLimit
 from .limits import Limits
-from .model import MIN_HEALTHY, ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Rule, Runtime
+from .model import MIN_HEALTHY, ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Runtime
 from .repo import DeploymentRepo, ServiceDef
 from .sandbox import Budget, Sandbox, budget_in_use
 from .secrets import SecretUnreadable, file_key, leaf_strings, placeholders
@@ -202,10 +202,7 @@ def _render(
     sources = env.sources
     try:
         with budget_in_use(budget):
-            if name:
-                tpl = env.top.get(name) or env.top.setdefault(name, env.get_template(name))
-            else:
-                tpl = _inline_template(env, text or "")
+            tpl = env.file_template(name) if name else _inline_template(env, text or "")
             return _stream(tpl, ctx, budget, what)
     except RenderLimit as exc:
         # A loop that ran too long for one node runs as long for the next: the others of a
@@ -385,36 +382,6 @@ def _environment_for(svc: ServiceDef) -> Sandbox:
     return env
 
 
-def compile_all(repo: DeploymentRepo) -> None:
-    """Compile every service's file templates now (before forking workers, which would each
-    compile them again). A template that does not compile is left for its node's render to report."""
-    for svc in repo.services.values():
-        env = _environment_for(svc)
-        for decl in svc.files:
-            if decl.template is not None:
-                name = svc.template_path(decl.template)
-                try:
-                    env.top.setdefault(name, env.get_template(name))
-                except Exception:  # noqa: BLE001, S112 - reported, located, by the render that needs it
-                    continue
-
-
-_RULES: dict[int, tuple[ServiceDef, tuple[Rule, ...]]] = {}
-
-
-def _rules(svc: ServiceDef) -> tuple[Rule, ...]:
-    """The service's ``on_change`` rules, built once per definition (as ``_environment_for``)."""
-    hit = _RULES.get(id(svc))
-    if hit is not None and hit[0] is svc:
-        return hit[1]
-    if len(_RULES) > 4096:
-        _RULES.clear()
-    rules = tuple(Rule(str(r["file"]), ActionKind(r["action"]), tuple(str(k) for k in r.get("keys", ())),
-                       str(r.get("unit", "")), str(r.get("command", ""))) for r in svc.on_change)
-    _RULES[id(svc)] = (svc, rules)
-    return rules
-
-
 # (kind, name) -> why this node cannot run a process as that "user" or "group", or None.
 Accounts = Callable[[str, str], str | None]
 
@@ -521,7 +488,7 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
         health=health,
         depends_on=tuple(sorted(d for d in svc.depends_on if d in node_services)),
         drift=svc.drift,
-        rules=_rules(svc),
+        rules=svc.rules,
         reload=Reload(signal=svc.reload.get("signal", "SIGHUP"), command=svc.reload.get("command", "")),
         ceiling=ActionKind(svc.escalate_to),
         manual=svc.manual or repo.node(node).manual,

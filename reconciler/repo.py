@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .budget import Budget, BudgetError, parse_budgets
 from .errors import BadInput, InvalidRepo, UnknownNode
 from .limits import LIMITS, Limits
+from .model import ActionKind, Rule
 from .secrets import Opened, SopsFile
 from .secrets import parse as parse_sops
 from .tree import Tree
@@ -74,6 +75,12 @@ class ServiceDef:
 
     def template_path(self, name: str) -> str:
         return f"services/{self.name}/templates/{name}"
+
+    @functools.cached_property
+    def rules(self) -> tuple[Rule, ...]:
+        """``on_change`` as the planner reads it: built once per definition, not once per node."""
+        return tuple(Rule(str(r["file"]), ActionKind(r["action"]), tuple(str(k) for k in r.get("keys", ())),
+                          str(r.get("unit", "")), str(r.get("command", ""))) for r in self.on_change)
 
     def source_path(self, name: str) -> str:
         return f"services/{self.name}/files/{name}"

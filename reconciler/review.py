@@ -21,7 +21,7 @@ from .errors import BadInput, ReconcilerError
 from .inputs import Inputs
 from .model import ActionKind, Desired, Observed, ObservedService, Plan
 from .plan import plan as make_plan
-from .render import compile_all, render_node
+from .render import render_node
 from .repo import DeploymentRepo, load_repo
 from .rollout import plan_rollout
 from .tree import Tree
@@ -210,12 +210,10 @@ def usable_cpus() -> int:
 
 def _in_workers(review: _Review, names: list[str], workers: int) -> list[NodeDiff]:
     global _JOB
-    # Forked, so each worker starts with both repos loaded and every template compiled; small
-    # chunks even out nodes that render more than others.
+    # Forked, so each worker starts with both repos loaded (each compiles the templates it
+    # renders, in parallel with the others); small chunks even out nodes that render more.
     size = max(1, len(names) // (workers * 8))
     chunks = [names[i:i + size] for i in range(0, len(names), size)]
-    compile_all(review.repo_a)
-    compile_all(review.repo_b)
     _JOB = review
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:

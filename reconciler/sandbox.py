@@ -195,9 +195,7 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         self.globals.pop("lipsum", None)
         self.filters = {name: _paced_filter(name, f) for name, f in self.filters.items()}
         self.over_limit: MutableMapping[str, str] = {}  # template -> first node it passed a limit for
-        # A service's files by name, as loaded at the top (no include depth to check there):
-        # the cache lookup of ``get_template`` (lock, weakref, the stack walk below) once each.
-        self.top: dict[str, jinja2.Template] = {}
+        self._top: dict[str, jinja2.Template] = {}
 
     @property
     def sources(self) -> Mapping[str, str]:
@@ -286,6 +284,14 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             return fmt(*args, **kwargs)
 
         return bounded
+
+    def file_template(self, name: str) -> jinja2.Template:
+        """A service's file template, loaded at the top (no include depth to check there): the
+        cache lookup of ``get_template`` (lock, weakref, the stack walk below) once per name."""
+        tpl = self._top.get(name)
+        if tpl is None:
+            tpl = self._top[name] = self.get_template(name)
+        return tpl
 
     def get_template(self, name: str | jinja2.Template, parent: str | None = None,
                      globals: MutableMapping[str, Any] | None = None) -> jinja2.Template:
