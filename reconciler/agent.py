@@ -25,10 +25,11 @@ from .observe import observe
 from .pipeline import RunResult, reconcile
 from .plan import in_windows, stage
 from .plan import plan as make_plan
+from .probe import TipProbe
 from .redact import NONE as NO_SECRETS
 from .redact import Redactor
 from .report import Reporter, notes_ref
-from .source import Source
+from .source import Source, safe_url
 from .state import State
 from .trustmark import TrustKeeper
 
@@ -79,6 +80,8 @@ class Agent:
             self.cfg.remote, self.cfg.branch, self.state.mirror,
             ssh_command=self.cfg.ssh_command, progress=self.progress,
             reads=self.cfg.read_urls, write=self.cfg.write_url,
+            probes={r.url: TipProbe(r.probe, r.check_every, safe_url(r.probe))
+                    for r in self.cfg.remotes if r.probe and r.reads},
         )
         self.keeper = TrustKeeper(self.cfg.trust, self.cfg.state_dir, self.ledger, lambda: self.source.repo,
                                   notes_ref(self.cfg.node), self.clock, self.cfg.node, self.cfg.branch)

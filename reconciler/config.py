@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from .drivers.registry import ENV_NAME, RegistryLogin
 from .errors import ConfigError
@@ -127,6 +128,12 @@ class RemoteConfig:
     role: str = "both"
     """read: polled and fetched from, other nodes' notes read from; write: this node's notes
     pushed to; both."""
+    probe: str | None = None
+    """http(s) URL of the remote's tips file (``contrib/post-receive-tips``): a poll that finds
+    the node's own head there asks git nothing. A hint only; see ``reconciler.probe``."""
+    check_every: float = 300.0
+    """With a probe: seconds between real git ref checks, whatever the probe says (how long a
+    stale probe can hide a new commit)."""
 
     @property
     def reads(self) -> bool:
@@ -197,7 +204,8 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
-        out["remotes"] = [{"url": r.url, "role": r.role} for r in self.remotes]
+        out["remotes"] = [{"url": r.url, "role": r.role, **({"probe": r.probe, "check_every": r.check_every}
+                                                           if r.probe else {})} for r in self.remotes]
         out["trust"] = self.trust.to_dict()
         out["host"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.host).items()}
         out["metrics"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.metrics).items()}
@@ -449,6 +457,24 @@ def _remote(url: str) -> str:
     return "file://" + os.path.abspath(url)
 
 
+def _probe(item: dict[str, Any], i: int, role: str, file: str) -> tuple[str | None, float]:
+    probe = item.get("probe")
+    if probe is None:
+        if "check_every" in item:
+            raise ConfigError(f"remotes[{i}]: check_every without a probe", file=file)
+        return None, RemoteConfig.check_every
+    parts = urlsplit(str(probe))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"remotes[{i}]: probe is not an http:// or https:// URL", file=file)
+    if role == "write":
+        raise ConfigError(f"remotes[{i}]: a probe is for a remote that is read (role: read or both)", file=file)
+    every = item.get("check_every", RemoteConfig.check_every)
+    if isinstance(every, bool) or not isinstance(every, int | float) or not every > 0:
+        raise ConfigError(f"remotes[{i}]: check_every must be a number of seconds above 0, not {every!r}",
+                          file=file)
+    return str(probe), float(every)
+
+
 def _remotes(value: Any, file: str) -> tuple[RemoteConfig, ...]:
     if value is None:
         return ()
@@ -457,15 +483,16 @@ def _remotes(value: Any, file: str) -> tuple[RemoteConfig, ...]:
     out = []
     for i, item in enumerate(value):
         item = {"url": item} if isinstance(item, str) else item
-        if not isinstance(item, dict) or not item.get("url") or set(item) - {"url", "role"}:
-            raise ConfigError(f"remotes[{i}]: a URL, or a mapping of url and role", file=file)
+        if not isinstance(item, dict) or not item.get("url") or set(item) - {"url", "role", "probe", "check_every"}:
+            raise ConfigError(f"remotes[{i}]: a URL, or a mapping of url, role, probe and check_every", file=file)
         role = str(item.get("role", "both"))
         if role not in ROLES:
             raise ConfigError(f"remotes[{i}]: role {role!r} is not one of {', '.join(ROLES)}", file=file)
         url = _remote(str(item["url"]))
         if role != "read" and not ("://" in url or ":" in url.split("/")[0]):
             raise ConfigError(f"remotes[{i}]: a git bundle can only be read (role: read)", file=file)
-        out.append(RemoteConfig(url, role))
+        probe, check_every = _probe(item, i, role, file)
+        out.append(RemoteConfig(url, role, probe, check_every))
     if not any(r.reads for r in out):
         raise ConfigError("remotes: none can be read (give one a role of read or both)", file=file)
     return tuple(out)

@@ -5,7 +5,9 @@ behave as they do for the operator's own git. Objects are read with pygit2 (see 
 
 A poll is one ``ls-remote --heads`` of the one branch with protocol v2: the client sends
 ``ref-prefix refs/heads/`` so the server lists branches only, and the cost stays flat however
-many other refs (tags, review refs, other nodes' notes) the remote has.
+many other refs (tags, review refs, other nodes' notes) the remote has. A read remote with a
+tip probe (``probe``) is asked over HTTP first, and git only when the probe does not name the
+head the node has, or a check is due.
 
 The mirror is a cache. The node's memory (high-water mark, verdicts) lives in its state db and
 its notes, so a mirror with a damaged or missing object is re-cloned (``repair``), keeping the
@@ -22,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +33,7 @@ import pygit2
 
 from . import faults
 from .errors import CorruptMirror, RemoteError
+from .probe import TipProbe
 from .tree import corrupt
 
 if TYPE_CHECKING:
@@ -141,8 +145,10 @@ class Source:
     def __init__(
         self, url: str, branch: str, mirror: Path, *, ssh_command: str | None = None,
         progress: bool | None = None, reads: tuple[str, ...] = (), write: str | None = "",
+        probes: Mapping[str, TipProbe] | None = None,
     ) -> None:
         self.reads = reads or (url,)
+        self.probes = dict(probes or {})  # read remote -> its tip probe (see ``probe``)
         self.url = self.reads[0]  # the read remote this pass uses: the first that answered
         self.write_url = url if write == "" else write  # this node's notes go there (None: nowhere yet)
         self._lag_said = ""
@@ -233,6 +239,18 @@ class Source:
                           reason=first.reason)
 
     def _head_at(self, url: str) -> str:
+        probe = self.probes.get(url)
+        if probe is None:
+            return self._git_head(url)
+        local = self.local_head()
+        if probe.unmoved(self.ref, local):
+            assert local is not None
+            return local
+        head = self._git_head(url)
+        probe.checked(self.ref, head, local)
+        return head
+
+    def _git_head(self, url: str) -> str:
         # --heads makes git send "ref-prefix refs/heads/" (a bare pattern would not: ls-remote
         # patterns match from the tail), so review refs, tags and notes are never listed.
         out = self.run("ls-remote", "--heads", url, self.ref, what="ref check of")

@@ -1,0 +1,78 @@
+"""A real nginx serving a directory of static files on a loopback port: the web server an
+operator puts in front of the tips files (``contrib/git-server/post-receive-tips``). Started
+and stopped at will; its access log says which files were asked for."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+class Nginx:
+    def __init__(self, root: Path, work: Path, port: int) -> None:
+        self.root, self.work, self.port = root, work, port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.binary = shutil.which("nginx") or "/usr/sbin/nginx"
+
+    @property
+    def available(self) -> bool:
+        return os.access(self.binary, os.X_OK)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    def start(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        conf = self.work / "nginx.conf"
+        temp = "\n".join(f"    {kind}_temp_path {self.work}/{kind};" for kind in
+                         ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        conf.write_text(f"""{"user root;" if os.geteuid() == 0 else ""}
+daemon off;
+worker_processes 1;
+pid {self.work}/nginx.pid;
+error_log {self.work}/error.log;
+events {{ worker_connections 256; }}
+http {{
+    access_log {self.work}/access.log;
+{temp}
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.root};
+        location / {{ default_type text/plain; }}
+    }}
+}}
+""")
+        self.proc = subprocess.Popen([self.binary, "-c", str(conf), "-p", str(self.work)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"nginx exited: {err.strip()}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise RuntimeError("nginx did not listen within 10 s")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+    def requests(self, path: str) -> list[int]:
+        """The HTTP status of each request for ``path`` so far."""
+        log = self.work / "access.log"
+        if not log.exists():
+            return []
+        out = []
+        for line in log.read_text().splitlines():
+            request, _, rest = line.partition('" ')
+            if request.endswith(f" /{path} HTTP/1.1"):
+                out.append(int(rest.split()[0]))
+        return out
