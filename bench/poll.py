@@ -4,6 +4,7 @@ Measured on one remote, for a remote with few refs and one with many (review ref
 other nodes' notes), each as the median of repeated runs:
 
 - reconciler in process: ``Source.update()`` (one protocol-v2 ls-remote with a ref prefix);
+- the same with a tip probe (``probe:``): one GET of the tips file from a real nginx, no git;
 - ``reconciler agent --once`` as a command (interpreter start, lock, poll, no-op check);
 - ``git fetch`` of the same branch into an up-to-date clone (the peer);
 - ``git ls-remote`` of the branch (the floor: one git process, one round trip).
@@ -33,7 +34,13 @@ from pathlib import Path
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
+from reconciler.probe import TipProbe
 from reconciler.source import Source
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from nginx import Nginx  # noqa: E402  (the tests' own nginx)
+
+HOOK = Path(__file__).resolve().parent.parent / "contrib" / "git-server" / "post-receive-tips"
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
        "GIT_COMMITTER_EMAIL": "b@x"}
@@ -106,12 +113,29 @@ def bench(refs: int, runs: int) -> dict[str, float]:
             cli = [str(Path(sys.executable).parent / "reconciler"), "agent", "--once", "--node", "bench1",
                    "--remote", url, "--state-dir", str(state), "--allowed-signers", str(allowed)]
 
-            def in_process() -> None:
+            def in_process(source: Source = source) -> None:
                 _, fetched = source.update()
                 assert not fetched
 
+            tips = root / "www" / "cloud"
+            tips.parent.mkdir()
+            subprocess.run([str(HOOK)], cwd=bare, env={**ENV, "RECONCILER_TIPS": str(tips)}, check=True,
+                           stdin=subprocess.DEVNULL)
+            web = Nginx(root / "www", root / "nginx", _free_port())
+            if not web.available:
+                raise SystemExit(f"nginx is needed for the probe figure ({web.binary}): apt-get install nginx-light")
+            web.start()
+            probed = Source(url, "main", state / "mirror.git", progress=False,
+                            probes={url: TipProbe(web.url("cloud"), 1e9, "tips")})
+            probed.update()  # the first poll asks git; the probe is believed from then on
+            try:
+                with_probe = median_ms(lambda: in_process(probed), runs)
+                assert web.requests("cloud").count(200) >= runs
+            finally:
+                web.stop()
             return {
                 "reconciler in process": median_ms(in_process, runs),
+                "reconciler in process, probe": with_probe,
                 "reconciler agent --once": median_ms(lambda: subprocess.run(cli, check=True, capture_output=True), runs),
                 "git fetch (peer)": median_ms(lambda: git("-c", "protocol.version=2", "fetch", "-q", url,
                                                           "+refs/heads/main:refs/heads/main", cwd=clone), runs),
@@ -122,6 +146,14 @@ def bench(refs: int, runs: int) -> dict[str, float]:
             driver = ProcessDriver(state / "services", "bench1")
             for o in driver.observe():
                 driver.remove(o.name)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 HEAVY = ("docker", "rich", "jsonschema", "jinja2", "pygit2", "cryptography", "yaml", "apscheduler",

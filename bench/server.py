@@ -8,11 +8,15 @@ For N nodes (each with its notes ref on the server, one note per node on the hea
   agent did before it read only the batches before it;
 - ``wait-10``: a node reading the notes of 10 predecessors (one glob refspec each, as now);
 - ``push``: a node pushing its own new note (one ref);
+- ``probe``: the tip probe instead of a poll (``probe:`` on a remote): a GET of the tips file
+  ``contrib/git-server/post-receive-tips`` wrote, from a real nginx, a new connection per
+  request as the agent makes it (the agent's own ``read_tips``);
 
-the server's CPU (the daemon and the upload-pack/receive-pack it forks, from getrusage of its
-children once it is stopped) and the bytes sent. Then, from those figures, the server's load for
-N nodes polling every 10 s, and one rollout (every node pushes a note; the waiting nodes of 10
-waves of N/10 read their predecessors once per poll).
+the server's CPU (the daemon and the upload-pack/receive-pack it forks, or nginx and its worker,
+from getrusage of its children once it is stopped) and the bytes sent. Then, from those figures,
+the server's load for N nodes polling every 10 s (with a probe: a probe per poll and a git check
+every 300 s), and one rollout (every node pushes a note; the waiting nodes of 10 waves of N/10
+read their predecessors once per poll).
 
 Usage: .venv/bin/python bench/server.py [--nodes 1000 10000] [--requests 200]
 """
@@ -28,6 +32,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from reconciler.probe import read_tips
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from nginx import Nginx  # noqa: E402  (the tests' own nginx, so the bench serves what they check)
+
+HOOK = Path(__file__).resolve().parent.parent / "contrib" / "git-server" / "post-receive-tips"
+CHECK_EVERY = 300.0  # the probe's default: a real git check this often
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
        "GIT_COMMITTER_EMAIL": "b@x", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
@@ -104,6 +116,29 @@ def server_cpu(base: Path, requests: list[list[str]], cwd: Path) -> tuple[float,
     return max(0.0, total - clients), received
 
 
+def probe_cpu(root: Path, bare: Path, count: int) -> tuple[float, int]:
+    """Seconds of nginx CPU for ``count`` probes of the tips file the hook wrote, and its size."""
+    tips = root / "www" / "tips" / "cloud"
+    tips.parent.mkdir(parents=True)
+    subprocess.run([str(HOOK)], cwd=bare, env={**ENV, "RECONCILER_TIPS": str(tips)}, check=True,
+                   stdin=subprocess.DEVNULL)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = Nginx(root / "www", root / "nginx", port)
+    if not server.available:
+        raise SystemExit(f"nginx is needed for the probe figures ({server.binary}): apt-get install nginx-light")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server.start()
+    head = git("--git-dir", str(bare), "rev-parse", "refs/heads/main").strip()
+    for _ in range(count):
+        if read_tips(server.url("tips/cloud")).get("refs/heads/main") != head:
+            raise SystemExit("the probe did not name the branch head")
+    server.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), tips.stat().st_size
+
+
 def measure(nodes: int, count: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         root = Path(tmp)
@@ -134,6 +169,9 @@ def measure(nodes: int, count: int) -> dict[str, float]:
             cpu, received = server_cpu(root, reqs, client)
             out[f"{name} ms"] = 1000 * cpu / len(reqs)
             out[f"{name} bytes"] = received / len(reqs)
+        probes = 20 * count  # a probe costs so little that fewer would measure the clock's grain
+        cpu, size = probe_cpu(root, bare, probes)
+        out["probe ms"], out["probe bytes"] = 1000 * cpu / probes, size
         return out
 
 
@@ -151,16 +189,19 @@ def main() -> None:
         r = rows[n]
         print(f"N={n:>6}: poll {r['poll ms']:.2f} ms | wait-10 {r['wait-10 ms']:.2f} ms | "
               f"wait-all {r['wait-all ms']:.1f} ms ({r['wait-all bytes'] / 1024:.0f} KiB) | "
-              f"push {r['push ms']:.2f} ms   [{time.monotonic() - t0:.0f} s]", flush=True)
+              f"push {r['push ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
+              f"   [{time.monotonic() - t0:.0f} s]", flush=True)
     for n, r in rows.items():
         polls_per_s = n / 10  # every node polls every 10 s
         cores = polls_per_s * r["poll ms"] / 1000
+        probed = (polls_per_s * r["probe ms"] + n / CHECK_EVERY * r["poll ms"]) / 1000
         # one rollout of 10 waves of N/10: each node pushes ~3 notes (waiting, applied, and one more),
         # and each waiting node reads its predecessors once per poll until its turn: ~N/2 node-polls per wave
         waits_new = 10 * (n / 2) * r["wait-10 ms"] / 1000
         waits_old = 10 * (n / 2) * r["wait-all ms"] / 1000
         pushes = 3 * n * r["push ms"] / 1000
-        print(f"N={n:>6}: idle polling every 10 s: {cores:.3f} of a core; one rollout of 10 waves: "
+        print(f"N={n:>6}: idle polling every 10 s: {cores:.3f} of a core with git, {probed:.3f} with the probe "
+              f"({cores / max(probed, 1e-9):.0f}x less); one rollout of 10 waves: "
               f"{pushes + waits_new:.1f} CPU-s reading predecessors ({pushes + waits_old:.1f} CPU-s reading all "
               f"notes, {(pushes + waits_old) / max(pushes + waits_new, 1e-9):.1f}x)")
     sys.stdout.flush()
