@@ -8,6 +8,8 @@ For N nodes (each with its notes ref on the server, one note per node on the hea
   agent did before it read only the batches before it;
 - ``wait-10``: a node reading the notes of 10 predecessors (one glob refspec each, as now);
 - ``push``: a node pushing its own new note (one ref);
+- ``http poll``: the no-op poll over smart HTTP (nginx, fcgiwrap, ``git http-backend``), when
+  fcgiwrap is installed;
 - ``probe``: the tip probe instead of a poll (``probe:`` on a remote): a GET of the tips file
   ``contrib/git-server/post-receive-tips`` wrote, from a real nginx, a new connection per
   request as the agent makes it (the agent's own ``read_tips``);
@@ -139,6 +141,72 @@ def probe_cpu(root: Path, bare: Path, count: int) -> tuple[float, int]:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), tips.stat().st_size
 
 
+def http_poll_cpu(root: Path, count: int) -> float | None:
+    """Seconds of server CPU (nginx, fcgiwrap, http-backend, upload-pack) for ``count`` no-op
+    polls over smart HTTP; None without fcgiwrap."""
+    fcgiwrap = "/usr/sbin/fcgiwrap"
+    if not os.access(fcgiwrap, os.X_OK):
+        return None
+    sock = root / "fcgi.sock"
+    backend = Path(git("--exec-path").strip()) / "git-http-backend"
+    location = f"""        location /git/ {{
+            fastcgi_pass unix:{sock};
+            fastcgi_param SCRIPT_FILENAME {backend};
+            fastcgi_param GIT_PROJECT_ROOT {root};
+            fastcgi_param GIT_HTTP_EXPORT_ALL 1;
+            fastcgi_param GIT_PROTOCOL $http_git_protocol;
+            fastcgi_param QUERY_STRING $query_string;
+            fastcgi_param REQUEST_METHOD $request_method;
+            fastcgi_param CONTENT_TYPE $content_type;
+            fastcgi_param CONTENT_LENGTH $content_length;
+            fastcgi_split_path_info ^(/git)(/.*)$;
+            fastcgi_param PATH_INFO $fastcgi_path_info;
+        }}"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # fcgiwrap does not wait for the CGIs it runs, so getrusage misses them: a cpuacct cgroup
+    # (v1, as here) holds fcgiwrap from before its exec, and every process it starts with it.
+    group = Path("/sys/fs/cgroup/cpuacct") / f"reconciler-bench-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError:
+        return None
+
+    def join() -> None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    wrap = subprocess.Popen([fcgiwrap, "-s", f"unix:{sock}"], env=ENV, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, preexec_fn=join)
+    server = Nginx(root / "www", root / "nginx-http", port, extra=location)
+    clients = 0.0
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        server.start()
+        url = server.url("git/cloud.git")
+        for _ in range(count):
+            c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            p = subprocess.run(["git", "-c", "protocol.version=2", "ls-remote", "--heads", url, "refs/heads/main"],
+                               env=ENV, capture_output=True)
+            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if p.returncode != 0 or "refs/heads/main" not in p.stdout.decode():
+                raise SystemExit(f"smart HTTP poll failed: {p.stderr.decode()[-300:]}")
+            clients += (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+    finally:
+        server.stop()
+        # nginx, waited for, is in getrusage now; fcgiwrap and its CGIs only in the cgroup
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wrap.terminate()
+        wrap.wait()
+        cgi = int((group / "cpuacct.usage").read_text()) / 1e9
+        group.rmdir()
+    return max(0.0, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) - clients) + cgi
+
+
 def measure(nodes: int, count: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         root = Path(tmp)
@@ -172,6 +240,8 @@ def measure(nodes: int, count: int) -> dict[str, float]:
         probes = 20 * count  # a probe costs so little that fewer would measure the clock's grain
         cpu, size = probe_cpu(root, bare, probes)
         out["probe ms"], out["probe bytes"] = 1000 * cpu / probes, size
+        http = http_poll_cpu(root, count)
+        out["http poll ms"] = float("nan") if http is None else 1000 * http / count
         return out
 
 
@@ -189,7 +259,7 @@ def main() -> None:
         r = rows[n]
         print(f"N={n:>6}: poll {r['poll ms']:.2f} ms | wait-10 {r['wait-10 ms']:.2f} ms | "
               f"wait-all {r['wait-all ms']:.1f} ms ({r['wait-all bytes'] / 1024:.0f} KiB) | "
-              f"push {r['push ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
+              f"push {r['push ms']:.2f} ms | smart-HTTP poll {r['http poll ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
               f"   [{time.monotonic() - t0:.0f} s]", flush=True)
     for n, r in rows.items():
         polls_per_s = n / 10  # every node polls every 10 s
@@ -200,7 +270,9 @@ def main() -> None:
         waits_new = 10 * (n / 2) * r["wait-10 ms"] / 1000
         waits_old = 10 * (n / 2) * r["wait-all ms"] / 1000
         pushes = 3 * n * r["push ms"] / 1000
-        print(f"N={n:>6}: idle polling every 10 s: {cores:.3f} of a core with git, {probed:.3f} with the probe "
+        http = polls_per_s * r["http poll ms"] / 1000
+        print(f"N={n:>6}: idle polling every 10 s: {cores:.3f} of a core with git daemon ({http:.3f} over smart "
+              f"HTTP), {probed:.3f} with the probe "
               f"({cores / max(probed, 1e-9):.0f}x less); one rollout of 10 waves: "
               f"{pushes + waits_new:.1f} CPU-s reading predecessors ({pushes + waits_old:.1f} CPU-s reading all "
               f"notes, {(pushes + waits_old) / max(pushes + waits_new, 1e-9):.1f}x)")

@@ -13,8 +13,11 @@ from pathlib import Path
 
 
 class Nginx:
-    def __init__(self, root: Path, work: Path, port: int) -> None:
+    def __init__(self, root: Path, work: Path, port: int, extra: str = "",
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.root, self.work, self.port = root, work, port
+        self.extra = extra  # more of the server block (a location for git http-backend, say)
+        self.tls = tls  # (certificate, key): https only
         self.proc: subprocess.Popen[bytes] | None = None
         self.binary = shutil.which("nginx") or "/usr/sbin/nginx"
 
@@ -23,11 +26,14 @@ class Nginx:
         return os.access(self.binary, os.X_OK)
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/{path}"
 
     def start(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         conf = self.work / "nginx.conf"
+        listen = f"127.0.0.1:{self.port}"
+        if self.tls:
+            listen += f" ssl;\n        ssl_certificate {self.tls[0]};\n        ssl_certificate_key {self.tls[1]}"
         temp = "\n".join(f"    {kind}_temp_path {self.work}/{kind};" for kind in
                          ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
         conf.write_text(f"""{"user root;" if os.geteuid() == 0 else ""}
@@ -40,9 +46,10 @@ http {{
     access_log {self.work}/access.log;
 {temp}
     server {{
-        listen 127.0.0.1:{self.port};
+        listen {listen};
         root {self.root};
         location / {{ default_type text/plain; }}
+{self.extra}
     }}
 }}
 """)

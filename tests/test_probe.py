@@ -8,6 +8,7 @@ is stopped to prove a poll did not need it, and started again when one must.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import Deployment, free_port, git
-from nginx import Nginx
 from needs import unavailable
+from nginx import Nginx
 from test_remotes import Daemon, identity_workers, live
 
 from reconciler.agent import Agent
@@ -153,6 +154,41 @@ def test_a_probe_that_fails_or_says_nonsense_sends_the_poll_to_git(
     web.start()
     subprocess_hook(deployment)
     assert probe.unmoved("refs/heads/main", head) and "answers again" in caplog.text
+
+
+def test_a_probe_over_https_is_believed_only_behind_a_certificate_the_node_trusts(
+    deployment: Deployment, daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import subprocess
+
+    cert, key = tmp_path / "tips.crt", tmp_path / "tips.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    www = tmp_path / "www"
+    www.mkdir()
+    subprocess.run([str(HOOK)], cwd=deployment.bare, env={**os.environ, "RECONCILER_TIPS": str(www / "cloud")},
+                   stdin=subprocess.DEVNULL, check=True)
+    server = Nginx(www, tmp_path / "nginx", free_port(), tls=(cert, key))
+    if not server.available:
+        unavailable("nginx", f"{server.binary} not found")
+    server.start()
+    try:
+        head = git("rev-parse", "HEAD", cwd=deployment.work)
+        url = daemon.url("cloud.git")
+        probe = TipProbe(server.url("cloud"), 60.0, "tips", Clock())
+        source = Source(url, "main", tmp_path / "mirror.git", probes={url: probe}, progress=False)
+        assert source.update() == (head, True)
+        caplog.set_level(logging.WARNING, "reconciler.probe")
+        assert not probe.unmoved("refs/heads/main", head)  # a certificate nobody vouches for
+        assert "CERTIFICATE_VERIFY_FAILED" in caplog.text
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the node trusts its site's CA
+        assert probe.unmoved("refs/heads/main", head)
+        daemon.stop()
+        assert source.update() == (head, False)
+    finally:
+        server.stop()
 
 
 def subprocess_hook(deployment: Deployment) -> None:
