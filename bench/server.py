@@ -71,7 +71,7 @@ def make_server(root: Path, nodes: int) -> Path:
         stream.append(f"commit refs/notes/reconciler/n{n:05d}\ncommitter b <b@x> 0 +0000\ndata 4\nnote\n"
                       f"M 644 inline {head}\ndata {len(body)}\n{body}\n")
     git("fast-import", "--quiet", cwd=bare, stdin="".join(stream))
-    git("pack-refs", "--all", cwd=bare)  # as a served repo is after its first gc
+    git("gc", "-q", cwd=bare)  # as a served repo is after its gc: packed refs, objects, a commit-graph
     return bare
 
 
@@ -249,6 +249,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[10, 1000, 10000])
     ap.add_argument("--requests", type=int, default=100)
+    ap.add_argument("--cores", type=int, nargs="+", default=[4, 16], help="server cores, for the rollout model")
+    ap.add_argument("--apply-s", type=float, default=5.0, help="a node's apply time, for the rollout model")
     args = ap.parse_args()
     print(f"git {git('--version').split()[-1]}, {os.cpu_count()} cores; server CPU per request "
           f"(git daemon + what it forks), {args.requests} requests per kind", flush=True)
@@ -266,9 +268,10 @@ def main() -> None:
         cores = polls_per_s * r["poll ms"] / 1000
         probed = (polls_per_s * r["probe ms"] + n / CHECK_EVERY * r["poll ms"]) / 1000
         # one rollout of 10 waves of N/10: each node pushes ~3 notes (waiting, applied, and one more),
-        # and each waiting node reads its predecessors once per poll until its turn: ~N/2 node-polls per wave
-        waits_new = 10 * (n / 2) * r["wait-10 ms"] / 1000
-        waits_old = 10 * (n / 2) * r["wait-all ms"] / 1000
+        # and each waiting node reads its predecessors once per poll until its turn (a wave of
+        # 10 s polls each): wave j's nodes wait j - 1 polls, reading (j - 1) N / 10 refs
+        waits_new = sum((j - 1) * (n / 10) * _read_ms(r, n, (j - 1) * n / 10) for j in range(1, 11)) / 1000
+        waits_old = sum((j - 1) * (n / 10) * r["wait-all ms"] for j in range(1, 11)) / 1000
         pushes = 3 * n * r["push ms"] / 1000
         http = polls_per_s * r["http poll ms"] / 1000
         print(f"N={n:>6}: idle polling every 10 s: {cores:.3f} of a core with git daemon ({http:.3f} over smart "
@@ -276,7 +279,48 @@ def main() -> None:
               f"({cores / max(probed, 1e-9):.0f}x less); one rollout of 10 waves: "
               f"{pushes + waits_new:.1f} CPU-s reading predecessors ({pushes + waits_old:.1f} CPU-s reading all "
               f"notes, {(pushes + waits_old) / max(pushes + waits_new, 1e-9):.1f}x)")
+    print(f"merge to last note, 10 waves, 10 s polls, {args.apply_s:g} s applies (bound without a busy server: "
+          f"{10 * (10 + args.apply_s):.0f} s), on a server of C cores:")
+    for n, r in rows.items():
+        cells = []
+        for cores in args.cores:
+            git_s = rollout_s(n, r, cores, args.apply_s, r["poll ms"])
+            probe_s = rollout_s(n, r, cores, args.apply_s, r["probe ms"] + 10 / CHECK_EVERY * r["poll ms"])
+            cells.append(f"C={cores}: {_secs(git_s)} polling git, {_secs(probe_s)} with the probe")
+        print(f"N={n:>6}: " + " | ".join(cells))
     sys.stdout.flush()
+
+
+def rollout_s(n: int, r: dict[str, float], cores: int, apply_s: float, poll_ms: float,
+              waves: int = 10, interval: float = 10.0) -> float:
+    """Seconds from merge to the last node's note: each wave notices its predecessors within a
+    poll, applies, and pushes (3 notes a node, as above) while every node keeps polling and the
+    waiting ones read the notes of every node before them once a poll (``Rollout.watched``). A
+    wave takes interval + apply, or longer when that work needs more than the server's cores in
+    that time (inf: it never catches up). Reads may go to read mirrors: C is then their cores
+    and the primary's together."""
+    total = 0.0
+    per_wave = n / waves
+    for k in range(1, waves + 1):
+        # A node of wave j reads the notes of every node before it, (j - 1) N / W refs: its cost
+        # taken on the line from wait-10 (10 refs) to wait-all (N refs).
+        reads = sum(_read_ms(r, n, (j - 1) * per_wave) for j in range(k + 1, waves + 1)) * per_wave
+        rate = (n * poll_ms + reads) / 1000 / interval  # CPU-s per second
+        pushes = 3 * per_wave * r["push ms"] / 1000
+        if rate >= cores:
+            return float("inf")
+        total += max(interval + apply_s, pushes / (cores - rate))
+    return total
+
+
+def _read_ms(r: dict[str, float], n: int, refs: float) -> float:
+    if n <= 10:
+        return r["wait-10 ms"]
+    return r["wait-10 ms"] + (r["wait-all ms"] - r["wait-10 ms"]) * max(0.0, refs - 10) / (n - 10)
+
+
+def _secs(s: float) -> str:
+    return "never (saturated)" if s == float("inf") else f"{s:.0f} s"
 
 
 if __name__ == "__main__":

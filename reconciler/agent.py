@@ -333,7 +333,7 @@ class Agent:
         nodes that leave them: see ``controlplane``)."""
         from .model import Verdict
         from .rollout import Verdict as Go
-        from .rollout import decide, plan_rollout
+        from .rollout import decide, early, plan_rollout
 
         rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
         off = repo.planes.off(self.cfg.node) if repo.planes.attaches(self.cfg.node, before) else ()
@@ -342,6 +342,15 @@ class Agent:
         own = self.ledger.verdict(commit)
         if own is not None and own not in (Verdict.HALTED, Verdict.WAITING, Verdict.ERROR, Verdict.REFUSED):
             return Go(True, reason="already started")  # started it: finish it whatever others do
+        if fleet is None and barriers:
+            fleet = self.fleet_view()
         if fleet is None:  # waves alone: the batches before it and its own (and who leaves the VIPs first)
-            fleet = self.fleet_view(None if barriers else (*rollout.watched(self.cfg.node), *off))
+            watched, near = rollout.watched(self.cfg.node), rollout.frontier(self.cfg.node)
+            # The batch before first, every poll; all of them when it is done. A cutover (``off``)
+            # reads all at once: it is rare, and its wait is said before the waves'.
+            if len(near) < len(watched) and not off:
+                said = early(rollout, self.cfg.node, commit, self.fleet_view((*near, *off)))
+                if said is not None:
+                    return said
+            fleet = self.fleet_view((*watched, *off))
         return decide(rollout, self.cfg.node, commit, fleet, time.time(), barriers=barriers, off_first=off)

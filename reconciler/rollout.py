@@ -26,6 +26,7 @@ __all__ = ["FleetView", "Note", "Rollout", "Verdict", "Wave", "decide", "plan_ro
 
 APPLIED_STATES = ("applied",)
 FAILED_STATES = ("failed",)
+HALTED_STATES = ("halted",)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,18 @@ class Rollout:
         except KeyError:
             return ()
         return tuple(n for _, members in self.batches()[:mine + 1] for n in members if n != node)
+
+    def frontier(self, node: str) -> tuple[str, ...]:
+        """What a waiting node reads on every poll: the batch just before its own, and its own
+        batch's peers. The batches further back are read once that batch has all applied, just
+        before the node goes (``early``): each node of it went only after such a read itself. So
+        a waiting node reads about N / batches refs a poll, not every node before it, and a
+        rollout no longer costs the server N x N reads."""
+        try:
+            mine = self.position(node)
+        except KeyError:
+            return ()
+        return tuple(n for _, members in self.batches()[max(0, mine - 1):mine + 1] for n in members if n != node)
 
     def position(self, node: str) -> int:
         for i, (_, members) in enumerate(self.batches()):
@@ -152,9 +165,7 @@ def decide(rollout: Rollout, node: str, commit: str, fleet: FleetView, now: floa
         return Verdict(True, reason="no rollout plan")
     failed = fleet.failure(commit)
     if failed is not None and failed.node != node and (rollout.halt_on_failure or barriers or off_first):
-        what = f" ({failed.failed_service})" if failed.failed_service else ""
-        return Verdict(False, halted=True, failed=failed,
-                       reason=f"halted: {failed.node} failed {commit[:12]}{what}: {failed.error}".rstrip(": "))
+        return _halted(failed, commit)
     attached = tuple(n for n in off_first if (note := fleet.reached(n, commit)) is None or note.vip == "attached")
     if attached:
         return Verdict(False, reason=f"cutover: waiting for {', '.join(attached)} to leave the VIP networks",
@@ -182,6 +193,34 @@ def decide(rollout: Rollout, node: str, commit: str, fleet: FleetView, now: floa
             return Verdict(False, reason=f"soaking after wave {prev.name} until "
                            f"{datetime.fromtimestamp(until, UTC).strftime('%H:%M:%S')}Z", until=until)
     return Verdict(True, reason=f"wave {my_wave.name}: every node before this one applied {commit[:12]}")
+
+
+def _halted(failed: Note, commit: str) -> Verdict:
+    what = f" ({failed.failed_service})" if failed.failed_service else ""
+    return Verdict(False, halted=True, failed=failed,
+                   reason=f"halted: {failed.node} failed {commit[:12]}{what}: {failed.error}".rstrip(": "))
+
+
+def early(rollout: Rollout, node: str, commit: str, fleet: FleetView) -> Verdict | None:
+    """What a read of the node's ``frontier`` alone can tell: halted (a node of it failed the
+    commit, or was halted by a failure further back: its reason is carried on, so the whole
+    fleet says which node failed), or waiting for the batch before this one. None when that
+    batch has all applied: then every node before it is read, and ``decide`` says."""
+    near = rollout.frontier(node)
+    if rollout.halt_on_failure:
+        for n in near:
+            note = fleet.note(n, commit)
+            if note is not None and note.state in FAILED_STATES:
+                return _halted(note, commit)
+            if note is not None and note.state in HALTED_STATES:
+                return Verdict(False, halted=True, reason=note.error or f"halted: {n} halted {commit[:12]}")
+    mine = rollout.position(node) if near else 0
+    before = rollout.batches()[mine - 1][1] if mine > 0 else ()
+    waiting = tuple(n for n in before if fleet.reached(n, commit) is None)
+    if not waiting:
+        return None
+    shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
+    return Verdict(False, reason=f"waiting for {shown}", waiting_for=waiting)
 
 
 def _ts(text: str) -> float:

@@ -26,6 +26,13 @@ rollout:
 """
 
 
+def read_notes_of(agent: Agent) -> set[str]:
+    """The nodes whose notes ``agent`` has fetched into its mirror."""
+    from reconciler.fleetview import FLEET_PREFIX
+
+    return {ref.removeprefix(FLEET_PREFIX) for ref in agent.source.repo.references if ref.startswith(FLEET_PREFIX)}
+
+
 def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls_out(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, gitolite: Any, tmp_path: Path
 ) -> None:
@@ -52,15 +59,19 @@ def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls
     deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + ROLLOUT)
     c1 = merge("roll out in waves")
 
-    # Out of order on purpose: each node waits for the ones before it.
-    assert fleet["cmp1"].reconcile_once().waiting.startswith("waiting for ctl1, ctl2, ctl3")
-    assert fleet["ctl3"].reconcile_once().waiting == "waiting for ctl1, ctl2"
+    # Out of order on purpose: each node waits for the batch before it, and reads only that
+    # batch's notes while it waits (and its own batch's peers'), not every node's before it.
+    assert fleet["cmp1"].reconcile_once().waiting == "waiting for ctl3"
+    assert fleet["ctl3"].reconcile_once().waiting == "waiting for ctl2"
     assert fleet["ctl1"].reconcile_once().exit_code == 0
     assert fleet["ctl3"].reconcile_once().waiting == "waiting for ctl2"
+    assert fleet["cmp1"].reconcile_once().waiting == "waiting for ctl3"
+    assert read_notes_of(fleet["cmp1"]) == read_notes_of(fleet["ctl3"]) == set()  # ctl1's note: not read
     for node in ("ctl2", "ctl3", "cmp1", "cmp2"):
         result = fleet[node].reconcile_once()
         assert result.exit_code == 0 and result.report is not None, (node, result.waiting)
     assert all(note(n, c1) == "applied" for n in NODES)
+    assert read_notes_of(fleet["cmp1"]) >= {"ctl1", "ctl2", "ctl3"}  # all of them, once ctl3 was done
 
     # A change that fails health on the canary: it is put back there, and nobody else starts.
     deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.rollout import FleetView, Note, decide, plan_rollout
+from reconciler.rollout import FleetView, Note, decide, early, plan_rollout
 
 NODES = [f"cmp{i}" for i in range(1, 9)] + ["ctl1", "ctl2", "ctl3"]
 GROUPS = {"controllers": ["ctl1", "ctl2", "ctl3"], "computes": [f"cmp{i}" for i in range(1, 9)]}
@@ -74,3 +74,33 @@ def test_a_waiting_node_reads_the_batches_before_it_and_its_own_and_no_later_one
                              **applied("ctl1", "ctl2", "ctl3", "cmp1", "cmp2")})
     seen = FleetView({n: peer_failed.notes[n] for n in r.watched("cmp3") if n in peer_failed.notes})
     assert decide(r, "cmp3", "c1", seen, at("2026-11-22T00:00:00Z")).halted
+
+
+def test_a_waiting_node_reads_the_batch_before_it_and_its_peers_and_all_before_only_when_that_is_done() -> None:
+    r = plan()
+    assert r.frontier("cmp5") == ("cmp3", "cmp4", "cmp6")  # not ctl1, ctl2, ctl3, cmp1, cmp2
+    assert set(r.watched("cmp5")) == {"ctl1", "ctl2", "ctl3", "cmp1", "cmp2", "cmp3", "cmp4", "cmp6"}
+    assert r.frontier("ctl1") == r.watched("ctl1") == ()
+    now = at("2026-11-21T12:00:00Z")
+    wait = early(r, "cmp5", "c1", FleetView(applied("cmp3")))
+    assert wait is not None and not wait.go and wait.waiting_for == ("cmp4",)
+    # The batch before has applied: the frontier can say no more; every node before is read, and decide says.
+    assert early(r, "cmp5", "c1", FleetView(applied("cmp3", "cmp4"))) is None
+    assert decide(r, "cmp5", "c1", FleetView(applied("cmp3", "cmp4")), now).waiting_for == ("ctl1", "ctl2", "ctl3",
+                                                                                            "cmp1", "cmp2")
+
+
+def test_a_halt_travels_batch_by_batch_with_the_first_failure_named() -> None:
+    r = plan()
+    failed = FleetView({"cmp3": (Note("cmp3", "c1", "failed", "", "identity", "boom"),)})
+    said = early(r, "cmp5", "c1", failed)
+    assert said is not None and said.halted and said.reason == "halted: cmp3 failed c1 (identity): boom"
+    # cmp7 reads cmp5 and cmp6, halted by cmp3: it halts with the same words, not "waiting"
+    halted = FleetView({"cmp5": (Note("cmp5", "c1", "halted", "", "", said.reason),)})
+    passed_on = early(r, "cmp7", "c1", halted)
+    assert passed_on is not None and passed_on.halted and passed_on.reason == said.reason
+    # A peer's failure halts its batch as well (they run side by side); a later batch's does not
+    beside = FleetView({"cmp6": (Note("cmp6", "c1", "failed", "", "db", "down"),)})
+    assert (got := early(r, "cmp5", "c1", beside)) is not None and got.halted
+    later = FleetView({"cmp7": (Note("cmp7", "c1", "failed", "", "db", "down"),)})
+    assert (not_mine := early(r, "cmp5", "c1", later)) is not None and not not_mine.halted
