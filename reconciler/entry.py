@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import sys
 
 from .errors import NoCABundle
@@ -31,6 +30,8 @@ def ca_bundle_error(exc: BaseException) -> NoCABundle | None:
     """``exc`` as the missing CA bundle it stands for, or None when it is something else."""
     if type(exc).__name__ != "GitError" or "certificates" not in str(exc):
         return None
+    import ssl  # only to name the paths: an agent that never loads pygit2 never needs OpenSSL's bindings
+
     paths = ssl.get_default_verify_paths()
     cafile = os.environ.get(paths.openssl_cafile_env) or paths.openssl_cafile
     capath = os.environ.get(paths.openssl_capath_env) or paths.openssl_capath
