@@ -10,7 +10,8 @@ other nodes' notes), each as the median of repeated runs:
 - ``git ls-remote`` of the branch (the floor: one git process, one round trip).
 
 And the agent's weight (issue 17): RSS of the idle daemon (``reconciler agent``, a few polls
-after it converged, read from /proc) and its CPU over a window, the peak RSS and import time
+after it converged, read from /proc), the heavy packages it holds, and its CPU over a window
+(its own, and with the git processes it runs and reaps), the peak RSS and import time
 of ``agent --once`` on a no-op poll and the heavy packages it imports, against a bare Python
 interpreter (the floor of any Python agent).
 
@@ -165,9 +166,35 @@ def _rss_mb(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
 
 
-def _cpu_s(pid: int) -> float:
+def _cpu_s(pid: int, children: bool = False) -> float:
+    """CPU seconds of ``pid``; ``children``: with the processes it ran and reaped (its git)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
+
+
+# The daemon as the console script starts it, plus a SIGUSR1 handler that writes the names of
+# its modules to a file: what an idle agent holds, from the agent itself.
+DAEMON = """
+import os, signal, sys
+out = sys.argv.pop(1)
+def listed(*_):
+    with open(out + ".part", "w") as f:
+        f.write("\\n".join(sys.modules))
+    os.replace(out + ".part", out)
+signal.signal(signal.SIGUSR1, listed)
+sys.argv[0] = "reconciler"
+from reconciler.entry import main
+main()
+"""
+
+
+def _loaded(pid: int, path: Path) -> set[str]:
+    os.kill(pid, signal.SIGUSR1)
+    for _ in range(100):
+        if path.exists():
+            return {m.partition(".")[0] for m in path.read_text().split()}
+        time.sleep(0.05)
+    raise RuntimeError("the daemon did not list its modules")
 
 
 def _peak_rss_mb(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
@@ -193,14 +220,17 @@ def memory(idle_s: float) -> dict[str, str]:
             imported = set(re.findall(r"\|\s+([A-Za-z_][\w]*)(?:\.|$)", trace, re.M))
             total_us = sum(int(m) for m in re.findall(r"^import time:\s+\d+ \|\s+(\d+) \|\s{1,2}\S", trace, re.M))
             floor_mb, _ = _peak_rss_mb([sys.executable, "-c", "pass"])
-            daemon = subprocess.Popen([exe, "agent", *args, "--interval", "1", "--jitter", "0"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            modules = root / "modules"
+            daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(modules), "agent", *args, "--interval", "1",
+                                       "--jitter", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 time.sleep(idle_s)  # converged (it already was) and a few no-op polls later
-                cpu0, t0 = _cpu_s(daemon.pid), time.monotonic()
+                cpu0, all0, t0 = _cpu_s(daemon.pid), _cpu_s(daemon.pid, True), time.monotonic()
                 time.sleep(idle_s)
                 cpu = (_cpu_s(daemon.pid) - cpu0) / (time.monotonic() - t0)
+                cpu_all = (_cpu_s(daemon.pid, True) - all0) / (time.monotonic() - t0)
                 rss = _rss_mb(daemon.pid)
+                idle_heavy = _loaded(daemon.pid, modules) & set(HEAVY)
                 # A signed change arrives: verified, rendered, applied; then idle again. What a
                 # pass loaded (the signature code, Jinja2, the planner) stays loaded.
                 work = root / "work"
@@ -211,13 +241,18 @@ def memory(idle_s: float) -> dict[str, str]:
                 git("push", "-q", url.removeprefix("file://"), "main", cwd=work)
                 time.sleep(idle_s * 2)
                 after = _rss_mb(daemon.pid)
+                modules.unlink()
+                after_heavy = _loaded(daemon.pid, modules) & set(HEAVY)
             finally:
                 daemon.send_signal(signal.SIGTERM)
                 daemon.wait(30)
             return {
                 "idle daemon RSS (1 s polls)": f"{rss:6.1f} MB   {rss / floor_mb:5.2f}x a bare interpreter",
                 "idle daemon CPU": f"{cpu * 100:6.2f} % of a core (polling every second)",
+                "  with the git it runs": f"{cpu_all * 100:6.2f} % of a core",
+                "  heavy packages it holds": ", ".join(sorted(idle_heavy)) or "none",
                 "idle after applying a change": f"{after:6.1f} MB   {after / floor_mb:5.2f}x a bare interpreter",
+                "  heavy packages it holds then": ", ".join(sorted(after_heavy)) or "none",
                 "agent --once no-op, peak RSS": f"{once_mb:6.1f} MB   {once_mb / floor_mb:5.2f}x a bare interpreter",
                 "agent --once no-op, imports": f"{total_us / 1e6:6.2f} s cumulative import time",
                 "heavy packages it imports": ", ".join(sorted(imported & set(HEAVY))) or "none",

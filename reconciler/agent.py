@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import pygit2
-
 from .config import AgentConfig
 from .drivers import Driver, HostAccess, drivers_in_use, make_driver
 from .errors import BadInput, CorruptMirror
@@ -120,6 +118,8 @@ class Agent:
 
     def head(self, fetch: bool, rev: str | None) -> tuple[str, bool]:
         if rev is not None:
+            import pygit2
+
             try:
                 return str(self.source.repo.revparse_single(rev).peel(pygit2.Commit).id), False
             except (KeyError, ValueError, pygit2.GitError) as exc:
@@ -136,6 +136,8 @@ class Agent:
 
     def revision(self, commit: str) -> Revision:
         """What the mirror holds for ``commit``; nothing trusted yet."""
+        import pygit2
+
         from .tree import corrupt
 
         try:

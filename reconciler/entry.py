@@ -2,8 +2,10 @@
 
 It imports the command line inside a guard: pygit2 loads the system's CA certificates when it
 is first imported, and on a node without them (a minimal Debian without ``ca-certificates``)
-that import raises before the command line's own error handling exists. Here that becomes the
-one-line error every other bad input gets; anything else propagates unchanged.
+that import raises before the command line's own error handling exists. The command line
+imports pygit2 only where it reads commits, so where no CA paths exist pygit2 is imported
+here, to fail at the start of every command. Here that becomes the one-line error every other
+bad input gets; anything else propagates unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from .errors import NoCABundle
 
 def main() -> None:
     try:
+        if no_ca_paths():
+            import pygit2  # noqa: F401  # fails here, in its own words (``ca_bundle_error``)
         from .cli import main as cli_main
     except Exception as exc:  # pygit2.GitError cannot be named: pygit2 is what failed to import
         problem = ca_bundle_error(exc)
@@ -25,6 +29,16 @@ def main() -> None:
             raise
         _fail(problem, sys.argv[1:])
     cli_main()
+
+
+def no_ca_paths() -> bool:
+    """Neither a CA file nor a CA directory where OpenSSL looks: then pygit2's import fails, as
+    it hands libgit2 what ``ssl`` finds. Commands import pygit2 only where they read commits (an
+    idle agent never does, issue 17): without this, a node lacking ca-certificates would run
+    until its first change and fail there; with it, every command stops at once, in one line,
+    as when the command line imported pygit2 up front."""
+    paths = ssl.get_default_verify_paths()
+    return paths.cafile is None and paths.capath is None
 
 
 def ca_bundle_error(exc: BaseException) -> NoCABundle | None:

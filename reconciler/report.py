@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
-
-import pygit2
+from typing import TYPE_CHECKING, Any
 
 from . import faults, notes
 from .errors import RemoteError
 from .ledger import Ledger
 from .model import Report
 from .source import Source
+
+if TYPE_CHECKING:
+    import pygit2
 
 log = logging.getLogger("reconciler.report")
 
@@ -37,15 +38,18 @@ class Reporter:
         self.node = node
         self.ref = notes_ref(node)
         self.tracking = f"refs/reconciler/remote-notes/{node}"
+        self._claim: tuple[str, notes.Claim | None] | None = None  # the claim read at a tip of our ref
 
     def _local(self) -> str | None:
-        try:
-            return str(self.source.repo.references[self.ref].target)
-        except KeyError:
-            return None
+        return self.source.ref_target(self.ref)
+
+    def _signature(self) -> pygit2.Signature:
+        import pygit2  # not at the top: a poll that finds nothing new writes no note (see ``source``)
+
+        return pygit2.Signature(f"reconciler {self.node}", f"{self.node}@reconciler.invalid", int(time.time()), 0)
 
     def write(self, report: Report) -> None:
-        sig = pygit2.Signature(f"reconciler {self.node}", f"{self.node}@reconciler.invalid", int(time.time()), 0)
+        sig = self._signature()
         faults.point("note", report.commit)
         self.source.repo.create_note(
             notes.encode(report), sig, sig, report.commit, self.ref, True,
@@ -54,13 +58,21 @@ class Reporter:
     def write_claim(self, claim: notes.Claim) -> None:
         """This node's disruption-slot register (``budget``): a note in its own ref, on the
         claim object; pushed like its reports."""
-        sig = pygit2.Signature(f"reconciler {self.node}", f"{self.node}@reconciler.invalid", int(time.time()), 0)
+        sig = self._signature()
         faults.point("claim", f"{claim.state} {claim.ticket}")
         self.source.repo.create_note(claim.encode(), sig, sig, notes.CLAIM_OBJECT, self.ref, True)
 
     def claim(self) -> notes.Claim | None:
-        data = self.read(notes.CLAIM_OBJECT)
-        return notes.Claim.parse(self.node, data) if data is not None else None
+        """This node's claim. Every pass asks (``slots.release``), so it is read once per tip
+        of our notes ref: notes are content-addressed, the same tip holds the same claim."""
+        tip = self._local()
+        if tip is None:
+            return None
+        if self._claim is None or self._claim[0] != tip:
+            text = self.source.note(self.ref, notes.CLAIM_OBJECT)
+            data = notes.decode(text) if text is not None else None
+            self._claim = (tip, notes.Claim.parse(self.node, data) if data is not None else None)
+        return self._claim[1]
 
     def read(self, commit: str, ref: str | None = None) -> dict[str, Any] | None:
         try:

@@ -1,7 +1,9 @@
 """The node's mirror of the deployment repo: a cheap ref check, and a fetch only on a move.
 
 Transport is the git CLI through GitPython, so ssh config, credential helpers and protocol v2
-behave as they do for the operator's own git. Objects are read with pygit2 (see ``tree``).
+behave as they do for the operator's own git. Objects are read with pygit2 (see ``tree``), but
+not on a poll that finds nothing new: its two ref reads are files (``refs``) and its check of
+the head is a ``git cat-file``, so an idle agent never loads pygit2 (~19 MB of RSS, issue 17).
 
 A poll is one ``ls-remote --heads`` of the one branch with protocol v2: the client sends
 ``ref-prefix refs/heads/`` so the server lists branches only, and the cost stays flat however
@@ -29,15 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pygit2
-
 from . import faults
 from .errors import CorruptMirror, RemoteError
 from .probe import TipProbe
-from .tree import corrupt
+from .refs import NotPlain, read_ref
 
 if TYPE_CHECKING:
     import git
+    import pygit2
 
 log = logging.getLogger("reconciler.source")
 
@@ -156,19 +157,43 @@ class Source:
         self.path = mirror
         self.env = git_env(ssh_command)
         self.progress = sys.stderr.isatty() if progress is None else progress
+        self._repo: pygit2.Repository | None = None
         if not (mirror / "HEAD").exists():
+            import pygit2
+
             mirror.parent.mkdir(parents=True, exist_ok=True)
             pygit2.init_repository(str(mirror), bare=True)
-        try:
-            self.repo = pygit2.Repository(str(mirror))
-        except pygit2.GitError as exc:
-            # HEAD or config unreadable: start empty; the next poll finds no head and clones.
-            log.warning("mirror %s cannot be opened (%s): replaced by an empty one, re-cloned on the next poll",
-                        mirror, exc)
-            fresh = self._sibling(".new")
-            faults.point("clone", str(fresh))
-            pygit2.init_repository(str(fresh), bare=True)
-            self._swap(fresh)
+        # Opened by git, not pygit2 (see the module's words): HEAD or config unreadable is
+        # found now all the same. What git reads and libgit2 does not is found at the first
+        # use of ``repo``, and handled there the same way.
+        opened = _local_git(self.path, f"--git-dir={os.path.abspath(self.path)}", "rev-parse", "--git-dir")
+        if opened.returncode != 0:
+            self._start_again(git_cause(opened.stderr) or f"git exited with {opened.returncode}")
+
+    @property
+    def repo(self) -> pygit2.Repository:
+        """The mirror through pygit2, opened on first use: a poll that finds nothing new
+        never needs it."""
+        if self._repo is None:
+            import pygit2
+
+            try:
+                self._repo = pygit2.Repository(str(self.path))
+            except pygit2.GitError as exc:
+                self._start_again(exc)
+        assert self._repo is not None
+        return self._repo
+
+    def _start_again(self, cause: object) -> None:
+        """HEAD or config unreadable: start empty; the next poll finds no head and clones."""
+        import pygit2
+
+        log.warning("mirror %s cannot be opened (%s): replaced by an empty one, re-cloned on the next poll",
+                    self.path, cause)
+        fresh = self._sibling(".new")
+        faults.point("clone", str(fresh))
+        pygit2.init_repository(str(fresh), bare=True)
+        self._swap(fresh)
 
     @property
     def ref(self) -> str:
@@ -215,8 +240,30 @@ class Source:
         return self._failed(what, stderr, exc.status)
 
     def local_head(self) -> str | None:
+        return self.ref_target(self.ref)
+
+    def ref_target(self, name: str) -> str | None:
+        """Where the mirror's ref ``name`` points (None: it has none), read from its files when
+        they say it plainly, else by pygit2."""
         try:
-            return str(self.repo.references[self.ref].target)
+            return read_ref(self.path, name)
+        except NotPlain:
+            pass
+        try:
+            return str(self.repo.references[name].target)
+        except KeyError:
+            return None
+
+    def note(self, ref: str, obj: str) -> str | None:
+        """The note ``ref`` holds on ``obj`` (None: none), read by git, not pygit2 (see the
+        module's words); what git cannot read is asked of pygit2, which says what it always said."""
+        proc = _local_git(self.path, "notes", f"--ref={ref}", "show", obj)
+        if proc.returncode == 0:
+            return proc.stdout
+        if proc.returncode == 1 and proc.stderr.startswith("error: no note found for object"):
+            return None
+        try:
+            return str(self.repo.lookup_note(obj, ref).message)
         except KeyError:
             return None
 
@@ -266,6 +313,8 @@ class Source:
         rewind, and is judged by trust like any other head."""
         if local_head is None or self.url == self.write_url or remote_head not in self.repo:
             return False
+        import pygit2
+
         try:
             return bool(self.repo.descendant_of(local_head, remote_head))
         except pygit2.GitError:
@@ -296,7 +345,9 @@ class Source:
             if self.damaged():
                 raise CorruptMirror(f"{exc}; git fsck finds {self.path} damaged") from exc
             raise
-        self.repo = pygit2.Repository(str(self.path))
+        import pygit2
+
+        self._repo = pygit2.Repository(str(self.path))
         head = self.local_head()
         if head is None:
             raise RemoteError(f"fetch from {safe_url(self.url)} brought no {self.ref}")
@@ -336,11 +387,15 @@ class Source:
         reads, so every poll notices a damaged head without waiting for a new commit."""
         if head is None:
             return
-        try:
-            # A fresh handle: the long-lived one caches objects it read before the damage.
-            pygit2.Repository(str(self.path))[head].peel(pygit2.Tree)
-        except (KeyError, pygit2.GitError) as exc:
-            raise corrupt(self.repo, exc) from exc
+        # A git process, not pygit2 (an idle agent does not load it): always a fresh read, of
+        # the whole of both objects, their hashes checked (git's parse_object), as libgit2's
+        # strict verification did. No commit-graph: it could name the tree without reading
+        # the commit; no replace refs: libgit2 did not follow them.
+        proc = _local_git(self.path, "--no-replace-objects", "-c", "core.commitGraph=false",
+                          "cat-file", "-p", f"{head}^{{tree}}")
+        if proc.returncode != 0:
+            cause = git_cause(proc.stderr) or f"git exited with {proc.returncode}"
+            raise CorruptMirror(f"{os.path.abspath(self.path)}: cannot read an object ({cause})")
 
     def damaged(self) -> bool:
         """Does the mirror fail git's connectivity check (every reachable commit and tree
@@ -356,6 +411,8 @@ class Source:
         self._sweep()
         fresh = self._sibling(".new")
         faults.point("clone", str(fresh))
+        import pygit2
+
         pygit2.init_repository(str(fresh), bare=True)
         try:
             self.run("fetch", "--no-tags", self.url, f"+{self.ref}:{self.ref}", what="re-clone from", cwd=fresh)
@@ -376,6 +433,8 @@ class Source:
         """Copy the notes refs from the damaged mirror: a note whose push failed is nowhere
         else. One that cannot be read is left behind; the reporter fetches the node's own from
         the remote when it finds none (``Reporter.recover``)."""
+        import pygit2
+
         try:
             refs = sorted(r for r in self.repo.references if r.startswith(NOTES_PREFIX))
         except pygit2.GitError:
@@ -403,7 +462,9 @@ class Source:
         os.rename(fresh, self.path)
         faults.point("remove", str(aside))
         shutil.rmtree(aside, ignore_errors=True)
-        self.repo = pygit2.Repository(str(self.path))
+        import pygit2
+
+        self._repo = pygit2.Repository(str(self.path))
 
     def _sweep(self) -> None:
         """Remove what a repair killed half-way left: a partial clone, a damaged copy."""
@@ -415,6 +476,7 @@ class Source:
 
 
 def _local_git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """git on local repositories only (no remote, no credentials): its result, never raised."""
+    """git on local repositories only (no remote, no credentials): its result, never raised.
+    C locale: ``git_cause`` and ``note`` read git's English."""
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})

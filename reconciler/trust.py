@@ -38,13 +38,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
-
-import pygit2
+from typing import TYPE_CHECKING, Any
 
 from . import sshsig
 from .errors import ConfigError, ReconcilerError
-from .tree import corrupt, reading
+
+if TYPE_CHECKING:
+    import pygit2
+
+# pygit2 (and ``tree``, which reads through it) is imported where a commit is read, not here:
+# the node's trust root loads when the agent starts, and an idle agent never reads a commit
+# (see ``source``).
 
 TRUST_DIR = "trust"
 BRANCH_TRAILER = "Reconciler-Branch"
@@ -213,6 +217,10 @@ def _committer_email(commit: pygit2.Commit) -> str:
 
 def _commit(repo: pygit2.Repository, commit_id: str) -> pygit2.Commit:
     """A commit a ref or a walk of the mirror named: if it cannot be read, the mirror is damaged."""
+    import pygit2
+
+    from .tree import corrupt
+
     try:
         commit = repo[commit_id]
     except (KeyError, pygit2.GitError) as exc:
@@ -293,6 +301,10 @@ def commits_to_verify(repo: pygit2.Repository, head: str, base: str | None, poli
     head alone: the node has no earlier commit to measure history against."""
     if base is None or policy is Policy.HEAD:
         return [head]
+    import pygit2
+
+    from .tree import reading
+
     flags = pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE
     with reading(repo):
         walker = repo.walk(pygit2.Oid(hex=head), flags)
@@ -305,6 +317,10 @@ def commits_to_verify(repo: pygit2.Repository, head: str, base: str | None, poli
 def is_descendant(repo: pygit2.Repository, head: str, base: str) -> bool:
     if head == base:
         return True
+    import pygit2
+
+    from .tree import reading
+
     if pygit2.Oid(hex=base) not in repo or pygit2.Oid(hex=head) not in repo:
         return False  # the base is not in the mirror: the branch no longer contains it
     # Both ends are here: an object between them that cannot be read is damage, not an answer
@@ -315,6 +331,10 @@ def is_descendant(repo: pygit2.Repository, head: str, base: str) -> bool:
 
 def tree_file(repo: pygit2.Repository, commit_id: str, path: str) -> bytes | None:
     """A file's bytes at a commit, or None."""
+    import pygit2
+
+    from .tree import corrupt, reading
+
     if pygit2.Oid(hex=commit_id) not in repo:
         return None
     commit = _commit(repo, commit_id)
@@ -492,6 +512,8 @@ def verify_range(repo: pygit2.Repository, spec: str, gate: Gate) -> list[Verdict
     """Verdicts for ``REV`` or every commit of ``A..B`` (oldest first), rotating the root and
     honouring seals as a node would, but going on past a bad commit so the whole range is
     reported."""
+    import pygit2
+
     def resolve(rev: str) -> str:
         try:
             return str(repo.revparse_single(rev).peel(pygit2.Commit).id)

@@ -12,9 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-import pygit2
+from typing import TYPE_CHECKING, Any
 
 from . import notes
 from .atomic import atomic_write
@@ -34,6 +32,9 @@ from .trust import (
     tree_file,
     verify_commit,
 )
+
+if TYPE_CHECKING:
+    import pygit2
 
 log = logging.getLogger("reconciler.trust")
 
@@ -120,6 +121,8 @@ class TrustKeeper:
         mark = self.ledger.mark().commit
         if mark:
             return mark
+        import pygit2  # only a state dir with no mark reads notes (see ``source``)
+
         newest: tuple[str, str, dict[str, Any]] | None = None
         try:
             entries = list(self.repo().notes(self.notes_ref))  # type: ignore[call-arg]  # stub lacks ref

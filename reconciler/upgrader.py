@@ -25,8 +25,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pygit2
-
 from . import faults
 from .apply import apply_plan, pull_images
 from .atomic import atomic_write
@@ -73,6 +71,8 @@ from .upgrade import (
 from .windows import closed
 
 if TYPE_CHECKING:
+    import pygit2
+
     from .agent import Agent
     from .drivers.hostaccess import HostAccess
     from .repo import DeploymentRepo, ServiceDef
@@ -681,6 +681,8 @@ def _walk(git: pygit2.Repository, commit: str,
           load: Callable[[str], DeploymentRepo]) -> Iterator[tuple[str, DeploymentRepo]]:
     """The commit's first parent, its first parent, ...: each loaded (a commit that does not
     load ends the walk: no version to compare there, no upgrade)."""
+    import pygit2  # here, not at the top: an idle agent never walks history (see ``source``)
+
     try:
         current = git.revparse_single(commit).peel(pygit2.Commit)
     except (KeyError, ValueError, pygit2.GitError):

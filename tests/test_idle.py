@@ -1,0 +1,71 @@
+"""An idle agent stays light (issue 17): a poll that finds nothing new reads its mirror with
+files and git, never pygit2; the ref reader behind that says what git says, or stands aside."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Deployment, git
+
+from reconciler.agent import Agent
+from reconciler.refs import NotPlain, read_ref
+
+
+def test_refs_read_as_git_reads_them_loose_packed_or_absent(tmp_path: Path) -> None:
+    repo = tmp_path / "r.git"
+    git("init", "-q", "--bare", "-b", "main", str(repo))
+    tree = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # the empty tree: every repository has it
+    one = git("-C", str(repo), "commit-tree", tree, "-m", "one").strip()
+    two = git("-C", str(repo), "commit-tree", tree, "-p", one, "-m", "two").strip()
+    git("-C", str(repo), "update-ref", "refs/heads/main", one)
+    git("-C", str(repo), "update-ref", "refs/notes/reconciler/n1", one)
+    assert read_ref(repo, "refs/heads/main") == one  # loose
+    git("-C", str(repo), "pack-refs", "--all")
+    assert not (repo / "refs/heads/main").exists()
+    assert read_ref(repo, "refs/heads/main") == one  # packed
+    git("-C", str(repo), "update-ref", "refs/heads/main", two)
+    assert read_ref(repo, "refs/heads/main") == two  # loose again, over its stale packed line
+    assert read_ref(repo, "refs/notes/reconciler/n1") == one
+    assert read_ref(repo, "refs/heads/other") is None
+    assert read_ref(repo, "refs/notes/reconciler/n2") is None
+
+
+@pytest.mark.parametrize("content", ["ref: refs/heads/main\n", "not an id\n", ""])
+def test_a_ref_the_files_do_not_say_plainly_is_left_to_pygit2(tmp_path: Path, content: str) -> None:
+    repo = tmp_path / "r.git"
+    git("init", "-q", "--bare", "-b", "main", str(repo))
+    (repo / "refs/heads/odd").write_text(content)
+    with pytest.raises(NotPlain):
+        read_ref(repo, "refs/heads/odd")
+
+
+PASS = """
+import pickle, sys
+from reconciler.agent import Agent
+agent = Agent(pickle.load(open(sys.argv[1], "rb")), progress=False)
+result = agent.reconcile_once()
+print(result.exit_code, result.fetched, result.report is None, "pygit2" in sys.modules)
+"""
+
+
+def test_a_poll_that_finds_nothing_new_never_loads_pygit2(deployment: Deployment, agents: Callable[..., Agent],
+                                                           tmp_path: Path) -> None:
+    node = agents("cmp1", deployment.url)
+    assert node.reconcile_once().exit_code == 0
+    node.close()
+    cfg = tmp_path / "cfg.pickle"
+    cfg.write_bytes(pickle.dumps(node.cfg))
+    # A fresh interpreter (this one loaded pygit2 long ago) that starts converged, as a
+    # restarted daemon does: its pass finds nothing new.
+    done = subprocess.run([sys.executable, "-c", PASS, str(cfg)], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0", "False", "True", "False"], done.stderr
+    # A new commit is fetched, verified and applied: then pygit2 is loaded, as it must be.
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    deployment.commit("kvm")
+    done = subprocess.run([sys.executable, "-c", PASS, str(cfg)], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0", "True", "False", "True"], done.stderr
