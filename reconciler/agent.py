@@ -351,7 +351,7 @@ class Agent:
             # The batch before first, every poll; all of them when it is done. A cutover (``off``)
             # reads all at once: it is rare, and its wait is said before the waves'.
             if len(near) < len(watched) and not off:
-                said = early(rollout, self.cfg.node, commit, self.fleet_view((*near, *off)))
+                said = early(rollout, self.cfg.node, commit, self.fleet_view(near))
                 if said is not None:
                     return said
             fleet = self.fleet_view((*watched, *off))
