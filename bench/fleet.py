@@ -67,6 +67,14 @@ def signed_repo(root: Path, files: dict[str, str]) -> tuple[Path, list[str]]:
     return work, sign
 
 
+def commit_change(work: Path, files: dict[str, str], sign: list[str]) -> str:
+    """The change every bench rolls out (the inventory's ``v: 0`` to ``v: 1``), signed, not yet
+    pushed; its id."""
+    (work / "inventory.yaml").write_text(files["inventory.yaml"].replace("v: 0", "v: 1"))
+    git(*sign, "c1", cwd=work)
+    return git("rev-parse", "HEAD", cwd=work).strip()
+
+
 def serve(root: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     """A `git daemon` on loopback serving root/srv/cloud.git, with work's main pushed to it."""
     srv = root / "srv"
@@ -96,9 +104,7 @@ def run(n: int, interval: float, jitter: bool, workers: int) -> tuple[float, flo
                   for m in names]
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(lambda a: a.reconcile_once(), agents))  # everyone on c0
-            (work / "inventory.yaml").write_text(files["inventory.yaml"].replace("v: 0", "v: 1"))
-            git(*sign, "c1", cwd=work)
-            head = git("rev-parse", "HEAD", cwd=work).strip()
+            head = commit_change(work, files, sign)
             cpu0 = cpu_seconds(daemon.pid)
             git("push", "-q", url, "main", cwd=work)
             t0 = time.monotonic()

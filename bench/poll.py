@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fleet import free_port
+
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
@@ -122,7 +124,7 @@ def bench(refs: int, runs: int) -> dict[str, float]:
             tips.parent.mkdir()
             subprocess.run([str(HOOK)], cwd=bare, env={**ENV, "RECONCILER_TIPS": str(tips)}, check=True,
                            stdin=subprocess.DEVNULL)
-            web = Nginx(root / "www", root / "nginx", _free_port())
+            web = Nginx(root / "www", root / "nginx", free_port())
             if not web.available:
                 raise SystemExit(f"nginx is needed for the probe figure ({web.binary}): apt-get install nginx-light")
             web.start()
@@ -147,14 +149,6 @@ def bench(refs: int, runs: int) -> dict[str, float]:
             driver = ProcessDriver(state / "services", "bench1")
             for o in driver.observe():
                 driver.remove(o.name)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 HEAVY = ("docker", "rich", "jsonschema", "jinja2", "pygit2", "cryptography", "yaml", "apscheduler",

@@ -17,7 +17,7 @@ For N nodes (each with its notes ref on the server, one note per node on the hea
   request as the agent makes it (the agent's own ``read_tips``);
 
 the server's CPU (the daemon and the upload-pack/receive-pack it forks, or nginx and its worker,
-from getrusage of its children once it is stopped) and the bytes sent. Then, from those figures,
+from getrusage of its children once it is stopped). Then, from those figures,
 the server's load for N nodes polling every 10 s (with a probe: a probe per poll and a git check
 every 300 s), and one rollout of 10 waves of N/10: every node pushes its notes; a waiting node
 reads the batch before it once per poll, and every node before it once, when that batch is done
@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from fleet import free_port
 
 from reconciler.probe import read_tips
 
@@ -81,9 +83,7 @@ def make_server(root: Path, nodes: int) -> Path:
 
 class Daemon:
     def __init__(self, base: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.proc = subprocess.Popen(
             ["git", "daemon", "--reuseaddr", f"--base-path={base}", "--export-all", "--enable=receive-pack",
              f"--port={self.port}", "--listen=127.0.0.1", str(base)], stdout=subprocess.DEVNULL,
@@ -100,26 +100,29 @@ class Daemon:
         self.proc.wait()
 
 
-def server_cpu(base: Path, requests: list[list[str]], cwd: Path) -> tuple[float, int]:
-    """Seconds of server CPU (user + system) for ``requests``, and bytes the clients received."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    daemon = Daemon(base)
-    received = 0
-    # The clients' own CPU is ours too: measure it apart and take it off.
+def run_clients(requests: list[list[str]], cwd: Path | None = None, expect: str = "") -> float:
+    """Run the git clients one after the other; their own CPU, which getrusage counts with the
+    server's (both are our children), to be taken off it. Each must succeed (and print ``expect``)."""
     clients = 0.0
     for argv in requests:
-        argv = [a.replace("PORT", str(daemon.port)) for a in argv]
         c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True)
         c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if p.returncode != 0:
+        if p.returncode != 0 or expect not in p.stdout.decode():
             raise SystemExit(f"{' '.join(argv)}: {p.stderr.decode()[-300:]}")
-        received += len(p.stdout) + len(p.stderr)
         clients += (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+    return clients
+
+
+def server_cpu(base: Path, requests: list[list[str]], cwd: Path) -> float:
+    """Seconds of server CPU (user + system) for ``requests``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    daemon = Daemon(base)
+    clients = run_clients([[a.replace("PORT", str(daemon.port)) for a in argv] for argv in requests], cwd)
     daemon.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return max(0.0, total - clients), received
+    return max(0.0, total - clients)
 
 
 def probe_cpu(root: Path, bare: Path, count: int) -> tuple[float, int]:
@@ -128,9 +131,7 @@ def probe_cpu(root: Path, bare: Path, count: int) -> tuple[float, int]:
     tips.parent.mkdir(parents=True)
     subprocess.run([str(HOOK)], cwd=bare, env={**ENV, "RECONCILER_TIPS": str(tips)}, check=True,
                    stdin=subprocess.DEVNULL)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = Nginx(root / "www", root / "nginx", port)
     if not server.available:
         raise SystemExit(f"nginx is needed for the probe figures ({server.binary}): apt-get install nginx-light")
@@ -147,7 +148,7 @@ def probe_cpu(root: Path, bare: Path, count: int) -> tuple[float, int]:
 
 def http_poll_cpu(root: Path, count: int) -> float | None:
     """Seconds of server CPU (nginx, fcgiwrap, http-backend, upload-pack) for ``count`` no-op
-    polls over smart HTTP; None without fcgiwrap."""
+    polls over smart HTTP; None without fcgiwrap or a cpuacct cgroup we may make."""
     fcgiwrap = "/usr/sbin/fcgiwrap"
     if not os.access(fcgiwrap, os.X_OK):
         return None
@@ -166,9 +167,7 @@ def http_poll_cpu(root: Path, count: int) -> float | None:
             fastcgi_split_path_info ^(/git)(/.*)$;
             fastcgi_param PATH_INFO $fastcgi_path_info;
         }}"""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     # fcgiwrap does not wait for the CGIs it runs, so getrusage misses them: a cpuacct cgroup
     # (v1, as here) holds fcgiwrap from before its exec, and every process it starts with it.
@@ -192,14 +191,8 @@ def http_poll_cpu(root: Path, count: int) -> float | None:
             time.sleep(0.05)
         server.start()
         url = server.url("git/cloud.git")
-        for _ in range(count):
-            c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            p = subprocess.run(["git", "-c", "protocol.version=2", "ls-remote", "--heads", url, "refs/heads/main"],
-                               env=ENV, capture_output=True)
-            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if p.returncode != 0 or "refs/heads/main" not in p.stdout.decode():
-                raise SystemExit(f"smart HTTP poll failed: {p.stderr.decode()[-300:]}")
-            clients += (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+        poll = ["git", "-c", "protocol.version=2", "ls-remote", "--heads", url, "refs/heads/main"]
+        clients = run_clients([poll] * count, expect="refs/heads/main")
     finally:
         server.stop()
         # nginx, waited for, is in getrusage now; fcgiwrap and its CGIs only in the cgroup
@@ -241,9 +234,8 @@ def measure(nodes: int, count: int) -> dict[str, float]:
             git("update-ref", f"{ref}-new{i}", commit, cwd=client)
         out: dict[str, float] = {}
         for name, reqs in (("poll", poll), ("wait-10", wait_10), ("wait-batch", wait_batch), ("wait-all", wait_all), ("push", pushes)):
-            cpu, received = server_cpu(root, reqs, client)
+            cpu = server_cpu(root, reqs, client)
             out[f"{name} ms"] = 1000 * cpu / len(reqs)
-            out[f"{name} bytes"] = received / len(reqs)
         probes = 20 * count  # a probe costs so little that fewer would measure the clock's grain
         cpu, size = probe_cpu(root, bare, probes)
         out["probe ms"], out["probe bytes"] = 1000 * cpu / probes, size
@@ -268,7 +260,7 @@ def main() -> None:
         r = rows[n]
         print(f"N={n:>6}: poll {r['poll ms']:.2f} ms | wait-10 {r['wait-10 ms']:.2f} ms | "
               f"wait-batch {r['wait-batch ms']:.2f} ms | "
-              f"wait-all {r['wait-all ms']:.1f} ms ({r['wait-all bytes'] / 1024:.0f} KiB) | "
+              f"wait-all {r['wait-all ms']:.1f} ms | "
               f"push {r['push ms']:.2f} ms | smart-HTTP poll {r['http poll ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
               f"   [{time.monotonic() - t0:.0f} s]", flush=True)
     for n, r in rows.items():

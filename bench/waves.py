@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fleet import cpu_seconds, git, serve, signed_repo
+from fleet import commit_change, cpu_seconds, git, serve, signed_repo
 
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
@@ -63,9 +63,7 @@ def main() -> None:
             for w in waves[1:]:
                 for m in w:
                     agents[m].reconcile_once()
-            (work / "inventory.yaml").write_text(files["inventory.yaml"].replace("v: 0", "v: 1"))
-            git(*sign, "c1", cwd=work)
-            head = git("rev-parse", "HEAD", cwd=work).strip()
+            head = commit_change(work, files, sign)
             cpu0 = cpu_seconds(daemon.pid)
             git("push", "-q", url, "main", cwd=work)
             t0 = time.monotonic()

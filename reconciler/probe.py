@@ -44,8 +44,7 @@ def read_tips(url: str, timeout: float = TIMEOUT) -> dict[str, str]:
     if parts.username is not None:
         user = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    conn = conn_type(host, parts.port, timeout=timeout)
+    conn = conn_type(parts.hostname, parts.port, timeout=timeout)
     try:
         conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers)
         resp = conn.getresponse()

@@ -18,6 +18,7 @@ import yaml
 from conftest import Deployment, free_port, git
 from needs import unavailable
 from nginx import Nginx
+from test_faults import FakeClock
 from test_remotes import Daemon, identity_workers, live
 
 from reconciler.agent import Agent
@@ -57,14 +58,6 @@ def daemon(deployment: Deployment) -> Iterator[Daemon]:
         server.stop()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_poll_that_finds_its_own_head_in_the_tips_file_asks_git_nothing(
     deployment: Deployment, agents: Callable[..., Agent], web: Nginx, daemon: Daemon
 ) -> None:
@@ -98,7 +91,7 @@ def test_a_stale_probe_hides_a_commit_no_longer_than_check_every_and_is_doubted_
 ) -> None:
     c0 = git("rev-parse", "HEAD", cwd=deployment.work)
     subprocess_hook(deployment)
-    clock = Clock()
+    clock = FakeClock()
     url = daemon.url("cloud.git")
     source = Source(url, "main", tmp_path / "mirror.git",
                     probes={url: TipProbe(web.url(TIPS), 60.0, "tips", clock)}, progress=False)
@@ -130,7 +123,7 @@ def test_a_probe_that_fails_or_says_nonsense_sends_the_poll_to_git(
     head = git("rev-parse", "HEAD", cwd=deployment.work)
     subprocess_hook(deployment)
     url = daemon.url("cloud.git")
-    clock = Clock()
+    clock = FakeClock()
     probe = TipProbe(web.url(TIPS), 60.0, "tips", clock)
     source = Source(url, "main", tmp_path / "mirror.git", probes={url: probe}, progress=False)
     assert source.update() == (head, True)
@@ -177,7 +170,7 @@ def test_a_probe_over_https_is_believed_only_behind_a_certificate_the_node_trust
     try:
         head = git("rev-parse", "HEAD", cwd=deployment.work)
         url = daemon.url("cloud.git")
-        probe = TipProbe(server.url("cloud"), 60.0, "tips", Clock())
+        probe = TipProbe(server.url("cloud"), 60.0, "tips", FakeClock())
         source = Source(url, "main", tmp_path / "mirror.git", probes={url: probe}, progress=False)
         assert source.update() == (head, True)
         caplog.set_level(logging.WARNING, "reconciler.probe")
