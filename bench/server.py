@@ -6,9 +6,11 @@ For N nodes (each with its notes ref on the server, one note per node on the hea
 - ``poll``: the no-op poll (``ls-remote --heads`` of the branch, protocol v2 ``ref-prefix``);
 - ``wait-all``: a waiting node reading every node's notes (``refs/notes/reconciler/*``), as the
   agent did before it read only the batches before it;
+- ``wait-1``: a node reading one node's notes (its sentinel, ``rollout.sentinel``: what a
+  waiting node reads while the batch before it has not begun);
 - ``wait-10``: a node reading the notes of 10 predecessors (one glob refspec each);
 - ``wait-batch``: a node reading the batch before it, N/10 nodes (what a waiting node reads
-  every poll in a plan of 10 waves: ``Rollout.frontier``);
+  each poll in a plan of 10 waves once that batch has begun: ``Rollout.frontier``);
 - ``push``: a node pushing its own new note (one ref);
 - ``http poll``: the no-op poll over smart HTTP (nginx, fcgiwrap, ``git http-backend``), when
   fcgiwrap is installed;
@@ -20,9 +22,11 @@ the server's CPU (the daemon and the upload-pack/receive-pack it forks, or nginx
 from getrusage of its children once it is stopped). Then, from those figures,
 the server's load for N nodes polling every 10 s (with a probe: a probe per poll and a git check
 every 300 s), and one rollout of 10 waves of N/10: every node pushes its notes; a waiting node
-reads the batch before it once per poll, and every node before it once, when that batch is done
-(before: every node before it, every poll); and the time from merge to the last note this
-leaves on a server of C cores.
+reads its sentinel once per poll while the batch before it has not begun, that batch once per
+poll when it has (and whole every 300 s), and every node before it once, when that batch is
+done; against reading the batch before on every poll (the last release) and every node
+before on every poll (the one before); and the time from merge to the last note this leaves
+on a server of C cores.
 
 Usage: .venv/bin/python bench/server.py [--nodes 1000 10000] [--requests 200]
 """
@@ -42,6 +46,7 @@ from pathlib import Path
 from fleet import free_port
 
 from reconciler.probe import read_tips
+from reconciler.rollout import WHOLE_READ_EVERY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from nginx import Nginx  # noqa: E402  (the tests' own nginx, so the bench serves what they check)
@@ -216,6 +221,8 @@ def measure(nodes: int, count: int) -> dict[str, float]:
         poll = [v2 + ["ls-remote", "--heads", url, "refs/heads/main"]] * count
         wait_all = [v2 + ["fetch", "-q", "--no-tags", "--prune", url,
                           "+refs/notes/reconciler/*:refs/reconciler/fleet/*"]] * max(5, count // 10)
+        one = [v2 + ["fetch", "-q", "--no-tags", "--prune", url,
+                     f"+refs/notes/reconciler/n{nodes - 1:05d}*:refs/reconciler/fleet/n{nodes - 1:05d}*"]] * count
         ten = [f"+refs/notes/reconciler/n{n:05d}*:refs/reconciler/fleet/n{n:05d}*" for n in range(10)]
         wait_10 = [v2 + ["fetch", "-q", "--no-tags", "--prune", url, *ten]] * count
         batch = [f"+refs/notes/reconciler/n{n:05d}*:refs/reconciler/fleet/n{n:05d}*"
@@ -233,7 +240,7 @@ def measure(nodes: int, count: int) -> dict[str, float]:
             commit = git("commit-tree", tree, "-p", f"{ref}-base{i}", "-m", "note", cwd=client).strip()
             git("update-ref", f"{ref}-new{i}", commit, cwd=client)
         out: dict[str, float] = {}
-        for name, reqs in (("poll", poll), ("wait-10", wait_10), ("wait-batch", wait_batch), ("wait-all", wait_all), ("push", pushes)):
+        for name, reqs in (("poll", poll), ("wait-1", one), ("wait-10", wait_10), ("wait-batch", wait_batch), ("wait-all", wait_all), ("push", pushes)):
             cpu = server_cpu(root, reqs, client)
             out[f"{name} ms"] = 1000 * cpu / len(reqs)
         probes = 20 * count  # a probe costs so little that fewer would measure the clock's grain
@@ -258,7 +265,7 @@ def main() -> None:
         t0 = time.monotonic()
         rows[n] = measure(n, args.requests)
         r = rows[n]
-        print(f"N={n:>6}: poll {r['poll ms']:.2f} ms | wait-10 {r['wait-10 ms']:.2f} ms | "
+        print(f"N={n:>6}: poll {r['poll ms']:.2f} ms | wait-1 {r['wait-1 ms']:.2f} ms | wait-10 {r['wait-10 ms']:.2f} ms | "
               f"wait-batch {r['wait-batch ms']:.2f} ms | "
               f"wait-all {r['wait-all ms']:.1f} ms | "
               f"push {r['push ms']:.2f} ms | smart-HTTP poll {r['http poll ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
@@ -267,52 +274,61 @@ def main() -> None:
         polls_per_s = n / 10  # every node polls every 10 s
         cores = polls_per_s * r["poll ms"] / 1000
         probed = (polls_per_s * r["probe ms"] + n / CHECK_EVERY * r["poll ms"]) / 1000
-        # one rollout of 10 waves of N/10: each node pushes ~3 notes (waiting, applied, and one more);
-        # wave j's nodes wait j - 1 polls, each reading the batch before (or, before, every node
-        # before them: (j - 1) N / 10 refs), then read every node before them once
-        waits_new = sum((j - 1) * (n / 10) * r["wait-batch ms"] + (n / 10) * _read_ms(r, n, (j - 1) * n / 10)
-                        for j in range(2, 11)) / 1000
-        waits_old = sum(j * (n / 10) * _read_ms(r, n, (j - 1) * n / 10) for j in range(2, 11)) / 1000
+        # One rollout of 10 waves of N/10: each node pushes ~3 notes (waiting, applied, and one
+        # more); wave j's nodes wait j - 1 polls, then read every node before them once.
         pushes = 3 * n * r["push ms"] / 1000
+        waits = {how: pushes + sum((n / 10) * (sum(_waiting_ms(r, n, how, j, k) for k in range(1, j))
+                                               + _read_ms(r, n, (j - 1) * n / 10)) for j in range(2, 11)) / 1000
+                 for how in READS}
         http = polls_per_s * r["http poll ms"] / 1000
         print(f"N={n:>6}: idle polling every 10 s: {cores:.3f} of a core with git daemon ({http:.3f} over smart "
-              f"HTTP), {probed:.3f} with the probe "
-              f"({cores / max(probed, 1e-9):.0f}x less); one rollout of 10 waves: "
-              f"{pushes + waits_new:.0f} CPU-s ({pushes:.0f} of them pushes) reading the batch before "
-              f"({pushes + waits_old:.0f} CPU-s reading every node before, every poll: "
-              f"{(pushes + waits_old) / max(pushes + waits_new, 1e-9):.1f}x)")
+              f"HTTP), {probed:.3f} with the probe ({cores / max(probed, 1e-9):.0f}x less); one rollout of 10 "
+              f"waves: {waits['sentinel']:.0f} CPU-s ({pushes:.0f} of them pushes) with sentinels, "
+              f"{waits['batch']:.0f} reading the batch before every poll, {waits['every']:.0f} reading every "
+              f"node before every poll ({waits['every'] / max(waits['sentinel'], 1e-9):.1f}x)")
     print(f"merge to last note, 10 waves, 10 s polls, {args.apply_s:g} s applies (bound without a busy server: "
           f"{10 * (10 + args.apply_s):.0f} s), on a server of C cores:")
     for n, r in rows.items():
         cells = []
         for cores in args.cores:
-            old = rollout_s(n, r, cores, args.apply_s, r["poll ms"], frontier=False)
-            git_s = rollout_s(n, r, cores, args.apply_s, r["poll ms"])
-            probe_s = rollout_s(n, r, cores, args.apply_s, r["probe ms"] + 10 / CHECK_EVERY * r["poll ms"])
-            cells.append(f"C={cores}: {_secs(probe_s)} with the probe, {_secs(git_s)} polling git "
-                         f"({_secs(old)} reading every node before, every poll)")
+            probe_ms = r["probe ms"] + 10 / CHECK_EVERY * r["poll ms"]
+            took = {how: rollout_s(n, r, cores, args.apply_s, probe_ms, reads=how) for how in READS}
+            cells.append(f"C={cores}: {_secs(took['sentinel'])} with the probe and sentinels "
+                         f"({_secs(rollout_s(n, r, cores, args.apply_s, r['poll ms']))} polling git; "
+                         f"{_secs(took['batch'])} reading the batch before, {_secs(took['every'])} every node "
+                         f"before, every poll)")
         print(f"N={n:>6}: " + " | ".join(cells))
     sys.stdout.flush()
 
 
+# What a waiting node reads on each poll: its sentinel while the batch before has not begun,
+# then that batch (now); that batch on every poll (the last release); every node before it.
+READS = ("sentinel", "batch", "every")
+
+
+def _waiting_ms(r: dict[str, float], n: int, how: str, j: int, k: int, interval: float = 10.0) -> float:
+    """One poll of a node of wave ``j`` waiting while wave ``k`` applies (10 waves of N/10)."""
+    if how == "every":
+        return _read_ms(r, n, (j - 1) * n / 10)
+    if how == "batch" or k == j - 1:
+        return r["wait-batch ms"]
+    return r["wait-1 ms"] + r["wait-batch ms"] * interval / WHOLE_READ_EVERY  # and whole now and then
+
+
 def rollout_s(n: int, r: dict[str, float], cores: int, apply_s: float, poll_ms: float,
-              waves: int = 10, interval: float = 10.0, frontier: bool = True) -> float:
+              waves: int = 10, interval: float = 10.0, reads: str = "sentinel") -> float:
     """Seconds from merge to the last node's note: each wave notices its predecessors within a
     poll, applies, and pushes (3 notes a node, as above), and reads every node before it once,
-    while every node keeps polling and the waiting ones read the batch before theirs once a poll
-    (``frontier``; else every node before them). A wave takes interval + apply, or longer when
-    that work needs more than the server's cores in that time (inf: it never catches up). Reads
-    may go to read mirrors: C is then their cores and the primary's together."""
+    while every node keeps polling and the waiting ones read as ``reads`` says once a poll. A
+    wave takes interval + apply, or longer when that work needs more than the server's cores
+    in that time (inf: it never catches up). Reads may go to read mirrors: C is then their
+    cores and the primary's together."""
     total = 0.0
     per_wave = n / waves
     for k in range(1, waves + 1):
-        waiting = range(k + 1, waves + 1)  # the waves still waiting while wave k goes
-        if frontier:
-            reads = len(waiting) * per_wave * r["wait-batch ms"]
-        else:
-            reads = sum(_read_ms(r, n, (j - 1) * per_wave) for j in waiting) * per_wave
-        rate = (n * poll_ms + reads) / 1000 / interval  # CPU-s per second
-        work = per_wave * (3 * r["push ms"] + (_read_ms(r, n, (k - 1) * per_wave) if frontier else 0)) / 1000
+        waiting = sum(_waiting_ms(r, n, reads, j, k, interval) for j in range(k + 1, waves + 1)) * per_wave
+        rate = (n * poll_ms + waiting) / 1000 / interval  # CPU-s per second
+        work = per_wave * (3 * r["push ms"] + (_read_ms(r, n, (k - 1) * per_wave) if reads != "every" else 0)) / 1000
         if rate >= cores:
             return float("inf")
         total += max(interval + apply_s, work / (cores - rate))

@@ -34,7 +34,7 @@ from .trustmark import TrustKeeper
 if TYPE_CHECKING:
     from .apply import Pulled
     from .repo import DeploymentRepo
-    from .rollout import FleetView
+    from .rollout import FleetView, Quiet
     from .rollout import Verdict as RolloutVerdict
     from .trust import Decision, Gate
 
@@ -70,6 +70,7 @@ class Agent:
     redact: Redactor = field(init=False, default=NO_SECRETS)
     _said: dict[Hashable, None] = field(init=False, default_factory=dict)
     pulled_ahead: set[str] = field(init=False, default_factory=set)  # commits whose images a wait pulled
+    _quiet: Quiet | None = field(init=False, default=None)  # a waiting node's still batch before (``rollout``)
 
     def __post_init__(self) -> None:
         self.state = State(self.cfg.state_dir)
@@ -334,8 +335,8 @@ class Agent:
         the VIP networks after the commit it settled last (a node joining them waits for the
         nodes that leave them: see ``controlplane``)."""
         from .model import Verdict
+        from .rollout import WHOLE_READ_EVERY, Quiet, begun, decide, early, plan_rollout, sentinel
         from .rollout import Verdict as Go
-        from .rollout import decide, early, plan_rollout
 
         rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
         off = repo.planes.off(self.cfg.node) if repo.planes.attaches(self.cfg.node, before) else ()
@@ -346,12 +347,22 @@ class Agent:
             return Go(True, reason="already started")  # started it: finish it whatever others do
         if fleet is None and barriers:
             fleet = self.fleet_view()
-        if fleet is None:  # waves alone: the batches before it and its own (and who leaves the VIPs first)
+        if fleet is None:  # waves alone: the batch before it (and who leaves the VIPs first)
             watched, near = rollout.watched(self.cfg.node), rollout.frontier(self.cfg.node)
-            # The batch before first, every poll; all of them when it is done. A cutover (``off``)
-            # reads all at once: it is rare, and its wait is said before the waves'.
+            # The batch before first, every poll (its sentinel alone while it has not begun); all
+            # of them when it is done. A cutover (``off``) reads all at once: it is rare, and its
+            # wait is said before the waves'.
             if len(near) < len(watched) and not off:
-                said = early(rollout, self.cfg.node, commit, self.fleet_view(near))
+                now = self.clock().timestamp()
+                quiet = self._quiet
+                if (quiet is not None and quiet.commit == commit and now - quiet.since < WHOLE_READ_EVERY
+                        and not begun(self.fleet_view((quiet.sentinel,)), quiet.sentinel, commit)):
+                    return quiet.verdict
+                view = self.fleet_view(near)
+                said = early(rollout, self.cfg.node, commit, view)
+                self._quiet = None
+                if said is not None and not said.halted and (s := sentinel(rollout, self.cfg.node, commit, view)):
+                    self._quiet = Quiet(commit, s, now, said)
                 if said is not None:
                     return said
             fleet = self.fleet_view((*watched, *off))

@@ -14,6 +14,7 @@ every node that has not started C (``halt_on_failure``, default true).
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,7 +23,8 @@ from typing import Any
 
 from .notes import Claim, Note
 
-__all__ = ["FleetView", "Note", "Rollout", "Verdict", "Wave", "decide", "plan_rollout"]
+__all__ = ["FleetView", "Note", "Quiet", "Rollout", "Verdict", "Wave", "begun", "decide", "early", "plan_rollout",
+           "sentinel"]
 
 APPLIED_STATES = ("applied",)
 FAILED_STATES = ("failed",)
@@ -64,16 +66,18 @@ class Rollout:
         return tuple(n for _, members in self.batches()[:mine + 1] for n in members if n != node)
 
     def frontier(self, node: str) -> tuple[str, ...]:
-        """What a waiting node reads on every poll: the batch just before its own, and its own
-        batch's peers. The batches further back are read once that batch has all applied, just
-        before the node goes (``early``): each node of it went only after such a read itself. So
-        a waiting node reads about N / batches refs a poll, not every node before it, and a
-        rollout no longer costs the server N x N reads."""
+        """What a waiting node reads on a poll: the batch just before its own. The batches
+        further back, and its own batch's peers, are read once that batch has all applied, just
+        before the node goes (``early``, then ``decide``): each node before went only after such
+        a read itself, and a peer can only have begun (and failed) once that batch was done. So a
+        waiting node reads N / batches refs a poll, not every node before it, and a rollout no
+        longer costs the server N x N reads; ``sentinel`` cuts that to one ref while the batch
+        before has not begun."""
         try:
             mine = self.position(node)
         except KeyError:
             return ()
-        return tuple(n for _, members in self.batches()[max(0, mine - 1):mine + 1] for n in members if n != node)
+        return self.batches()[mine - 1][1] if mine > 0 else ()
 
     def position(self, node: str) -> int:
         for i, (_, members) in enumerate(self.batches()):
@@ -214,13 +218,48 @@ def early(rollout: Rollout, node: str, commit: str, fleet: FleetView) -> Verdict
                 return _halted(note, commit)
             if note is not None and note.state in HALTED_STATES:
                 return Verdict(False, halted=True, reason=note.error or f"halted: {n} halted {commit[:12]}")
-    mine = rollout.position(node) if near else 0
-    before = rollout.batches()[mine - 1][1] if mine > 0 else ()
-    waiting = tuple(n for n in before if fleet.reached(n, commit) is None)
+    waiting = tuple(n for n in near if fleet.reached(n, commit) is None)
     if not waiting:
         return None
     shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
     return Verdict(False, reason=f"waiting for {shown}", waiting_for=waiting)
+
+
+# A waiting node reads its whole frontier at least this often, however still its sentinel.
+WHOLE_READ_EVERY = 300.0
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """A waiting node's last read of its whole frontier (at ``since``) found the batch before
+    not begun: it reads ``sentinel`` alone, and says ``verdict`` again, until the sentinel
+    moves or ``WHOLE_READ_EVERY`` has passed."""
+
+    commit: str
+    sentinel: str
+    since: float
+    verdict: Verdict
+
+
+def begun(fleet: FleetView, node: str, commit: str) -> bool:
+    """The node has noted something of ``commit`` (applied, failed, halted, at a barrier), or
+    applied a later commit."""
+    return fleet.note(node, commit) is not None or fleet.reached(node, commit) is not None
+
+
+def sentinel(rollout: Rollout, node: str, commit: str, fleet: FleetView) -> str | None:
+    """The one node of the batch before that ``node`` reads alone on its next polls, after a
+    read of its whole frontier found no node of that batch begun; None once one has. That batch
+    goes when the batch before it is done, each of its nodes within a poll of the others, so
+    its first move is soon the sentinel's too: then the whole batch is read again, in the same
+    poll. What the sentinel cannot show, a node of that batch that begins long before it and
+    fails, is seen when it moves or at the next whole read (``WHOLE_READ_EVERY``); a go is never
+    early, as it needs the sentinel's applied note too. Waiting nodes pick different sentinels
+    (a hash of their names), so no one ref takes every read."""
+    near = rollout.frontier(node)
+    if not near or any(begun(fleet, n, commit) for n in near):
+        return None
+    return near[zlib.crc32(node.encode()) % len(near)]
 
 
 def _ts(text: str) -> float:

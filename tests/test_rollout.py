@@ -10,12 +10,14 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from conftest import NODES, Deployment, SigningKey, age_args, git
 
 from reconciler.agent import Agent
+from reconciler.rollout import WHOLE_READ_EVERY
 
 ROLLOUT = """\
 rollout:
@@ -24,6 +26,24 @@ rollout:
     - {name: controllers, group: controllers, batch: 1}
     - {name: computes, nodes: ["cmp*"], batch: "100%"}
 """
+
+
+class Clock:
+    """The agents' clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def forget_notes(agent: Agent) -> None:
+    """Drop the other nodes' notes ``agent`` has fetched, to see what its next poll reads."""
+    from reconciler.fleetview import FLEET_PREFIX
+
+    for ref in read_notes_of(agent):
+        git("update-ref", "-d", f"{FLEET_PREFIX}{ref}", cwd=agent.source.path)
 
 
 def read_notes_of(agent: Agent) -> set[str]:
@@ -115,6 +135,59 @@ def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls
         result = fleet[node].reconcile_once()
         assert result.exit_code == 0, (node, result.report, result.waiting)
     assert all(note(n, fix) == "applied" for n in NODES)
+
+
+def test_a_node_waiting_on_a_batch_that_has_not_begun_reads_one_node_of_it(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    clock = Clock()
+    fleet = {n: agents(n, deployment.url, clock=clock) for n in ("ctl1", "ctl2", "ctl3", "cmp1")}
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + """\
+rollout:
+  waves:
+    - {name: canary, nodes: [ctl1]}
+    - {name: controllers, nodes: [ctl2, ctl3]}
+    - {name: computes, nodes: ["cmp*"]}
+""")
+    deployment.commit("roll out in waves")
+    for node in ("ctl1", "ctl2", "ctl3", "cmp1"):
+        assert fleet[node].reconcile_once().exit_code == 0, node
+    cmp1 = fleet["cmp1"]
+
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 1200")
+    deployment.commit("shorter tokens")
+    # A whole read of the batch before: neither controller has begun. Then only cmp1's
+    # sentinel (ctl2, by a hash of its name) on each poll, however long the canary takes.
+    assert cmp1.reconcile_once().waiting == "waiting for ctl2, ctl3"
+    forget_notes(cmp1)
+    assert cmp1.reconcile_once().waiting == "waiting for ctl2, ctl3"
+    assert read_notes_of(cmp1) == {"ctl2"}
+    assert fleet["ctl1"].reconcile_once().exit_code == 0
+    assert fleet["ctl3"].reconcile_once().exit_code == 0
+    forget_notes(cmp1)
+    # ctl3 applied, but the sentinel has not moved: the last whole read's words, one ref read.
+    assert cmp1.reconcile_once().waiting == "waiting for ctl2, ctl3"
+    assert read_notes_of(cmp1) == {"ctl2"}
+    # The sentinel moves: the whole batch is read, then every node before, and cmp1 goes, in one poll.
+    assert fleet["ctl2"].reconcile_once().exit_code == 0
+    went = cmp1.reconcile_once()
+    assert went.exit_code == 0 and went.report is not None and went.report.state == "applied", went.waiting
+    assert read_notes_of(cmp1) == {"ctl1", "ctl2", "ctl3"}
+
+    # A commit that fails on ctl3 alone, while ctl2 (cmp1's sentinel) has not begun it: cmp1
+    # does not go (it needs ctl2's note too), and says ctl3 failed at its next whole read.
+    deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",
+                    "port = {{ 'five-thousand' if node == 'ctl3' else port_base + ports.identity }}")
+    bad = deployment.commit("identity: a broken port on ctl3")
+    assert cmp1.reconcile_once().waiting == "waiting for ctl2, ctl3"
+    assert fleet["ctl1"].reconcile_once().exit_code == 0
+    failed = fleet["ctl3"].reconcile_once()
+    assert failed.report is not None and failed.report.state == "failed"
+    assert cmp1.reconcile_once().waiting == "waiting for ctl2, ctl3"
+    clock.now += timedelta(seconds=WHOLE_READ_EVERY)
+    halted = cmp1.reconcile_once()
+    assert halted.report is not None and halted.report.state == "halted"
+    assert halted.report.error.startswith(f"halted: ctl3 failed {bad[:12]} (identity)")
 
 
 def test_manual_rollback_with_the_remote_down_pins_until_the_branch_moves(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.rollout import FleetView, Note, decide, early, plan_rollout
+from reconciler.rollout import FleetView, Note, begun, decide, early, plan_rollout, sentinel
 
 NODES = [f"cmp{i}" for i in range(1, 9)] + ["ctl1", "ctl2", "ctl3"]
 GROUPS = {"controllers": ["ctl1", "ctl2", "ctl3"], "computes": [f"cmp{i}" for i in range(1, 9)]}
@@ -76,11 +76,12 @@ def test_a_waiting_node_reads_the_batches_before_it_and_its_own_and_no_later_one
     assert decide(r, "cmp3", "c1", seen, at("2026-11-22T00:00:00Z")).halted
 
 
-def test_a_waiting_node_reads_the_batch_before_it_and_its_peers_and_all_before_only_when_that_is_done() -> None:
+def test_a_waiting_node_reads_the_batch_before_it_and_all_before_only_when_that_is_done() -> None:
     r = plan()
-    assert r.frontier("cmp5") == ("cmp3", "cmp4", "cmp6")  # not ctl1, ctl2, ctl3, cmp1, cmp2
+    assert r.frontier("cmp5") == ("cmp3", "cmp4")  # not ctl1, ctl2, ctl3, cmp1, cmp2, nor its peer cmp6
     assert set(r.watched("cmp5")) == {"ctl1", "ctl2", "ctl3", "cmp1", "cmp2", "cmp3", "cmp4", "cmp6"}
     assert r.frontier("ctl1") == r.watched("ctl1") == ()
+    assert r.frontier("ctl2") == ("ctl1",)
     now = at("2026-11-21T12:00:00Z")
     wait = early(r, "cmp5", "c1", FleetView(applied("cmp3")))
     assert wait is not None and not wait.go and wait.waiting_for == ("cmp4",)
@@ -88,6 +89,29 @@ def test_a_waiting_node_reads_the_batch_before_it_and_its_peers_and_all_before_o
     assert early(r, "cmp5", "c1", FleetView(applied("cmp3", "cmp4"))) is None
     assert decide(r, "cmp5", "c1", FleetView(applied("cmp3", "cmp4")), now).waiting_for == ("ctl1", "ctl2", "ctl3",
                                                                                             "cmp1", "cmp2")
+
+
+def test_while_the_batch_before_has_not_begun_one_node_of_it_stands_for_it() -> None:
+    r = plan()
+    nobody = FleetView(applied("ctl1", "ctl2", "ctl3"))  # the computes have not begun c1
+    watch = sentinel(r, "cmp5", "c1", nobody)
+    assert watch in ("cmp3", "cmp4") and watch == sentinel(r, "cmp5", "c1", nobody)  # the same one every poll
+    # Waiting nodes spread their reads over the batch before rather than all reading one ref.
+    first, second = [f"a{i:02d}" for i in range(20)], [f"b{i:02d}" for i in range(20)]
+    two = plan_rollout({"rollout": {"waves": [{"nodes": ["a*"]}, {"nodes": ["b*"]}]}}, first + second, lambda g: [])
+    watched = [sentinel(two, n, "c1", FleetView()) for n in second]
+    assert set(watched) <= set(first) and len(set(watched)) >= 10
+    # Anything of c1 from that batch, or a later commit applied, and it has begun: no sentinel.
+    other = "cmp4" if watch == "cmp3" else "cmp3"
+    for moved in (FleetView(applied(other)),
+                  FleetView({other: (Note(other, "c1", "failed", "", "db", "down"),)}),
+                  FleetView({other: (Note(other, "c1", "halted", "", "", "halted: ctl2 failed c1"),)}),
+                  FleetView(applied(other, commit="c2"), descends=lambda a, b: (a, b) == ("c2", "c1"))):
+        assert begun(moved, other, "c1") and sentinel(r, "cmp5", "c1", moved) is None
+    # An older commit's note is not this one begun.
+    assert not begun(FleetView(applied(other, commit="c0")), other, "c1")
+    # The first batch waits on nobody: nothing to watch.
+    assert sentinel(r, "ctl1", "c1", FleetView()) is None
 
 
 def test_a_halt_travels_batch_by_batch_with_the_first_failure_named() -> None:
@@ -99,8 +123,11 @@ def test_a_halt_travels_batch_by_batch_with_the_first_failure_named() -> None:
     halted = FleetView({"cmp5": (Note("cmp5", "c1", "halted", "", "", said.reason),)})
     passed_on = early(r, "cmp7", "c1", halted)
     assert passed_on is not None and passed_on.halted and passed_on.reason == said.reason
-    # A peer's failure halts its batch as well (they run side by side); a later batch's does not
-    beside = FleetView({"cmp6": (Note("cmp6", "c1", "failed", "", "db", "down"),)})
-    assert (got := early(r, "cmp5", "c1", beside)) is not None and got.halted
+    # A peer's failure halts its batch as well (they run side by side): the peer began, so the
+    # batch before is done, and the read of everything before and beside says so; a later batch's does not
+    beside = FleetView({"cmp6": (Note("cmp6", "c1", "failed", "", "db", "down"),),
+                        **applied("ctl1", "ctl2", "ctl3", "cmp1", "cmp2", "cmp3", "cmp4")})
+    assert early(r, "cmp5", "c1", beside) is None
+    assert decide(r, "cmp5", "c1", beside, at("2026-11-22T00:00:00Z")).halted
     later = FleetView({"cmp7": (Note("cmp7", "c1", "failed", "", "db", "down"),)})
     assert (not_mine := early(r, "cmp5", "c1", later)) is not None and not not_mine.halted
