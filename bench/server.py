@@ -228,21 +228,23 @@ def measure(nodes: int, count: int) -> dict[str, float]:
         batch = [f"+refs/notes/reconciler/n{n:05d}*:refs/reconciler/fleet/n{n:05d}*"
                  for n in range(nodes - max(1, nodes // 10), nodes)]
         wait_batch = [v2 + ["fetch", "-q", "--no-tags", "--prune", url, *batch]] * max(5, count // 3)
-        # a node's note push: each request pushes a new notes commit of its own ref
-        pushes = []
-        for i in range(max(5, count // 10)):
-            ref = f"refs/notes/reconciler/n{i % nodes:05d}"
-            pushes.append(v2 + ["push", "-q", url, f"{ref}-new{i}:{ref}"])
-            git("fetch", "-q", str(bare), f"+{ref}:{ref}-base{i}", cwd=client)
-            blob = git("hash-object", "-w", "--stdin", cwd=client, stdin=f'{{"state": "applied", "i": {i}}}\n').strip()
-            head = git("--git-dir", str(bare), "rev-parse", "refs/heads/main").strip()
-            tree = git("mktree", cwd=client, stdin=f"100644 blob {blob}\t{head}\n").strip()
-            commit = git("commit-tree", tree, "-p", f"{ref}-base{i}", "-m", "note", cwd=client).strip()
-            git("update-ref", f"{ref}-new{i}", commit, cwd=client)
+        pushes = note_pushes(bare, client, url, nodes, max(5, count // 10), "new")
         out: dict[str, float] = {}
         for name, reqs in (("poll", poll), ("wait-1", one), ("wait-10", wait_10), ("wait-batch", wait_batch), ("wait-all", wait_all), ("push", pushes)):
             cpu = server_cpu(root, reqs, client)
             out[f"{name} ms"] = 1000 * cpu / len(reqs)
+        # A read mirror kept current by fetching from the primary (a timer, as `git fetch` from
+        # cron or a mirror's own poller does): one fetch bringing the last 10 note pushes; the
+        # primary's CPU for it, the pushes' own taken off.
+        mirror = root / "mirror.git"
+        git("clone", "-q", "--mirror", str(bare), str(mirror))
+        replicate = v2 + ["-C", str(mirror), "fetch", "-q", "--prune", url, "+refs/heads/*:refs/heads/*",
+                          "+refs/notes/*:refs/notes/*"]
+        batch_pushes = note_pushes(bare, client, url, nodes, 10 * max(2, count // 20), "mirrored")
+        fetches = len(batch_pushes) // 10
+        cpu = server_cpu(root, [argv for i, push in enumerate(batch_pushes)
+                                for argv in ((push, replicate) if i % 10 == 9 else (push,))], client)
+        out["replicate ms"] = max(0.0, (1000 * cpu - len(batch_pushes) * out["push ms"]) / fetches)
         probes = 20 * count  # a probe costs so little that fewer would measure the clock's grain
         cpu, size = probe_cpu(root, bare, probes)
         out["probe ms"], out["probe bytes"] = 1000 * cpu / probes, size
@@ -251,12 +253,32 @@ def measure(nodes: int, count: int) -> dict[str, float]:
         return out
 
 
+def note_pushes(bare: Path, client: Path, url: str, nodes: int, count: int, tag: str) -> list[list[str]]:
+    """``count`` requests, each pushing a new notes commit onto one node's ref, as its agent does."""
+    pushes = []
+    for i in range(count):
+        ref = f"refs/notes/reconciler/n{i % nodes:05d}"
+        pushes.append(["git", "-c", "protocol.version=2", "push", "-q", url, f"{ref}-{tag}{i}:{ref}"])
+        # on top of the ref as the server will have it by then: the earlier pushes of this list
+        base = f"{ref}-{tag}{i - nodes}" if i >= nodes else None
+        if base is None:
+            git("fetch", "-q", str(bare), f"+{ref}:{ref}-{tag}base{i}", cwd=client)
+            base = f"{ref}-{tag}base{i}"
+        blob = git("hash-object", "-w", "--stdin", cwd=client, stdin=f'{{"state": "applied", "{tag}": {i}}}\n').strip()
+        head = git("--git-dir", str(bare), "rev-parse", "refs/heads/main").strip()
+        tree = git("mktree", cwd=client, stdin=f"100644 blob {blob}\t{head}\n").strip()
+        commit = git("commit-tree", tree, "-p", base, "-m", "note", cwd=client).strip()
+        git("update-ref", f"{ref}-{tag}{i}", commit, cwd=client)
+    return pushes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[10, 1000, 10000])
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--cores", type=int, nargs="+", default=[4, 16], help="server cores, for the rollout model")
     ap.add_argument("--apply-s", type=float, default=5.0, help="a node's apply time, for the rollout model")
+    ap.add_argument("--mirrors", type=int, nargs="*", default=[4], help="read mirrors, for the rollout model")
     args = ap.parse_args()
     print(f"git {git('--version').split()[-1]}, {os.cpu_count()} cores; server CPU per request "
           f"(git daemon + what it forks), {args.requests} requests per kind", flush=True)
@@ -268,7 +290,7 @@ def main() -> None:
         print(f"N={n:>6}: poll {r['poll ms']:.2f} ms | wait-1 {r['wait-1 ms']:.2f} ms | wait-10 {r['wait-10 ms']:.2f} ms | "
               f"wait-batch {r['wait-batch ms']:.2f} ms | "
               f"wait-all {r['wait-all ms']:.1f} ms | "
-              f"push {r['push ms']:.2f} ms | smart-HTTP poll {r['http poll ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
+              f"push {r['push ms']:.2f} ms | mirror fetch of 10 notes {r['replicate ms']:.2f} ms | smart-HTTP poll {r['http poll ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
               f"   [{time.monotonic() - t0:.0f} s]", flush=True)
     for n, r in rows.items():
         polls_per_s = n / 10  # every node polls every 10 s
@@ -286,6 +308,18 @@ def main() -> None:
               f"waves: {waits['sentinel']:.0f} CPU-s ({pushes:.0f} of them pushes) with sentinels, "
               f"{waits['batch']:.0f} reading the batch before every poll, {waits['every']:.0f} reading every "
               f"node before every poll ({waits['every'] / max(waits['sentinel'], 1e-9):.1f}x)")
+        # With M read mirrors the reads (polls, waiting reads) leave the primary; it keeps the
+        # pushes and serves each mirror a fetch a second while the rollout lasts.
+        took = rollout_s(n, r, max(args.cores), args.apply_s, r["probe ms"] + 10 / CHECK_EVERY * r["poll ms"])
+        for m in args.mirrors:
+            if took == float("inf"):
+                continue
+            replicating = m * took * r["replicate ms"] / 1000
+            print(f"N={n:>6}, {m} read mirrors fetching every second: the primary {pushes + replicating:.0f} "
+                  f"CPU-s a rollout of {took:.0f} s ({pushes:.0f} pushes, {replicating:.0f} replicating), each "
+                  f"mirror {(waits['sentinel'] - pushes) / m:.0f} CPU-s of reads; idle, each mirror "
+                  f"{cores / m:.3f} of a core polled with git, {probed / m:.3f} probed, and the primary "
+                  f"{m * r['replicate ms'] / 1000:.3f} replicating")
     print(f"merge to last note, 10 waves, 10 s polls, {args.apply_s:g} s applies (bound without a busy server: "
           f"{10 * (10 + args.apply_s):.0f} s), on a server of C cores:")
     for n, r in rows.items():
