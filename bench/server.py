@@ -235,16 +235,17 @@ def measure(nodes: int, count: int) -> dict[str, float]:
             out[f"{name} ms"] = 1000 * cpu / len(reqs)
         # A read mirror kept current by fetching from the primary (a timer, as `git fetch` from
         # cron or a mirror's own poller does): one fetch bringing the last 10 note pushes; the
-        # primary's CPU for it, the pushes' own taken off.
+        # primary's CPU for it (the pushes go to the repo's path, not the daemon: a local push is
+        # the client's child, its CPU counted with the client's and so not the server's).
         mirror = root / "mirror.git"
         git("clone", "-q", "--mirror", str(bare), str(mirror))
         replicate = v2 + ["-C", str(mirror), "fetch", "-q", "--prune", url, "+refs/heads/*:refs/heads/*",
                           "+refs/notes/*:refs/notes/*"]
-        batch_pushes = note_pushes(bare, client, url, nodes, 10 * max(2, count // 20), "mirrored")
+        batch_pushes = note_pushes(bare, client, str(bare), nodes, 10 * max(2, count // 20), "mirrored")
         fetches = len(batch_pushes) // 10
         cpu = server_cpu(root, [argv for i, push in enumerate(batch_pushes)
                                 for argv in ((push, replicate) if i % 10 == 9 else (push,))], client)
-        out["replicate ms"] = max(0.0, (1000 * cpu - len(batch_pushes) * out["push ms"]) / fetches)
+        out["replicate ms"] = 1000 * cpu / fetches
         probes = 20 * count  # a probe costs so little that fewer would measure the clock's grain
         cpu, size = probe_cpu(root, bare, probes)
         out["probe ms"], out["probe bytes"] = 1000 * cpu / probes, size
