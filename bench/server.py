@@ -16,7 +16,8 @@ For N nodes (each with its notes ref on the server, one note per node on the hea
   fcgiwrap is installed;
 - ``probe``: the tip probe instead of a poll (``probe:`` on a remote): a GET of the tips file
   ``contrib/git-server/post-receive-tips`` wrote, from a real nginx, a new connection per
-  request as the agent makes it (the agent's own ``read_tips``);
+  request as the agent makes it (the agent's own ``read_tips``); the same as a waiting node's
+  GET of its sentinel's notes tip, a file of the same kind and size beside it;
 
 the server's CPU (the daemon and the upload-pack/receive-pack it forks, or nginx and its worker,
 from getrusage of its children once it is stopped). Then, from those figures,
@@ -300,18 +301,18 @@ def main() -> None:
         # One rollout of 10 waves of N/10: each node pushes ~3 notes (waiting, applied, and one
         # more); wave j's nodes wait j - 1 polls, then read every node before them once.
         pushes = 3 * n * r["push ms"] / 1000
-        waits = {how: pushes + sum((n / 10) * (sum(_waiting_ms(r, n, how, j, k) for k in range(1, j))
+        waits = {how: pushes + sum((n / 10) * (sum(_waiting_ms(r, n, how, j, k, probed=True) for k in range(1, j))
                                                + _read_ms(r, n, (j - 1) * n / 10)) for j in range(2, 11)) / 1000
                  for how in READS}
         http = polls_per_s * r["http poll ms"] / 1000
         print(f"N={n:>6}: idle polling every 10 s: {cores:.3f} of a core with git daemon ({http:.3f} over smart "
               f"HTTP), {probed:.3f} with the probe ({cores / max(probed, 1e-9):.0f}x less); one rollout of 10 "
-              f"waves: {waits['sentinel']:.0f} CPU-s ({pushes:.0f} of them pushes) with sentinels, "
+              f"waves: {waits['sentinel']:.0f} CPU-s ({pushes:.0f} of them pushes) with sentinels (probed), "
               f"{waits['batch']:.0f} reading the batch before every poll, {waits['every']:.0f} reading every "
               f"node before every poll ({waits['every'] / max(waits['sentinel'], 1e-9):.1f}x)")
         # With M read mirrors the reads (polls, waiting reads) leave the primary; it keeps the
         # pushes and serves each mirror a fetch a second while the rollout lasts.
-        took = rollout_s(n, r, max(args.cores), args.apply_s, r["probe ms"] + 10 / CHECK_EVERY * r["poll ms"])
+        took = rollout_s(n, r, max(args.cores), args.apply_s, probed=True)
         for m in args.mirrors:
             if took == float("inf"):
                 continue
@@ -326,10 +327,9 @@ def main() -> None:
     for n, r in rows.items():
         cells = []
         for cores in args.cores:
-            probe_ms = r["probe ms"] + 10 / CHECK_EVERY * r["poll ms"]
-            took = {how: rollout_s(n, r, cores, args.apply_s, probe_ms, reads=how) for how in READS}
+            took = {how: rollout_s(n, r, cores, args.apply_s, probed=True, reads=how) for how in READS}
             cells.append(f"C={cores}: {_secs(took['sentinel'])} with the probe and sentinels "
-                         f"({_secs(rollout_s(n, r, cores, args.apply_s, r['poll ms']))} polling git; "
+                         f"({_secs(rollout_s(n, r, cores, args.apply_s, probed=False))} polling git; "
                          f"{_secs(took['batch'])} reading the batch before, {_secs(took['every'])} every node "
                          f"before, every poll)")
         print(f"N={n:>6}: " + " | ".join(cells))
@@ -341,27 +341,32 @@ def main() -> None:
 READS = ("sentinel", "batch", "every")
 
 
-def _waiting_ms(r: dict[str, float], n: int, how: str, j: int, k: int, interval: float = 10.0) -> float:
-    """One poll of a node of wave ``j`` waiting while wave ``k`` applies (10 waves of N/10)."""
+def _waiting_ms(r: dict[str, float], n: int, how: str, j: int, k: int, interval: float = 10.0,
+                probed: bool = False) -> float:
+    """One poll of a node of wave ``j`` waiting while wave ``k`` applies (10 waves of N/10);
+    ``probed``: its sentinel's notes tip is read from the hook's file, not with git."""
     if how == "every":
         return _read_ms(r, n, (j - 1) * n / 10)
     if how == "batch" or k == j - 1:
         return r["wait-batch ms"]
-    return r["wait-1 ms"] + r["wait-batch ms"] * interval / WHOLE_READ_EVERY  # and whole now and then
+    # and the batch whole now and then
+    return r["probe ms" if probed else "wait-1 ms"] + r["wait-batch ms"] * interval / WHOLE_READ_EVERY
 
 
-def rollout_s(n: int, r: dict[str, float], cores: int, apply_s: float, poll_ms: float,
+def rollout_s(n: int, r: dict[str, float], cores: int, apply_s: float, probed: bool,
               waves: int = 10, interval: float = 10.0, reads: str = "sentinel") -> float:
     """Seconds from merge to the last node's note: each wave notices its predecessors within a
     poll, applies, and pushes (3 notes a node, as above), and reads every node before it once,
-    while every node keeps polling and the waiting ones read as ``reads`` says once a poll. A
-    wave takes interval + apply, or longer when that work needs more than the server's cores
-    in that time (inf: it never catches up). Reads may go to read mirrors: C is then their
-    cores and the primary's together."""
+    while every node keeps polling (``probed``: with the probe, and its sentinel's notes tip
+    from the hook's files) and the waiting ones read as ``reads`` says once a poll. A wave
+    takes interval + apply, or longer when that work needs more than the server's cores in
+    that time (inf: it never catches up). Reads may go to read mirrors: C is then their cores
+    and the primary's together."""
     total = 0.0
     per_wave = n / waves
+    poll_ms = r["probe ms"] + interval / CHECK_EVERY * r["poll ms"] if probed else r["poll ms"]
     for k in range(1, waves + 1):
-        waiting = sum(_waiting_ms(r, n, reads, j, k, interval) for j in range(k + 1, waves + 1)) * per_wave
+        waiting = sum(_waiting_ms(r, n, reads, j, k, interval, probed) for j in range(k + 1, waves + 1)) * per_wave
         rate = (n * poll_ms + waiting) / 1000 / interval  # CPU-s per second
         work = per_wave * (3 * r["push ms"] + (_read_ms(r, n, (k - 1) * per_wave) if reads != "every" else 0)) / 1000
         if rate >= cores:

@@ -328,6 +328,22 @@ class Agent:
         own = {self.cfg.node: self.reporter.ref} if self.reporter.ref in self.source.repo.references else {}
         return fleet_view(self.source.repo, FLEET_PREFIX, own)
 
+    def _still(self, sentinel: str, commit: str) -> bool:
+        """The sentinel has not begun ``commit``: the read remote's probe publishes the notes tip
+        this node fetched last (no git at all), or a read of that one ref says so."""
+        from .fleetview import FLEET_PREFIX
+        from .refs import NotPlain, read_ref
+        from .rollout import begun
+
+        probe = self.source.probes.get(self.source.url)
+        if probe is not None and (tip := probe.note_tip(sentinel)) is not None:
+            try:
+                if tip == read_ref(self.source.path, f"{FLEET_PREFIX}{sentinel}"):
+                    return True
+            except NotPlain:
+                pass  # git's read below says
+        return not begun(self.fleet_view((sentinel,)), sentinel, commit)
+
     def rollout_gate(self, repo: DeploymentRepo, commit: str, *, barriers: bool = False,
                      fleet: FleetView | None = None, before: bool | None = None) -> RolloutVerdict:
         """``barriers``: this node takes part in an upgrade of ``commit``; its steps' barriers
@@ -335,7 +351,7 @@ class Agent:
         the VIP networks after the commit it settled last (a node joining them waits for the
         nodes that leave them: see ``controlplane``)."""
         from .model import Verdict
-        from .rollout import WHOLE_READ_EVERY, Quiet, begun, decide, early, plan_rollout, sentinel
+        from .rollout import WHOLE_READ_EVERY, Quiet, decide, early, plan_rollout, sentinel
         from .rollout import Verdict as Go
 
         rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
@@ -356,7 +372,7 @@ class Agent:
                 now = self.clock().timestamp()
                 quiet = self._quiet
                 if (quiet is not None and quiet.commit == commit and now - quiet.since < WHOLE_READ_EVERY
-                        and not begun(self.fleet_view((quiet.sentinel,)), quiet.sentinel, commit)):
+                        and self._still(quiet.sentinel, commit)):
                     return quiet.verdict
                 view = self.fleet_view(near)
                 said = early(rollout, self.cfg.node, commit, view)

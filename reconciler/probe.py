@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 log = logging.getLogger("reconciler.probe")
 
@@ -115,6 +115,20 @@ class TipProbe:
             log.info("tip probe %s answers again", self.shown)
             self._down = False
         return tips.get(ref)
+
+    def note_tip(self, node: str) -> str | None:
+        """The tip of ``node``'s notes ref as the hook published it beside the tips file
+        (``<file>.notes/<node>``); None when it cannot say (no hook for notes, a node that noted
+        nothing, no answer). Only a hint, as the tips file: a waiting node uses it to skip the
+        git read of its sentinel when that names the note it already has (``agent``), and reads
+        the batch before whole with git every 300 s however still the hint."""
+        parts = urlsplit(self.url)
+        url = urlunsplit(parts._replace(path=f"{parts.path}.notes/{quote(node, safe='')}"))
+        try:
+            return read_tips(url).get(f"refs/notes/reconciler/{node}")
+        except ProbeFailed as exc:
+            log.debug("notes tip of %s from %s: %s", node, self.shown, exc)
+            return None
 
     def checked(self, ref: str, head: str, local: str | None) -> None:
         """Git answered ``head`` for ``ref``. A probe that named the node's own head while git has

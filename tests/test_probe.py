@@ -86,6 +86,43 @@ def test_a_poll_that_finds_its_own_head_in_the_tips_file_asks_git_nothing(
     assert moved.exit_code == 0 and moved.commit == c1 and "workers = 4" in live(ctl1)
 
 
+def test_a_node_waiting_on_a_still_batch_watches_its_sentinel_through_the_hooks_notes_files(
+    deployment: Deployment, agents: Callable[..., Agent], web: Nginx, daemon: Daemon
+) -> None:
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + """\
+rollout:
+  waves:
+    - {name: canary, nodes: [ctl1]}
+    - {name: controllers, nodes: [ctl2, ctl3]}
+    - {name: computes, nodes: ["cmp*"]}
+""")
+    deployment.commit("roll out in waves")
+    url = daemon.url("cloud.git")
+    fleet = {n: agents(n, url, remotes=(RemoteConfig(url, "both", probe=web.url(TIPS)),))
+             for n in ("ctl1", "ctl2", "ctl3", "cmp1")}
+    for node in ("ctl1", "ctl2", "ctl3", "cmp1"):
+        assert fleet[node].reconcile_once().exit_code == 0, node
+    # Each note push ran the hook: one file per node's notes ref, beside the tips file.
+    ctl2_tip = git("--git-dir", str(deployment.bare), "rev-parse", "refs/notes/reconciler/ctl2")
+    assert (web.root / f"{TIPS}.notes" / "ctl2").read_text() == f"{ctl2_tip}\trefs/notes/reconciler/ctl2\n"
+
+    cmp1 = fleet["cmp1"]
+    identity_workers(deployment, 4)
+    assert cmp1.reconcile_once().waiting == "waiting for ctl2, ctl3"  # git: the branch, then the batch before
+    daemon.stop()
+    # The branch's tip and its sentinel's (ctl2) notes tip are where cmp1 left them: no git at all.
+    assert cmp1.reconcile_once().waiting == "waiting for ctl2, ctl3"
+    assert web.requests(f"{TIPS}.notes/ctl2") == [200]
+    daemon.start()
+    assert fleet["ctl1"].reconcile_once().exit_code == 0
+    assert fleet["ctl2"].reconcile_once().exit_code == 0
+    # ctl2's note moved its file: cmp1 reads it with git, then the batch whole (ctl3 has not applied).
+    assert cmp1.reconcile_once().waiting == "waiting for ctl3"
+    assert fleet["ctl3"].reconcile_once().exit_code == 0
+    went = cmp1.reconcile_once()
+    assert went.exit_code == 0 and went.report is not None and went.report.state == "applied", went.waiting
+
+
 def test_a_stale_probe_hides_a_commit_no_longer_than_check_every_and_is_doubted_until_it_agrees(
     deployment: Deployment, web: Nginx, daemon: Daemon, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
