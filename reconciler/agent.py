@@ -371,7 +371,7 @@ class Agent:
             if len(near) < len(watched) and not off:
                 now = self.clock().timestamp()
                 quiet = self._quiet
-                if (quiet is not None and quiet.commit == commit and now - quiet.since < WHOLE_READ_EVERY
+                if (quiet is not None and quiet.commit == commit and 0 <= now - quiet.since < WHOLE_READ_EVERY
                         and self._still(quiet.sentinel, commit)):
                     return quiet.verdict
                 view = self.fleet_view(near)
