@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,26 @@ def git_cause(stderr: str) -> str:
         # "unable to connect to host:" continues on the next line with the socket's error
         text += (" " if text.endswith(":") else "; " if text else "") + line
     return text if len(text) <= CAUSE_MAX else text[: CAUSE_MAX - 3] + "..."
+
+
+_LOCKED = re.compile(r"Unable to create '([^']+\.lock)': File exists")
+
+
+def stale_lock(stderr: str, root: Path) -> Path | None:
+    """The lock file git could not create in the repository at ``root``, when it is older than
+    ``GIT_TIMEOUT``: a git process that died holding it left it (git refuses to guess, and
+    every later fetch fails the same way). None for any other failure, or a younger lock."""
+    found = _LOCKED.search(stderr)
+    if found is None:
+        return None
+    lock = Path(found.group(1))
+    lock = Path(os.path.normpath(lock if lock.is_absolute() else root / lock))
+    try:
+        inside = lock.resolve().is_relative_to(root.resolve())
+        old = time.time() - lock.stat().st_mtime > GIT_TIMEOUT
+    except OSError:
+        return None
+    return lock if inside and old else None
 
 
 def git_env(ssh_command: str | None = None) -> dict[str, str]:
@@ -199,7 +220,8 @@ class Source:
     def ref(self) -> str:
         return f"refs/heads/{self.branch}"
 
-    def run(self, *args: str, what: str, cwd: Path | None = None, url: str | None = None) -> str:
+    def run(self, *args: str, what: str, cwd: Path | None = None, url: str | None = None,
+            retried: bool = False) -> str:
         """A git command against the remote (``url``: another than the read remote this pass
         uses, for messages); its failure is a ``RemoteError`` with git's words. A plain
         subprocess, as GitPython ran it: C locale (git's messages in English, which
@@ -220,7 +242,17 @@ class Source:
             raise RemoteError(scrub(f"{what} {safe_url(url)} failed: git did not answer within "
                                     f"{GIT_TIMEOUT} s", url)) from None
         if proc.returncode != 0:
-            raise self._failed(what, err.decode(errors="replace").strip(), proc.returncode, url)
+            stderr = err.decode(errors="replace").strip()
+            lock = None if retried else stale_lock(stderr, cwd or self.path)
+            if lock is not None:
+                # A git of ours killed while it held the lock (its timeout above, or a stop that
+                # took the whole cgroup): no git we run lives past GIT_TIMEOUT, so none holds it.
+                log.warning("removing %s, left by a git process killed %.0f s ago; trying again", lock,
+                            time.time() - lock.stat().st_mtime)
+                faults.point("remove", str(lock))
+                lock.unlink(missing_ok=True)
+                return self.run(*args, what=what, cwd=cwd, url=url, retried=True)
+            raise self._failed(what, stderr, proc.returncode, url)
         return out.decode(errors="replace").removesuffix("\n")
 
     def _failed(self, what: str, stderr: str, status: object, url: str | None = None) -> RemoteError:

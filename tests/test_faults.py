@@ -177,3 +177,28 @@ def test_daemon_applies_new_commits_and_restarts_a_killed_service(
     # The daemon exits; the services it started keep running.
     assert all(pids(agent).values())
 
+
+
+def test_a_ref_lock_left_by_a_killed_git_fetch_is_removed_once_no_git_can_hold_it(
+    deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture
+) -> None:
+    from reconciler.errors import RemoteError
+    from reconciler.source import GIT_TIMEOUT
+
+    ctl1 = agents("ctl1", deployment.url)
+    assert ctl1.reconcile_once().exit_code == 0
+    # What git leaves when it dies while updating the branch's ref in the mirror.
+    lock = ctl1.source.path / "refs" / "heads" / "main.lock"
+    lock.write_text("")
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: 1200")
+    c1 = deployment.commit("shorter tokens")
+    # Young: it may be a live git's (another command on this state dir); the fetch fails, saying so.
+    with pytest.raises(RemoteError, match=r"fetch from .*main\.lock.*File exists"):
+        ctl1.reconcile_once()
+    assert lock.exists()
+    # Older than any git of ours may run: a dead one's. Removed, said, and the poll goes on.
+    old = lock.stat().st_mtime - GIT_TIMEOUT - 1
+    os.utime(lock, (old, old))
+    result = ctl1.reconcile_once()
+    assert result.exit_code == 0 and result.commit == c1 and not lock.exists(), result
+    assert "left by a git process killed" in caplog.text

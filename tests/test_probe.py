@@ -20,6 +20,7 @@ from needs import unavailable
 from nginx import Nginx
 from test_faults import FakeClock
 from test_remotes import Daemon, identity_workers, live
+from test_rollout import roll_out_with_two_controllers_side_by_side
 
 from reconciler.agent import Agent
 from reconciler.config import RemoteConfig, load_config
@@ -89,14 +90,7 @@ def test_a_poll_that_finds_its_own_head_in_the_tips_file_asks_git_nothing(
 def test_a_node_waiting_on_a_still_batch_watches_its_sentinel_through_the_hooks_notes_files(
     deployment: Deployment, agents: Callable[..., Agent], web: Nginx, daemon: Daemon
 ) -> None:
-    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + """\
-rollout:
-  waves:
-    - {name: canary, nodes: [ctl1]}
-    - {name: controllers, nodes: [ctl2, ctl3]}
-    - {name: computes, nodes: ["cmp*"]}
-""")
-    deployment.commit("roll out in waves")
+    roll_out_with_two_controllers_side_by_side(deployment)
     url = daemon.url("cloud.git")
     fleet = {n: agents(n, url, remotes=(RemoteConfig(url, "both", probe=web.url(TIPS)),))
              for n in ("ctl1", "ctl2", "ctl3", "cmp1")}

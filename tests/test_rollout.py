@@ -46,6 +46,18 @@ def forget_notes(agent: Agent) -> None:
         git("update-ref", "-d", f"{FLEET_PREFIX}{ref}", cwd=agent.source.path)
 
 
+def roll_out_with_two_controllers_side_by_side(deployment: Deployment) -> None:
+    """Commit a plan of three waves: canary ctl1, then ctl2 and ctl3 in one batch, then the computes."""
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + """\
+rollout:
+  waves:
+    - {name: canary, nodes: [ctl1]}
+    - {name: controllers, nodes: [ctl2, ctl3]}
+    - {name: computes, nodes: ["cmp*"]}
+""")
+    deployment.commit("roll out in waves")
+
+
 def read_notes_of(agent: Agent) -> set[str]:
     """The nodes whose notes ``agent`` has fetched into its mirror."""
     from reconciler.fleetview import FLEET_PREFIX
@@ -142,14 +154,7 @@ def test_a_node_waiting_on_a_batch_that_has_not_begun_reads_one_node_of_it(
 ) -> None:
     clock = Clock()
     fleet = {n: agents(n, deployment.url, clock=clock) for n in ("ctl1", "ctl2", "ctl3", "cmp1")}
-    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + """\
-rollout:
-  waves:
-    - {name: canary, nodes: [ctl1]}
-    - {name: controllers, nodes: [ctl2, ctl3]}
-    - {name: computes, nodes: ["cmp*"]}
-""")
-    deployment.commit("roll out in waves")
+    roll_out_with_two_controllers_side_by_side(deployment)
     for node in ("ctl1", "ctl2", "ctl3", "cmp1"):
         assert fleet[node].reconcile_once().exit_code == 0, node
     cmp1 = fleet["cmp1"]
