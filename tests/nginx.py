@@ -72,8 +72,21 @@ http {{
             self.proc.wait(10)
             self.proc = None
 
-    def requests(self, path: str) -> list[int]:
-        """The HTTP status of each request for ``path`` so far."""
+    def requests(self, path: str, at_least: int = 0) -> list[int]:
+        """The HTTP status of each request for ``path`` so far. nginx logs a request after the
+        client has its whole response, so a test that just made one waits (up to 5 s) for
+        ``at_least`` lines of it, then a moment more for any line still behind them."""
+        deadline = time.monotonic() + 5
+        out = self._logged(path)
+        while len(out) < at_least and time.monotonic() < deadline:
+            time.sleep(0.02)
+            out = self._logged(path)
+        if at_least:
+            time.sleep(0.1)
+            out = self._logged(path)
+        return out
+
+    def _logged(self, path: str) -> list[int]:
         log = self.work / "access.log"
         if not log.exists():
             return []
