@@ -199,6 +199,35 @@ def _peak_rss_mb(cmd: list[str], env: dict[str, str] | None = None) -> tuple[flo
     return int(done.stdout.split()[-1]) / 1024, done.stderr
 
 
+def _idle_with_probe(root: Path, url: str, args: list[str], idle_s: float) -> tuple[float, float]:
+    """The idle daemon's CPU (its own; with its git) when its remote has a tip probe: the
+    hook's tips file served by a real nginx, polled every second."""
+    tips = root / "www" / "cloud"
+    tips.parent.mkdir(exist_ok=True)
+    subprocess.run([str(HOOK)], cwd=url.removeprefix("file://"), env={**ENV, "RECONCILER_TIPS": str(tips)},
+                   check=True, stdin=subprocess.DEVNULL)
+    web = Nginx(root / "www", root / "nginx", free_port())
+    if not web.available:
+        raise SystemExit(f"nginx is needed for the probe figure ({web.binary}): apt-get install nginx-light")
+    config = root / "probed.yaml"
+    config.write_text(f"remotes:\n  - {{url: '{url}', role: both, probe: '{web.url('cloud')}'}}\n")
+    web.start()
+    daemon = subprocess.Popen([sys.executable, "-m", "reconciler", "agent", "--config", str(config), *args,
+                               "--interval", "1", "--jitter", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(idle_s)
+        cpu0, all0, t0 = _cpu_s(daemon.pid), _cpu_s(daemon.pid, True), time.monotonic()
+        time.sleep(idle_s)
+        took = time.monotonic() - t0
+        cpu, cpu_all = (_cpu_s(daemon.pid) - cpu0) / took, (_cpu_s(daemon.pid, True) - all0) / took
+        assert web.requests("cloud").count(200) >= idle_s, "the daemon did not use its probe"
+        return cpu, cpu_all
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(30)
+        web.stop()
+
+
 def memory(idle_s: float) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="reconciler-bench-") as tmp:
         root = Path(tmp)
@@ -215,6 +244,7 @@ def memory(idle_s: float) -> dict[str, str]:
             total_us = sum(int(m) for m in re.findall(r"^import time:\s+\d+ \|\s+(\d+) \|\s{1,2}\S", trace, re.M))
             floor_mb, _ = _peak_rss_mb([sys.executable, "-c", "pass"])
             modules = root / "modules"
+            probed, probed_all = _idle_with_probe(root, url, args, idle_s)
             daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(modules), "agent", *args, "--interval", "1",
                                        "--jitter", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
@@ -244,6 +274,8 @@ def memory(idle_s: float) -> dict[str, str]:
                 "idle daemon RSS (1 s polls)": f"{rss:6.1f} MB   {rss / floor_mb:5.2f}x a bare interpreter",
                 "idle daemon CPU": f"{cpu * 100:6.2f} % of a core (polling every second)",
                 "  with the git it runs": f"{cpu_all * 100:6.2f} % of a core",
+                "idle daemon CPU, tip probe": f"{probed * 100:6.2f} % of a core (nginx serving the hook's file)",
+                "  with the git it runs ": f"{probed_all * 100:6.2f} % of a core",
                 "  heavy packages it holds": ", ".join(sorted(idle_heavy)) or "none",
                 "idle after applying a change": f"{after:6.1f} MB   {after / floor_mb:5.2f}x a bare interpreter",
                 "  heavy packages it holds then": ", ".join(sorted(after_heavy)) or "none",

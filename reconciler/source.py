@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,8 +43,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reconciler.source")
 
+Stat = tuple[tuple[str, int, int, int, int], ...] | None
+
 GIT_TIMEOUT = 120.0
 NOTES_PREFIX = "refs/notes/reconciler/"  # the nodes' notes (report.NOTES_PREFIX; report imports us)
+RECHECK_EVERY = 300.0
+"""Seconds between reads of the head by git while the files that hold it did not change (a
+disk's bit rot keeps a file's stat): how long such damage can wait for the next poll to see it."""
 
 
 CAUSE_MAX = 400
@@ -167,9 +172,11 @@ class Source:
     def __init__(
         self, url: str, branch: str, mirror: Path, *, ssh_command: str | None = None,
         progress: bool | None = None, reads: tuple[str, ...] = (), write: str | None = "",
-        probes: Mapping[str, TipProbe] | None = None,
+        probes: Mapping[str, TipProbe] | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.reads = reads or (url,)
+        self.clock = clock
+        self._read: tuple[str, str, Stat, float] | None = None  # the head, its tree, their files, when read
         self.probes = dict(probes or {})  # read remote -> its tip probe (see ``probe``)
         self.url = self.reads[0]  # the read remote this pass uses: the first that answered
         self.write_url = url if write == "" else write  # this node's notes go there (None: nowhere yet)
@@ -416,9 +423,19 @@ class Source:
     # a damaged mirror ------------------------------------------------------------------
     def check(self, head: str | None) -> None:
         """``CorruptMirror`` unless the head commit and its root tree read back: two object
-        reads, so every poll notices a damaged head without waiting for a new commit."""
+        reads, so every poll notices a damaged head without waiting for a new commit. Read by
+        git when the head moved, when a file that can hold either object changed (written,
+        replaced, removed, a pack added) since the last read, and every ``RECHECK_EVERY``
+        seconds; a stat of those files otherwise, so an idle poll runs no git (issue 17)."""
         if head is None:
             return
+        last = self._read if self._read is not None and self._read[0] == head else None
+        # Stat before the read: a file changed during it differs from this next time.
+        before = self._stat(head, last[1]) if last is not None else None
+        still = last is not None and before is not None and before == last[2]
+        if still and last is not None and 0 <= self.clock() - last[3] < RECHECK_EVERY:
+            return
+        self._read = None
         # A git process, not pygit2 (an idle agent does not load it): always a fresh read, of
         # the whole of both objects, their hashes checked (git's parse_object), as libgit2's
         # strict verification did. No commit-graph: it could name the tree without reading
@@ -428,6 +445,36 @@ class Source:
         if proc.returncode != 0:
             cause = git_cause(proc.stderr) or f"git exited with {proc.returncode}"
             raise CorruptMirror(f"{os.path.abspath(self.path)}: cannot read an object ({cause})")
+        if last is not None:
+            self._read = (head, last[1], before, self.clock())
+        elif tree := self._tree(head):  # once per head
+            self._read = (head, tree, self._stat(head, tree), self.clock())
+
+    def _tree(self, head: str) -> str:
+        """The head's root tree ("": unknown, and every poll reads the head by git)."""
+        proc = _local_git(self.path, "--no-replace-objects", "rev-parse", "--verify", "-q", f"{head}^{{tree}}")
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    def _stat(self, *oids: str) -> Stat:
+        """What changes when a file that can hold these objects does: their loose files (or
+        their absence), every file of the packs directory. None (never the same): objects
+        borrowed from another repository (alternates), or a directory that cannot be read."""
+        objects = self.path / "objects"
+        try:
+            if (objects / "info" / "alternates").exists():
+                return None
+            seen: list[tuple[str, int, int, int, int]] = []
+            for oid in oids:
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(objects / oid[:2] / oid[2:])
+                    seen.append((oid, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            with os.scandir(objects / "pack") as entries:
+                for e in entries:
+                    st = e.stat(follow_symlinks=False)
+                    seen.append((e.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        except OSError:
+            return None
+        return tuple(sorted(seen))
 
     def damaged(self) -> bool:
         """Does the mirror fail git's connectivity check (every reachable commit and tree

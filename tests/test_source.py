@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from conftest import Deployment, free_port, git
+from test_faults import FakeClock
 
+from reconciler import source as source_module
 from reconciler.agent import Agent
 from reconciler.errors import RemoteError
-from reconciler.source import Source
+from reconciler.source import RECHECK_EVERY, Source
 
 
 def ref_check_error(url: str, tmp_path: Path, *, progress: bool = False) -> str:
@@ -176,6 +178,49 @@ def test_a_damaged_head_commit_is_healed_on_the_next_poll(
     assert again.exit_code == 0 and again.report is None
     assert "re-cloned" in caplog.text
     git("-C", str(node.source.path), "fsck", "--no-dangling")
+
+
+def test_an_idle_poll_reads_the_head_by_git_only_when_its_files_changed_or_five_minutes_passed(
+    deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    mirror = tmp_path / "mirror.git"
+    source = Source(deployment.url, "main", mirror, progress=False, clock=clock)
+    head, fetched = source.update()
+    assert fetched
+    reads: list[str] = []
+    real = source_module._local_git
+
+    def spy(cwd: Path, *args: str) -> object:
+        if "cat-file" in args:
+            reads.append(args[-1])
+        return real(cwd, *args)
+
+    monkeypatch.setattr(source_module, "_local_git", spy)
+    for _ in range(3):
+        assert source.update() == (head, False)
+    assert reads == [f"{head}^{{tree}}"]  # the first idle poll asked git; the next two looked at its files
+
+    clock.now += RECHECK_EVERY  # a disk's bit rot keeps a file's stat: git reads it again all the same
+    for _ in range(2):
+        assert source.update() == (head, False)
+    assert len(reads) == 2
+
+    # The head commit damaged in place (its file written): the next poll reads it, and heals.
+    loose = mirror / "objects" / head[:2] / head[2:]
+    assert loose.exists()  # a small fetch leaves its objects loose
+    flip_bytes(loose, len(loose.read_bytes()) // 2)
+    with caplog.at_level(logging.WARNING):
+        assert source.update() == (head, True)
+    assert len(reads) == 3 and "re-cloned" in caplog.text
+    assert source.update() == (head, False)  # a new mirror: read once
+    assert len(reads) == 4
+
+    # The objects moved into a pack (git gc): read again, then quiet.
+    git("-C", str(mirror), "repack", "-adq")
+    for _ in range(2):
+        assert source.update() == (head, False)
+    assert len(reads) == 5
 
 
 def test_notes_that_do_not_read_back_come_again_from_the_remote(
