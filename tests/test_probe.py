@@ -222,6 +222,39 @@ def subprocess_hook(deployment: Deployment) -> None:
     subprocess.run([str(HOOK)], cwd=deployment.bare, stdin=subprocess.DEVNULL, check=True)
 
 
+def test_the_hook_run_with_no_stdin_on_a_fetched_mirror_rebuilds_the_notes_files_from_its_refs(
+    deployment: Deployment, tmp_path: Path,
+) -> None:
+    import subprocess
+
+    head = git("rev-parse", "HEAD", cwd=deployment.work)
+    mirror = tmp_path / "mirror.git"
+    git("init", "-q", "--bare", str(mirror))
+    tips = tmp_path / "www" / "cloud"
+    tips.parent.mkdir()
+
+    def fetched(*refs: str) -> dict[str, str]:
+        """The mirror's refs are ``refs`` now (as a cron job's fetch --prune leaves them); the
+        hook runs with nothing on stdin; the notes files it leaves, by name."""
+        for ref in git("--git-dir", str(mirror), "for-each-ref", "--format=%(refname)").split():
+            git("--git-dir", str(mirror), "update-ref", "-d", ref)
+        for ref in refs:
+            git("--git-dir", str(mirror), "fetch", "-q", str(deployment.bare), f"{head}:{ref}")
+        subprocess.run([str(HOOK)], cwd=mirror, env={**os.environ, "RECONCILER_TIPS": str(tips)},
+                       stdin=subprocess.DEVNULL, check=True)
+        return {f.name: f.read_text() for f in (tips.parent / "cloud.notes").iterdir()}
+
+    def line(node: str) -> str:
+        return f"{head}\trefs/notes/reconciler/{node}\n"
+
+    assert fetched("refs/heads/main", "refs/notes/reconciler/ctl1", "refs/notes/reconciler/ctl2",
+                   "refs/notes/reconciler/a/b") == {"ctl1": line("ctl1"), "ctl2": line("ctl2")}
+    assert tips.read_text() == f"{head}\trefs/heads/main\n"
+    (tips.parent / "cloud.notes" / "ctl1.tmp.4242").write_text("half")  # a hook killed mid-write
+    # ctl2's ref is gone (the node left the fleet): so is its file, and the half-written one.
+    assert fetched("refs/heads/main", "refs/notes/reconciler/ctl1") == {"ctl1": line("ctl1")}
+
+
 @pytest.mark.parametrize(("remote", "error"), [
     ({"url": "git://h/c.git", "probe": "ftp://h/tips"}, r"remotes\[0\]: probe is not an http:// or https:// URL"),
     ({"url": "git://h/c.git", "probe": "http://h/tips", "check_every": 0}, "check_every must be a number"),
