@@ -250,17 +250,40 @@ class Source:
                                     f"{GIT_TIMEOUT} s", url)) from None
         if proc.returncode != 0:
             stderr = err.decode(errors="replace").strip()
-            lock = None if retried else stale_lock(stderr, cwd or self.path)
-            if lock is not None:
-                # A git of ours killed while it held the lock (its timeout above, or a stop that
-                # took the whole cgroup): no git we run lives past GIT_TIMEOUT, so none holds it.
-                log.warning("removing %s, left by a git process killed %.0f s ago; trying again", lock,
-                            time.time() - lock.stat().st_mtime)
-                faults.point("remove", str(lock))
-                lock.unlink(missing_ok=True)
+            if not retried and self._unlock(stderr, cwd or self.path):
                 return self.run(*args, what=what, cwd=cwd, url=url, retried=True)
             raise self._failed(what, stderr, proc.returncode, url)
         return out.decode(errors="replace").removesuffix("\n")
+
+    def _fetch_shown(self, refspec: str, retried: bool = False) -> None:
+        """The fetch through GitPython, its progress on the terminal; a stale ref lock is
+        cleared as ``run`` clears it."""
+        import git
+
+        progress = _progress()
+        repo = git.Repo(str(self.path))
+        try:
+            with repo.git.custom_environment(**self.env):
+                remote = self._origin(repo)
+                remote.fetch(refspec, progress=progress, no_tags=True, kill_after_timeout=GIT_TIMEOUT)
+        except git.GitCommandError as exc:
+            stderr = self._stderr(exc, progress)
+            if not retried and self._unlock(stderr, self.path):
+                return self._fetch_shown(refspec, retried=True)
+            raise self._failed("fetch from", stderr, exc.status) from None
+
+    def _unlock(self, stderr: str, root: Path) -> bool:
+        """Removed the stale ref lock git failed on (see ``stale_lock``): try once more."""
+        lock = stale_lock(stderr, root)
+        if lock is None:
+            return False
+        # A git of ours killed while it held the lock (its timeout, or a stop that took the
+        # whole cgroup): no git we run lives past GIT_TIMEOUT, so none holds it.
+        log.warning("removing %s, left by a git process killed %.0f s ago; trying again", lock,
+                    time.time() - lock.stat().st_mtime)
+        faults.point("remove", str(lock))
+        lock.unlink(missing_ok=True)
+        return True
 
     def _failed(self, what: str, stderr: str, status: object, url: str | None = None) -> RemoteError:
         """``what URL failed: <git's cause>``, free of credentials."""
@@ -268,15 +291,16 @@ class Source:
         url = url or self.url
         return RemoteError(scrub(f"{what} {safe_url(url)} failed: {cause}", url))
 
-    def error(self, what: str, exc: git.GitCommandError, progress: Any = None) -> RemoteError:
-        """A failed GitPython fetch (the progress display) as ``_failed`` says it."""
+    @staticmethod
+    def _stderr(exc: git.GitCommandError, progress: Any = None) -> str:
+        """git's own lines of a failed GitPython command."""
         # With a progress handler GitPython keeps only the lines after the first "fatal:" as
         # stderr; the handler saw them all.
         stderr = "\n".join(progress.other_lines + progress.error_lines) if progress else exc.stderr.strip()
         # GitPython wraps git's stderr as "stderr: '...'"; unwrap to git's own lines
         if stderr.startswith("stderr: '") and stderr.endswith("'"):
             stderr = stderr[len("stderr: '"):-1]
-        return self._failed(what, stderr, exc.status)
+        return str(stderr)
 
     def local_head(self) -> str | None:
         return self.ref_target(self.ref)
@@ -368,16 +392,7 @@ class Source:
         refspec = f"+{self.ref}:{self.ref}"
         try:
             if self.progress:
-                import git
-
-                progress = _progress()
-                repo = git.Repo(str(self.path))
-                try:
-                    with repo.git.custom_environment(**self.env):
-                        remote = self._origin(repo)
-                        remote.fetch(refspec, progress=progress, no_tags=True, kill_after_timeout=GIT_TIMEOUT)
-                except git.GitCommandError as exc:
-                    raise self.error("fetch from", exc, progress) from None
+                self._fetch_shown(refspec)
             else:
                 self.run("fetch", "--no-tags", self.url, refspec, what="fetch from")
         except RemoteError as exc:

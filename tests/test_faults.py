@@ -179,14 +179,16 @@ def test_daemon_applies_new_commits_and_restarts_a_killed_service(
 
 
 
+@pytest.mark.parametrize("shown", [False, True], ids=["quiet", "progress"])
 def test_a_ref_lock_left_by_a_killed_git_fetch_is_removed_once_no_git_can_hold_it(
-    deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture
+    deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture, shown: bool
 ) -> None:
     from reconciler.errors import RemoteError
     from reconciler.source import GIT_TIMEOUT
 
     ctl1 = agents("ctl1", deployment.url)
     assert ctl1.reconcile_once().exit_code == 0
+    ctl1.source.progress = shown  # on a terminal, the fetch is GitPython's, showing its progress
     # What git leaves when it dies while updating the branch's ref in the mirror.
     lock = ctl1.source.path / "refs" / "heads" / "main.lock"
     lock.write_text("")
