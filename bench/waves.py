@@ -28,6 +28,7 @@ from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
 from reconciler.daemon import Every, node_offset
 from reconciler.drivers.process import ProcessDriver
+from reconciler.errors import ReconcilerError
 
 SERVICE = ("runtime:\n  command: [python3, idle.py]\nfiles:\n  - {path: idle.py, source: idle.py}\n"
            "  - {path: idle.conf, template: idle.conf.j2}\n")
@@ -71,18 +72,25 @@ def main() -> None:
             noted: dict[str, float] = {}
             applying: dict[str, float] = {}
             polls = [0]
+            failures: list[str] = []
             lock = threading.Lock()
             finished = {m: threading.Event() for m in names}
 
             def poller(m: str) -> Callable[[], None]:
                 def poll() -> None:
                     begun = time.monotonic()
-                    result = agents[m].reconcile_once()
+                    try:
+                        result = agents[m].reconcile_once()
+                    except ReconcilerError as exc:  # as the daemon says it: one line, the next poll tries again
+                        with lock:
+                            failures.append(f"{m}: {exc}")
+                        return
                     with lock:
                         polls[0] += 1
-                    if result.commit == head and result.report is not None and result.pushed:
-                        noted[m], started[m] = time.monotonic() - t0, begun - t0
-                        applying[m] = time.monotonic() - begun
+                    if result.commit == head and result.report is not None:  # applied (a waiting pass has none)
+                        started[m], applying[m] = begun - t0, time.monotonic() - begun
+                    if m in applying and result.pushed:  # its note is on the server (a failed push: the next poll's)
+                        noted[m] = time.monotonic() - t0
                         finished[m].set()  # this node's schedule ends here
                 return poll
 
@@ -114,6 +122,8 @@ def main() -> None:
             print(f"  worst wave overhead after the first: {worst:.2f} s = {worst / interval:.2f} x the interval"
                   f" (target <= 1)")
             print(f"  polls {polls[0]}, git server CPU {cpu:.2f} s ({cpu / max(polls[0], 1) * 1000:.1f} ms per poll)")
+            if failures:
+                print(f"  {len(failures)} polls failed (tried again at the next), the first: {failures[0]}")
         finally:
             daemon.terminate()
             daemon.wait()
