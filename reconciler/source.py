@@ -3,7 +3,9 @@
 Transport is the git CLI through GitPython, so ssh config, credential helpers and protocol v2
 behave as they do for the operator's own git. Objects are read with pygit2 (see ``tree``), but
 not on a poll that finds nothing new: its two ref reads are files (``refs``) and its check of
-the head is a ``git cat-file``, so an idle agent never loads pygit2 (~19 MB of RSS, issue 17).
+the head is a stat of the files that hold it (a ``git cat-file`` when they changed, and every
+few minutes), so an idle agent never loads pygit2 (~19 MB of RSS, issue 17) and, with a tip
+probe, runs no git at all.
 
 A poll is one ``ls-remote --heads`` of the one branch with protocol v2: the client sends
 ``ref-prefix refs/heads/`` so the server lists branches only, and the cost stays flat however
