@@ -59,6 +59,11 @@ ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COM
        "GIT_COMMITTER_EMAIL": "b@x", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
 
 
+NOTES_PER_NODE = 1
+"""Notes commits a node pushes in a plain rollout in waves: its applied note, as bench/waves.py
+counts on the server (median and most: 1 at 40 nodes). A waiting node pushes nothing; a budget
+or an upgrade's barriers add claims."""
+
 def git(*args: str, cwd: Path | None = None, stdin: str | None = None) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=ENV, check=True, capture_output=True, text=True,
                           input=stdin).stdout
@@ -298,9 +303,9 @@ def main() -> None:
         polls_per_s = n / 10  # every node polls every 10 s
         cores = polls_per_s * r["poll ms"] / 1000
         probed = (polls_per_s * r["probe ms"] + n / CHECK_EVERY * r["poll ms"]) / 1000
-        # One rollout of 10 waves of N/10: each node pushes ~3 notes (waiting, applied, and one
-        # more); wave j's nodes wait j - 1 polls, then read every node before them once.
-        pushes = 3 * n * r["push ms"] / 1000
+        # One rollout of 10 waves of N/10: each node pushes NOTES_PER_NODE notes; wave j's nodes
+        # wait j - 1 polls, then read every node before them once.
+        pushes = NOTES_PER_NODE * n * r["push ms"] / 1000
         waits = {how: pushes + sum((n / 10) * (sum(_waiting_ms(r, n, how, j, k, probed=True) for k in range(1, j))
                                                + _read_ms(r, n, (j - 1) * n / 10)) for j in range(2, 11)) / 1000
                  for how in READS}
@@ -327,10 +332,10 @@ def main() -> None:
     for n, r in rows.items():
         cells = []
         for cores in args.cores:
-            took = {how: rollout_s(n, r, cores, args.apply_s, probed=True, reads=how) for how in READS}
-            cells.append(f"C={cores}: {_secs(took['sentinel'])} with the probe and sentinels "
+            by_reads = {how: rollout_s(n, r, cores, args.apply_s, probed=True, reads=how) for how in READS}
+            cells.append(f"C={cores}: {_secs(by_reads['sentinel'])} with the probe and sentinels "
                          f"({_secs(rollout_s(n, r, cores, args.apply_s, probed=False))} polling git; "
-                         f"{_secs(took['batch'])} reading the batch before, {_secs(took['every'])} every node "
+                         f"{_secs(by_reads['batch'])} reading the batch before, {_secs(by_reads['every'])} every node "
                          f"before, every poll)")
         print(f"N={n:>6}: " + " | ".join(cells))
     sys.stdout.flush()
@@ -356,7 +361,7 @@ def _waiting_ms(r: dict[str, float], n: int, how: str, j: int, k: int, interval:
 def rollout_s(n: int, r: dict[str, float], cores: int, apply_s: float, probed: bool,
               waves: int = 10, interval: float = 10.0, reads: str = "sentinel") -> float:
     """Seconds from merge to the last node's note: each wave notices its predecessors within a
-    poll, applies, and pushes (3 notes a node, as above), and reads every node before it once,
+    poll, applies, and pushes (``NOTES_PER_NODE``), and reads every node before it once,
     while every node keeps polling (``probed``: with the probe, and its sentinel's notes tip
     from the hook's files) and the waiting ones read as ``reads`` says once a poll. A wave
     takes interval + apply, or longer when that work needs more than the server's cores in
@@ -368,7 +373,7 @@ def rollout_s(n: int, r: dict[str, float], cores: int, apply_s: float, probed: b
     for k in range(1, waves + 1):
         waiting = sum(_waiting_ms(r, n, reads, j, k, interval, probed) for j in range(k + 1, waves + 1)) * per_wave
         rate = (n * poll_ms + waiting) / 1000 / interval  # CPU-s per second
-        work = per_wave * (3 * r["push ms"] + (_read_ms(r, n, (k - 1) * per_wave) if reads != "every" else 0)) / 1000
+        work = per_wave * (NOTES_PER_NODE * r["push ms"] + (_read_ms(r, n, (k - 1) * per_wave) if reads != "every" else 0)) / 1000
         if rate >= cores:
             return float("inf")
         total += max(interval + apply_s, work / (cores - rate))

@@ -34,6 +34,12 @@ SERVICE = ("runtime:\n  command: [python3, idle.py]\nfiles:\n  - {path: idle.py,
            "  - {path: idle.conf, template: idle.conf.j2}\n")
 
 
+def notes_tips(bare: Path) -> dict[str, str]:
+    """Each node's notes tip on the server."""
+    out = git("for-each-ref", "--format=%(objectname) %(refname:lstrip=3)", "refs/notes/reconciler/", cwd=bare)
+    return {name: oid for oid, name in (line.split() for line in out.splitlines())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=24)
@@ -65,6 +71,8 @@ def main() -> None:
                 for m in w:
                     agents[m].reconcile_once()
             head = commit_change(work, files, sign)
+            bare = root / "srv" / "cloud.git"
+            tips0 = notes_tips(bare)
             cpu0 = cpu_seconds(daemon.pid)
             git("push", "-q", url, "main", cwd=work)
             t0 = time.monotonic()
@@ -122,6 +130,11 @@ def main() -> None:
             print(f"  worst wave overhead after the first: {worst:.2f} s = {worst / interval:.2f} x the interval"
                   f" (target <= 1)")
             print(f"  polls {polls[0]}, git server CPU {cpu:.2f} s ({cpu / max(polls[0], 1) * 1000:.1f} ms per poll)")
+            tips = notes_tips(bare)
+            pushed = sorted(int(git("rev-list", "--count", tips[m], *([f"^{tips0[m]}"] if m in tips0 else []),
+                                    cwd=bare)) for m in names)
+            print(f"  notes commits a node pushed in the rollout: median {pushed[len(pushed) // 2]}, most {pushed[-1]}"
+                  f" (bench/server.py's model: 3)")
             if failures:
                 print(f"  {len(failures)} polls failed (tried again at the next), the first: {failures[0]}")
         finally:
