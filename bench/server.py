@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ from reconciler.probe import read_tips
 from reconciler.rollout import WHOLE_READ_EVERY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from nginx import Nginx  # noqa: E402  (the tests' own nginx, so the bench serves what they check)
+from nginx import Nginx, wait_listening  # noqa: E402  (the tests' own nginx, so the bench serves what they check)
 
 HOOK = Path(__file__).resolve().parent.parent / "contrib" / "git-server" / "post-receive-tips"
 CHECK_EVERY = 300.0  # the probe's default: a real git check this often
@@ -99,12 +98,7 @@ class Daemon:
             ["git", "daemon", "--reuseaddr", f"--base-path={base}", "--export-all", "--enable=receive-pack",
              f"--port={self.port}", "--listen=127.0.0.1", str(base)], stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env=ENV)
-        for _ in range(200):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise SystemExit("git daemon did not start")
+        wait_listening(self.proc, self.port, "git daemon")
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -47,6 +47,17 @@ log = logging.getLogger("reconciler.source")
 
 Stat = tuple[tuple[str, int, int, int, int], ...] | None
 
+
+@dataclass(frozen=True)
+class HeadRead:
+    """The head git last read whole (``Source.check``): its root tree, the stat of the files
+    that hold both, and when."""
+
+    head: str
+    tree: str
+    files: Stat
+    at: float
+
 GIT_TIMEOUT = 120.0
 NOTES_PREFIX = "refs/notes/reconciler/"  # the nodes' notes (report.NOTES_PREFIX; report imports us)
 RECHECK_EVERY = 300.0
@@ -178,7 +189,7 @@ class Source:
     ) -> None:
         self.reads = reads or (url,)
         self.clock = clock
-        self._read: tuple[str, str, Stat, float] | None = None  # the head, its tree, their files, when read
+        self._read: HeadRead | None = None
         self.probes = dict(probes or {})  # read remote -> its tip probe (see ``probe``)
         self.url = self.reads[0]  # the read remote this pass uses: the first that answered
         self.write_url = url if write == "" else write  # this node's notes go there (None: nowhere yet)
@@ -281,8 +292,9 @@ class Source:
             return False
         # A git of ours killed while it held the lock (its timeout, or a stop that took the
         # whole cgroup): no git we run lives past GIT_TIMEOUT, so none holds it.
-        log.warning("removing %s, left by a git process killed %.0f s ago; trying again", lock,
-                    time.time() - lock.stat().st_mtime)
+        with contextlib.suppress(OSError):  # gone already (another command of ours removed it): try again
+            log.warning("removing %s, left by a git process killed %.0f s ago; trying again", lock,
+                        time.time() - lock.stat().st_mtime)
         faults.point("remove", str(lock))
         lock.unlink(missing_ok=True)
         return True
@@ -446,11 +458,11 @@ class Source:
         seconds; a stat of those files otherwise, so an idle poll runs no git (issue 17)."""
         if head is None:
             return
-        last = self._read if self._read is not None and self._read[0] == head else None
+        last = self._read if self._read is not None and self._read.head == head else None
         # Stat before the read: a file changed during it differs from this next time.
-        before = self._stat(head, last[1]) if last is not None else None
-        still = last is not None and before is not None and before == last[2]
-        if still and last is not None and 0 <= self.clock() - last[3] < RECHECK_EVERY:
+        before = self._stat(head, last.tree) if last is not None else None
+        if (last is not None and before is not None and before == last.files
+                and 0 <= self.clock() - last.at < RECHECK_EVERY):
             return
         self._read = None
         # A git process, not pygit2 (an idle agent does not load it): always a fresh read, of
@@ -463,9 +475,9 @@ class Source:
             cause = git_cause(proc.stderr) or f"git exited with {proc.returncode}"
             raise CorruptMirror(f"{os.path.abspath(self.path)}: cannot read an object ({cause})")
         if last is not None:
-            self._read = (head, last[1], before, self.clock())
+            self._read = HeadRead(head, last.tree, before, self.clock())
         elif tree := self._tree(head):  # once per head
-            self._read = (head, tree, self._stat(head, tree), self.clock())
+            self._read = HeadRead(head, tree, self._stat(head, tree), self.clock())
 
     def _tree(self, head: str) -> str:
         """The head's root tree ("": unknown, and every poll reads the head by git)."""

@@ -55,16 +55,7 @@ http {{
 """)
         self.proc = subprocess.Popen([self.binary, "-c", str(conf), "-p", str(self.work)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"nginx exited: {err.strip()}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.02)
-        raise RuntimeError("nginx did not listen within 10 s")
+        wait_listening(self.proc, self.port, "nginx")
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -96,3 +87,18 @@ http {{
             if request.endswith(f" /{path} HTTP/1.1"):
                 out.append(int(rest.split()[0]))
         return out
+
+
+def wait_listening(proc: subprocess.Popen[bytes], port: int, what: str, seconds: float = 10) -> None:
+    """Until ``proc`` accepts connections on the loopback ``port``; RuntimeError (with what it
+    said on a piped stderr) if it exits first or does not listen within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"{what} exited: {err.strip()}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"{what} did not listen within {seconds:g} s")
