@@ -298,9 +298,13 @@ def main() -> None:
         cores = polls_per_s * r["poll ms"] / 1000
         probed = (polls_per_s * r["probe ms"] + n / CHECK_EVERY * r["poll ms"]) / 1000
         # One rollout of 10 waves of N/10: each node pushes NOTES_PER_NODE notes; wave j's nodes
-        # wait j - 1 polls, then read every node before them once.
+        # wait while the j - 1 waves before them go, each taking a poll and an apply at least
+        # (``rollout_s`` on an idle server), polling all the while; then they read every node
+        # before them once.
+        polls_a_wave = (10 + args.apply_s) / 10
         pushes = NOTES_PER_NODE * n * r["push ms"] / 1000
-        waits = {how: pushes + sum((n / 10) * (sum(_waiting_ms(r, n, how, j, k, probed=True) for k in range(1, j))
+        waits = {how: pushes + sum((n / 10) * (polls_a_wave * sum(_waiting_ms(r, n, how, j, k, probed=True)
+                                                                  for k in range(1, j))
                                                + _read_ms(r, n, (j - 1) * n / 10)) for j in range(2, 11)) / 1000
                  for how in READS}
         http = polls_per_s * r["http poll ms"] / 1000

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleet import commit_change, cpu_seconds, git, serve, signed_repo
+from server import NOTES_PER_NODE
 
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, TrustConfig
@@ -134,7 +135,7 @@ def main() -> None:
             pushed = sorted(int(git("rev-list", "--count", tips[m], *([f"^{tips0[m]}"] if m in tips0 else []),
                                     cwd=bare)) for m in names)
             print(f"  notes commits a node pushed in the rollout: median {pushed[len(pushed) // 2]}, most {pushed[-1]}"
-                  f" (bench/server.py's model: 3)")
+                  f" (bench/server.py's model: {NOTES_PER_NODE})")
             if failures:
                 print(f"  {len(failures)} polls failed (tried again at the next), the first: {failures[0]}")
         finally:

@@ -163,15 +163,20 @@ def test_a_probe_that_fails_or_says_nonsense_sends_the_poll_to_git(
     tips = web.root / TIPS
     other = "0123456789abcdef0123456789abcdef01234567"
     caplog.set_level(logging.INFO, "reconciler.probe")
+    daemon.stop()  # so a poll that goes to git says so
     for body in ("<html>not found</html>\n", f"{other}\trefs/heads/main\n", f"{head}\trefs/heads/other\n", ""):
         tips.write_text(body)
         assert not probe.unmoved("refs/heads/main", head), body
-        assert source.update() == (head, False)  # git's word
+        with pytest.raises(RemoteError, match="ref check of"):
+            source.update()  # to git
     tips.unlink()  # 404
     assert not probe.unmoved("refs/heads/main", head)
     web.stop()  # no answer at all
     assert not probe.unmoved("refs/heads/main", head)
-    assert source.update() == (head, False)
+    with pytest.raises(RemoteError, match="ref check of"):
+        source.update()
+    daemon.start()
+    assert source.update() == (head, False)  # git's word
     failures = [r.getMessage() for r in caplog.records if r.name == "reconciler.probe" and "failed" in r.getMessage()]
     assert len(failures) == 2, failures  # once per outage (the HTML page, then the 404 and the stop), not per poll
     assert "line 1 is not" in failures[0] and "HTTP 404" in failures[1]
@@ -253,6 +258,15 @@ def test_the_hook_run_with_no_stdin_on_a_fetched_mirror_rebuilds_the_notes_files
     (tips.parent / "cloud.notes" / "ctl1.tmp.4242").write_text("half")  # a hook killed mid-write
     # ctl2's ref is gone (the node left the fleet): so is its file, and the half-written one.
     assert fetched("refs/heads/main", "refs/notes/reconciler/ctl1") == {"ctl1": line("ctl1")}
+
+    # A push says which refs moved: only those files change; a deleted ref's file goes.
+    zero = "0" * 40
+    pushed = (f"{head} {zero} refs/notes/reconciler/ctl1\n{zero} {head} refs/notes/reconciler/x/y\n"
+              f"{zero} {head} refs/notes/reconciler/ctl3\n")
+    subprocess.run([str(HOOK)], cwd=mirror, env={**os.environ, "RECONCILER_TIPS": str(tips)}, input=pushed,
+                   text=True, check=True)
+    assert {f.name: f.read_text() for f in (tips.parent / "cloud.notes").iterdir()} == {"ctl3": line("ctl3")}
+    assert sorted(p.name for p in tips.parent.iterdir()) == ["cloud", "cloud.lock", "cloud.notes"]  # no scratch
 
 
 @pytest.mark.parametrize(("remote", "error"), [
