@@ -12,6 +12,7 @@ the whole file can make it less than the default.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -59,6 +60,17 @@ def _walk(value: Any, prefix: str, out: dict[str, str]) -> None:
             _walk(v, f"{prefix}.{i}" if prefix else str(i), out)
     else:
         out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+
+# A "[" that only whitespace separates from the start of the text or of a line (every line
+# boundary ``str.splitlines`` knows is itself whitespace): one search, not a loop over lines.
+_HEADER = re.compile(r"(?:\A|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])\s*\[")
+
+
+def _has_header(content: bytes) -> bool:
+    """Whether a line of the file starts with "[" (after whitespace): a sectioned INI file,
+    whose keys print as "[section] key"."""
+    return _HEADER.search(content.decode(errors="replace")) is not None
 
 
 def _ini(text: str) -> dict[str, tuple[str, ...]]:
@@ -130,8 +142,7 @@ def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
         if fa is None or fb is None:
             out.append(Domain(path, None, "changed"))
             continue
-        ini = _format(path) == "ini" and any(line.lstrip().startswith("[") for line in
-                                                 b.content.decode(errors="replace").splitlines())
+        ini = _format(path) == "ini" and _has_header(b.content)
         for key in sorted(set(fa) | set(fb)):
             if fa.get(key) != fb.get(key):
                 what = "added" if key not in fa else "removed" if key not in fb else "changed"

@@ -85,6 +85,11 @@ class ServiceDef:
     def source_path(self, name: str) -> str:
         return f"services/{self.name}/files/{name}"
 
+    @functools.cached_property
+    def files_in_order(self) -> tuple[FileDecl, ...]:
+        """``files`` by path, the order a service's files render and print in."""
+        return tuple(sorted(self.files, key=lambda d: d.path))
+
 
 @dataclass(frozen=True)
 class GroupDef:

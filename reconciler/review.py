@@ -7,7 +7,6 @@ note when it applies B on top of A: a reviewer approves an exact plan.
 
 from __future__ import annotations
 
-import difflib
 import html
 import multiprocessing
 import os
@@ -19,6 +18,7 @@ from typing import Any
 from .controlplane import CutoverStep, cutover_steps
 from .errors import BadInput, ReconcilerError
 from .inputs import Inputs
+from .linediff import unified
 from .model import ActionKind, Desired, Observed, ObservedService, Plan
 from .plan import plan as make_plan
 from .render import render_node
@@ -147,7 +147,7 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
             elif la is None or lb is None:
                 text = "binary content differs\n"
             else:
-                text = "".join(difflib.unified_diff(la, lb, f"a/{node}/{name}/{path}", f"b/{node}/{name}/{path}"))
+                text = unified(la, lb, f"a/{node}/{name}/{path}", f"b/{node}/{name}/{path}")
                 if old is not None and new is not None and old.mode != new.mode:
                     text = f"mode {old.mode:04o} -> {new.mode:04o}\n" + text
             out.append(FileDiff(name, path, text))

@@ -183,6 +183,17 @@ class _Generator(CodeGenerator):
         self.write(f"), {join})")
 
 
+@jinja2.pass_eval_context
+def _join(eval_ctx: jinja2.nodes.EvalContext, value: Iterable[Any], d: str = "",
+          attribute: str | int | None = None) -> str:
+    """Jinja's ``join``, without a ``str()`` call per item when every item is a string already
+    (a group's member names: at 250 names a file, most of rendering a fleet's configs)."""
+    if attribute is None and not eval_ctx.autoescape and type(value) in (list, tuple) \
+            and set(map(type, value)) <= {str}:
+        return str(d).join(value)
+    return jinja2.filters.sync_do_join(eval_ctx, value, d, attribute)
+
+
 class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     """Jinja's immutable sandbox, paced and bounded by the ``Budget`` in use (none: unbounded)."""
 
@@ -193,7 +204,7 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         super().__init__(**options)
         # lipsum(n) loops n times in plain Python, out of reach of every check here.
         self.globals.pop("lipsum", None)
-        self.filters = {name: _paced_filter(name, f) for name, f in self.filters.items()}
+        self.filters = {name: _paced_filter(name, f) for name, f in {**self.filters, "join": _join}.items()}
         self.over_limit: MutableMapping[str, str] = {}  # template -> first node it passed a limit for
         self._top: dict[str, jinja2.Template] = {}
 

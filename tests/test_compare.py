@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 
-from reconciler.compare import Domain, domains
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reconciler.compare import Domain, _has_header, domains
 from reconciler.model import FileSpec
 
 
@@ -54,3 +57,12 @@ def test_a_rendered_billion_laughs_yaml_is_judged_as_a_whole_file_at_once() -> N
     result = domains([FileSpec("app.yaml", 0o644, b"l0: 1\n")], [FileSpec("app.yaml", 0o644, "\n".join(lines).encode())])
     assert result == [Domain("app.yaml", None, "changed")]
     assert time.monotonic() - start < 5
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["[s]", "  [s]", "k = [v]", "\t", " ", "\n", "\r", "\r\n", "\x0b", "\x1c", "\x85",
+                                 "\u2028", "\u3000", "x", "#", "["]), max_size=12))
+def test_a_section_header_is_found_on_any_line_however_lines_end(parts: list[str]) -> None:
+    text = "".join(parts)
+    by_line = any(line.lstrip().startswith("[") for line in text.splitlines())
+    assert _has_header(text.encode()) is by_line

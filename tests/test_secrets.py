@@ -29,7 +29,7 @@ from reconciler.agent import Agent
 from reconciler.config import SecretsConfig
 from reconciler.errors import BadInput
 from reconciler.redact import Redactor
-from reconciler.render import render_node
+from reconciler.render import render_node, secret_view
 from reconciler.repo import load_repo
 from reconciler.review import diff_repos, markdown, validate_tree
 from reconciler.secrets import Opened, SecretUnreadable, identities, open_files, unlock
@@ -426,3 +426,22 @@ def test_a_controller_without_an_age_identity_says_so_and_starts_nothing(
                                       "secrets.age_identity or --age-identity)")
     assert "services/db/templates/db-auth.conf.j2:3" in str(result.error)
     assert [o for d in ctl1.drivers(None).values() for o in d.observe()] == []
+
+
+def test_a_secret_written_out_in_a_plain_runtime_string_is_refused_on_the_node_that_reads_it(
+        deployment: Deployment, tmp_path: Path) -> None:
+    # A command with no template in it renders alike on every node, and is rendered once for
+    # them all; a node whose secrets it spells out must still refuse it.
+    add_secret(deployment, keys(tmp_path))
+    marker = secret_view(load_repo(open_tree(deployment.work, "HEAD")), "ctl1")["db_password"]
+    deployment.edit("services/node-exporter/service.yaml", "command: [python3, node_exporter.py,",
+                    f"command: [python3, node_exporter.py, '{marker}',")
+    deployment.edit("services/node-exporter/service.yaml", '"127.0.0.1:{{ port_base + ports.exporter }}"',
+                    '"127.0.0.1:9100"')
+    deployment.commit("the password's marker pasted into a command")
+    repo = load_repo(open_tree(deployment.work, "HEAD"))
+
+    first = render_node(repo, "cmp1", "HEAD")  # no secret readable there: a plain string
+    assert marker in first.by_name()["node-exporter"].runtime.command
+    with pytest.raises(BadInput, match="node ctl1, service node-exporter: command uses a secret"):
+        render_node(repo, "ctl1", "HEAD")

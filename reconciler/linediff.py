@@ -1,0 +1,88 @@
+"""Unified diffs of rendered files, quick for the usual case: a few changed lines in a file that
+is otherwise the same.
+
+``difflib.unified_diff`` indexes every line of the new file and searches the whole of both for
+matching blocks: most of a fleet diff's printing time, for files whose first and last lines
+match. Like git's xdiff, this takes the lines both files start and end with as they are, and
+asks difflib only about the lines between. The hunks are a correct diff of the two files (the
+test applies them); where a changed region could be matched more than one way they may pair
+lines differently from difflib's own choice over the whole files.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Sequence
+
+Opcode = tuple[str, int, int, int, int]
+
+
+def _opcodes(a: Sequence[str], b: Sequence[str]) -> list[Opcode]:
+    head, limit = 0, min(len(a), len(b))
+    while head < limit and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    a_end, b_end = len(a) - tail, len(b) - tail
+    codes: list[Opcode] = [("equal", 0, head, 0, head)] if head else []
+    if head < a_end and head < b_end:
+        middle = difflib.SequenceMatcher(None, a[head:a_end], b[head:b_end])
+        codes += [(tag, i1 + head, i2 + head, j1 + head, j2 + head) for tag, i1, i2, j1, j2 in middle.get_opcodes()]
+    elif head < a_end:
+        codes.append(("delete", head, a_end, head, head))
+    elif head < b_end:
+        codes.append(("insert", head, head, head, b_end))
+    if tail:
+        codes.append(("equal", a_end, len(a), b_end, len(b)))
+    return codes
+
+
+def _hunks(codes: list[Opcode], n: int) -> Iterator[list[Opcode]]:
+    """The opcodes in groups of changes with at most ``n`` lines of context around each, the
+    grouping a unified diff prints (as ``SequenceMatcher.get_grouped_opcodes``)."""
+    if not codes or all(tag == "equal" for tag, *_ in codes):
+        return
+    codes = list(codes)
+    tag, i1, i2, j1, j2 = codes[0]
+    if tag == "equal":  # only the last n lines of the leading context
+        codes[0] = tag, max(i1, i2 - n), i2, max(j1, j2 - n), j2
+    tag, i1, i2, j1, j2 = codes[-1]
+    if tag == "equal":  # only the first n lines of the trailing context
+        codes[-1] = tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n)
+    group: list[Opcode] = []
+    for tag, i1, i2, j1, j2 in codes:
+        if tag == "equal" and i2 - i1 > 2 * n:  # a long equal run splits two hunks
+            group.append((tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n)))
+            yield group
+            group = []
+            i1, j1 = max(i1, i2 - n), max(j1, j2 - n)
+        group.append((tag, i1, i2, j1, j2))
+    if group and not (len(group) == 1 and group[0][0] == "equal"):
+        yield group
+
+
+def _span(start: int, stop: int) -> str:
+    """A hunk's range as unified diffs write it: 1-based start, and the length unless it is 1;
+    an empty range names the line before it."""
+    length = stop - start
+    if length == 1:
+        return str(start + 1)
+    return f"{start + 1 if length else start},{length}"
+
+
+def unified(a: Sequence[str], b: Sequence[str], fromfile: str, tofile: str, n: int = 3) -> str:
+    """The unified diff of two files' lines (each with its line end), "" when they are the same."""
+    out: list[str] = []
+    for group in _hunks(_opcodes(a, b), n):
+        if not out:
+            out += [f"--- {fromfile}\n", f"+++ {tofile}\n"]
+        first, last = group[0], group[-1]
+        out.append(f"@@ -{_span(first[1], last[2])} +{_span(first[3], last[4])} @@\n")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [" " + line for line in a[i1:i2]]
+                continue
+            out += ["-" + line for line in a[i1:i2]]
+            out += ["+" + line for line in b[j1:j2]]
+    return "".join(out)
