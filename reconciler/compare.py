@@ -81,27 +81,38 @@ def _ini(text: str) -> dict[str, tuple[str, ...]]:
     header (sysctl.d, env files) has bare keys. Raises ValueError for a line that is none of these.
     """
     values: dict[str, list[str]] = {}
-    section, key, key_indent = TOP, "", 0
+    prefix, key, key_indent = "", "", 0  # prefix: "section." ("" before any section header)
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped:
             key = ""  # a blank line ends a value
             continue
-        if stripped[0] in "#;":
+        first = stripped[0]
+        if first == "#" or first == ";":
             continue
-        indent = len(line) - len(line.lstrip()) if line[0].isspace() else 0
+        # Indented exactly when the line's first character is not its first non-blank one.
+        indent = len(line) - len(line.lstrip()) if line[0] != first else 0
         if key and indent > key_indent:
             values[key][-1] += "\n" + stripped
-        elif stripped[0] == "[" and "]" in stripped:
+        elif first == "[" and "]" in stripped:
             section, key = stripped[1:stripped.rindex("]")].strip(), ""
+            prefix = "" if section == TOP else f"{section}."
         else:
-            eq, colon = stripped.find("="), stripped.find(":")
-            cut = eq if colon < 0 or 0 <= eq < colon else colon
-            name = stripped[:cut].strip()
+            # The first "=" or ":" ends the name; a ":" is looked for only before the "=".
+            eq = stripped.find("=")
+            cut = stripped.find(":", 0, eq) if eq >= 0 else stripped.find(":")
+            if cut < 0:
+                cut = eq
+            name = stripped[:cut].rstrip()
             if cut < 0 or not name:
                 raise ValueError(f"not an option: {stripped!r}")
-            key, key_indent = (name if section == TOP else f"{section}.{name}"), indent
-            values.setdefault(key, []).append(stripped[cut + 1:].strip())
+            key, key_indent = prefix + name, indent
+            value = stripped[cut + 1:].lstrip()
+            kept = values.get(key)
+            if kept is None:
+                values[key] = [value]
+            else:
+                kept.append(value)
     return {k: tuple(v) for k, v in values.items()}
 
 

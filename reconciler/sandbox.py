@@ -187,10 +187,13 @@ class _Generator(CodeGenerator):
 def _join(eval_ctx: jinja2.nodes.EvalContext, value: Iterable[Any], d: str = "",
           attribute: str | int | None = None) -> str:
     """Jinja's ``join``, without a ``str()`` call per item when every item is a string already
-    (a group's member names: at 250 names a file, most of rendering a fleet's configs)."""
-    if attribute is None and not eval_ctx.autoescape and type(value) in (list, tuple) \
-            and set(map(type, value)) <= {str}:
-        return str(d).join(value)
+    (a group's member names: at 250 names a file, most of rendering a fleet's configs). A
+    string's ``str()`` is itself; a list with anything else in it takes Jinja's way."""
+    if attribute is None and not eval_ctx.autoescape and type(value) in (list, tuple):
+        try:
+            return str(d).join(value)
+        except TypeError:
+            pass
     return jinja2.filters.sync_do_join(eval_ctx, value, d, attribute)
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import jinja2
 import pytest
 from conftest import SigningKey, git, small_deployment
 
@@ -21,6 +22,7 @@ from reconciler.errors import RenderLimit, RepoLimit, YamlLimit
 from reconciler.limits import Limits
 from reconciler.render import render_node
 from reconciler.repo import load_repo
+from reconciler.sandbox import Sandbox
 from reconciler.tree import DirTree
 from reconciler.yamlfile import RepoProblems, load_yaml
 
@@ -220,3 +222,14 @@ def test_the_agent_notes_a_hostile_commit_as_an_error(
     assert result.exit_code == 2
     note = dep.note("n1")
     assert note is not None and (note["state"], note["reason"]) == ("error", reason), note
+
+
+@pytest.mark.parametrize("template", [
+    "{{ names | join(',') }}", "{{ mixed | join('-') }}", "{{ pair | join }}", "{{ hosts | join(', ', attribute='n') }}",
+    "{{ range(3) | join('/') }}", "{{ names | map('upper') | join(' ') }}", "{{ ('a' | safe, 'b') | join('|') }}",
+])
+def test_join_in_the_sandbox_prints_what_jinjas_join_prints(template: str) -> None:
+    # The sandbox joins a list of strings without Jinja's str() per item: same text, all kinds of lists.
+    values = {"names": ["n1", "n2", "n3"], "mixed": [1, "z", None, 2.5], "pair": ("p", "q"),
+              "hosts": [{"n": "h1"}, {"n": 2}]}
+    assert Sandbox().from_string(template).render(values) == jinja2.Environment().from_string(template).render(values)
