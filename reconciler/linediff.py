@@ -27,8 +27,12 @@ def _opcodes(a: Sequence[str], b: Sequence[str]) -> list[Opcode]:
     a_end, b_end = len(a) - tail, len(b) - tail
     codes: list[Opcode] = [("equal", 0, head, 0, head)] if head else []
     if head < a_end and head < b_end:
-        middle = difflib.SequenceMatcher(None, a[head:a_end], b[head:b_end])
-        codes += [(tag, i1 + head, i2 + head, j1 + head, j2 + head) for tag, i1, i2, j1, j2 in middle.get_opcodes()]
+        old, new = a[head:a_end], b[head:b_end]
+        if set(old).isdisjoint(new):  # nothing to match (one line for another, often): one replace
+            codes.append(("replace", head, a_end, head, b_end))
+        else:
+            middle = difflib.SequenceMatcher(None, old, new)
+            codes += [(tag, i1 + head, i2 + head, j1 + head, j2 + head) for tag, i1, i2, j1, j2 in middle.get_opcodes()]
     elif head < a_end:
         codes.append(("delete", head, a_end, head, head))
     elif head < b_end:

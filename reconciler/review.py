@@ -7,6 +7,7 @@ note when it applies B on top of A: a reviewer approves an exact plan.
 
 from __future__ import annotations
 
+import gc
 import html
 import multiprocessing
 import os
@@ -215,6 +216,10 @@ def _in_workers(review: _Review, names: list[str], workers: int) -> list[NodeDif
     size = max(1, len(names) // (workers * 8))
     chunks = [names[i:i + size] for i in range(0, len(names), size)]
     _JOB = review
+    # What this process holds is moved out of the collector's sight while the workers run: a
+    # worker's collection would otherwise write to every inherited object's header, copying the
+    # pages of both loaded repos into each worker (a tenth of a fleet diff's CPU).
+    gc.freeze()
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             out: list[NodeDiff] = []
@@ -223,6 +228,7 @@ def _in_workers(review: _Review, names: list[str], workers: int) -> list[NodeDif
             return out
     finally:
         _JOB = None
+        gc.unfreeze()
 
 
 def _diff_chunk(names: list[str]) -> list[NodeDiff]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.compare import Domain, _has_header, domains
+from reconciler.compare import Domain, _changes, _has_header, _ini_changes, domains, flatten
 from reconciler.model import FileSpec
 
 
@@ -66,3 +67,68 @@ def test_a_section_header_is_found_on_any_line_however_lines_end(parts: list[str
     text = "".join(parts)
     by_line = any(line.lstrip().startswith("[") for line in text.splitlines())
     assert _has_header(text.encode()) is by_line
+
+
+# A line of a rendered INI file as (kind, name, value), and the same line written out.
+LINE = st.one_of(
+    st.tuples(st.just("option"), st.sampled_from(["k", "j", "m"]), st.sampled_from(["1", "2", "[x]"]),
+              st.sampled_from(["", "  "]), st.sampled_from([" = ", "=", ": "])),
+    st.tuples(st.just("section"), st.sampled_from(["s", "t"]), st.sampled_from(["", " "]), st.just(""), st.just("")),
+    st.tuples(st.just("more"), st.just(""), st.sampled_from(["a", "b"]), st.sampled_from(["    ", "\t"]), st.just("")),
+    st.tuples(st.sampled_from(["#", ";"]), st.just(""), st.sampled_from(["a", "b"]), st.sampled_from(["", "  "]),
+              st.just("")),
+    st.tuples(st.just("blank"), st.just(""), st.just(""), st.sampled_from(["", "  "]), st.just("")),
+)
+JUNK = st.tuples(st.just("junk"), st.just(""), st.sampled_from(["bad line", "=v"]), st.just(""), st.just(""))
+
+
+def written(kind: str, name: str, value: str, indent: str, sep: str) -> str:
+    if kind == "option":
+        return f"{indent}{name}{sep}{value}"
+    if kind == "section":
+        return f"[{value}{name}{value}]"
+    return {"blank": indent, "junk": value}.get(kind, f"{indent}{kind}{value}" if kind in "#;" else indent + value)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(LINE, max_size=12), st.data())
+def test_two_ini_files_of_one_shape_read_in_one_pass_differ_in_the_keys_a_whole_parse_finds(
+        lines: list[tuple[str, str, str, str, str]], data: st.DataObject) -> None:
+    # The other file: mostly the same lines, some with another value (the same shape), some
+    # replaced by any line (another shape), sometimes one line more.
+    other = []
+    for kind, name, value, indent, sep in lines:
+        roll = data.draw(st.integers(0, 9))
+        if roll < 3:
+            value = data.draw(st.sampled_from(["1", "2", "3", "a", "b", " "]))
+        elif roll == 3:
+            kind, name, value, indent, sep = data.draw(LINE if data.draw(st.integers(0, 4)) else JUNK)
+        other.append(written(kind, name, value, indent, sep))
+    if data.draw(st.integers(0, 9)) == 0:
+        other.append(written(*data.draw(LINE)))
+    old = ("\n".join(written(*line) for line in lines) + "\n").encode()
+    new = ("\n".join(other) + "\n").encode()
+    fa, fb = flatten("f.conf", old), flatten("f.conf", new)
+    whole = None if fa is None or fb is None else [
+        (k, "added" if k not in fa else "removed" if k not in fb else "changed")
+        for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    assert _changes("f.conf", old, new) == whole
+    one_pass = _ini_changes(old.decode(), new.decode())
+    if one_pass is not None:  # taken, and the same answer
+        assert whole is not None and one_pass == [k for k, _ in whole]
+
+
+@pytest.mark.parametrize(("old", "new", "keys"), [
+    # "k" at another indent: the next line continues it in one file and is an option in the other.
+    (b"[s]\nk = 1\n  j = 2\n", b"[s]\n  k = 1\n  j = 2\n", [("s.j", "added"), ("s.k", "changed")]),
+    # A continuation line in one file, an option in the other.
+    (b"[s]\nk = 1\n    a\n", b"[s]\nk = 1\nj = 2\n", [("s.j", "added"), ("s.k", "changed")]),
+    # A blank line ends a value; a comment does not.
+    (b"k = 1\n\n", b"k = 1\n# c\n", []),
+    (b"k = 1\n\n  j = 2\n", b"k = 1\n# c\n  j = 2\n", [("j", "removed"), ("k", "changed")]),
+    # Another section: the same option names are other keys.
+    (b"[s]\nk = 1\n", b"[t]\nk = 1\n", [("s.k", "removed"), ("t.k", "added")]),
+])
+def test_files_of_another_shape_are_each_parsed_whole(old: bytes, new: bytes, keys: list[tuple[str, str]]) -> None:
+    assert _ini_changes(old.decode(), new.decode()) is None
+    assert _changes("f.conf", old, new) == keys
