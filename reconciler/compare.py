@@ -73,6 +73,28 @@ def _has_header(content: bytes) -> bool:
     return _HEADER.search(content.decode(errors="replace")) is not None
 
 
+def _indent(line: str, first: str) -> int:
+    """How far ``line`` is indented: a line is indented exactly when its first character is not
+    ``first``, its first non-blank one."""
+    return len(line) - len(line.lstrip()) if line[0] != first else 0
+
+
+def _section(stripped: str) -> str | None:
+    """The section a header line opens (None: not a header)."""
+    return stripped[1:stripped.rindex("]")].strip() if stripped[0] == "[" and "]" in stripped else None
+
+
+def _option(stripped: str) -> tuple[str, str] | None:
+    """(name, value) of an option line: the first "=" or ":" ends the name (a ":" is looked for
+    only before the "="). None: not an option."""
+    eq = stripped.find("=")
+    cut = stripped.find(":", 0, eq) if eq >= 0 else stripped.find(":")
+    if cut < 0:
+        cut = eq
+    name = stripped[:cut].rstrip()
+    return (name, stripped[cut + 1:].lstrip()) if cut >= 0 and name else None
+
+
 def _ini(text: str) -> dict[str, tuple[str, ...]]:
     """``section.key`` -> every value it has, in order, the way oslo.config reads a
     file: a key may repeat (multi-valued options such as ``transport_url``) and so may a section
@@ -90,29 +112,21 @@ def _ini(text: str) -> dict[str, tuple[str, ...]]:
         first = stripped[0]
         if first == "#" or first == ";":
             continue
-        # Indented exactly when the line's first character is not its first non-blank one.
-        indent = len(line) - len(line.lstrip()) if line[0] != first else 0
+        indent = _indent(line, first)
         if key and indent > key_indent:
             values[key][-1] += "\n" + stripped
-        elif first == "[" and "]" in stripped:
-            section, key = stripped[1:stripped.rindex("]")].strip(), ""
-            prefix = "" if section == TOP else f"{section}."
+        elif (section := _section(stripped)) is not None:
+            key, prefix = "", "" if section == TOP else f"{section}."
         else:
-            # The first "=" or ":" ends the name; a ":" is looked for only before the "=".
-            eq = stripped.find("=")
-            cut = stripped.find(":", 0, eq) if eq >= 0 else stripped.find(":")
-            if cut < 0:
-                cut = eq
-            name = stripped[:cut].rstrip()
-            if cut < 0 or not name:
+            option = _option(stripped)
+            if option is None:
                 raise ValueError(f"not an option: {stripped!r}")
-            key, key_indent = prefix + name, indent
-            value = stripped[cut + 1:].lstrip()
+            key, key_indent = prefix + option[0], indent
             kept = values.get(key)
             if kept is None:
-                values[key] = [value]
+                values[key] = [option[1]]
             else:
-                kept.append(value)
+                kept.append(option[1])
     return {k: tuple(v) for k, v in values.items()}
 
 
@@ -131,6 +145,14 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
     side_a: dict[str, list[str]] = {}
     side_b: dict[str, list[str]] = {}
     prefix, key, key_indent = "", "", 0
+
+    def apart(key: str) -> tuple[list[str], list[str]]:
+        """The key's values per file, from the shared ones the first time a differing line
+        touches it."""
+        if key not in side_a:
+            side_a[key], side_b[key] = list(shared.get(key, ())), list(shared.get(key, ()))
+        return side_a[key], side_b[key]
+
     for a, b in zip(la, lb, strict=True):
         stripped = a.strip()
         other = stripped if a == b else b.strip()
@@ -145,51 +167,37 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
             if comment and other_comment:
                 continue
             return None
-        indent = len(a) - len(a.lstrip()) if a[0] != first else 0
-        other_indent = indent if a == b else len(b) - len(b.lstrip()) if b[0] != other[0] else 0
+        indent = _indent(a, first)
+        other_indent = indent if a == b else _indent(b, other[0])
         more, other_more = bool(key) and indent > key_indent, bool(key) and other_indent > key_indent
         if more != other_more:
             return None  # a continuation against a line that is not
         if more:
             if key not in side_a and a == b:
                 shared[key][-1] += "\n" + stripped
-                continue
-            if key not in side_a:
-                side_a[key], side_b[key] = list(shared[key]), list(shared[key])
-            side_a[key][-1] += "\n" + stripped
-            side_b[key][-1] += "\n" + other
+            else:
+                values_a, values_b = apart(key)
+                values_a[-1] += "\n" + stripped
+                values_b[-1] += "\n" + other
             continue
-        header, other_header = first == "[" and "]" in stripped, other[0] == "[" and "]" in other
-        if header or other_header:
-            section = stripped[1:stripped.rindex("]")].strip() if header else None
-            if not (header and other_header) or (a != b and other[1:other.rindex("]")].strip() != section):
+        section = _section(stripped)
+        if section is not None or _section(other) is not None:
+            if section is None or _section(other) != section:
                 return None
             key, prefix = "", "" if section == TOP else f"{section}."
             continue
-        names = []
-        for line in (stripped, other) if a != b else (stripped,):
-            eq = line.find("=")
-            cut = line.find(":", 0, eq) if eq >= 0 else line.find(":")
-            if cut < 0:
-                cut = eq
-            name = line[:cut].rstrip()
-            if cut < 0 or not name:
-                return None  # not an option: ``_ini`` says which file does not parse
-            names.append((name, line[cut + 1:].lstrip()))
-        if a != b and (names[0][0] != names[1][0] or indent != other_indent):
+        option, other_option = _option(stripped), _option(other)
+        if option is None or other_option is None:
+            return None  # not an option: ``_ini`` says which file does not parse
+        if option[0] != other_option[0] or indent != other_indent:
             return None
-        key, key_indent = prefix + names[0][0], indent
+        key, key_indent = prefix + option[0], indent
         if key not in side_a and a == b:
-            kept = shared.get(key)
-            if kept is None:
-                shared[key] = [names[0][1]]
-            else:
-                kept.append(names[0][1])
-            continue
-        if key not in side_a:
-            side_a[key], side_b[key] = list(shared.get(key, ())), list(shared.get(key, ()))
-        side_a[key].append(names[0][1])
-        side_b[key].append(names[-1][1])
+            shared.setdefault(key, []).append(option[1])
+        else:
+            values_a, values_b = apart(key)
+            values_a.append(option[1])
+            values_b.append(other_option[1])
     return sorted(k for k, v in side_a.items() if v != side_b[k])
 
 

@@ -368,20 +368,32 @@ def context(repo: DeploymentRepo, node: str, svc: ServiceDef,
     return ctx
 
 
-_ENVIRONMENTS: dict[int, tuple[ServiceDef, Sandbox]] = {}
+@dataclass(frozen=True)
+class _Compiled:
+    """What a service definition's renders share on every node: its sandbox (each template
+    compiles once however many nodes render it), and its runtime as built for each
+    ``(driver, plane, default health timeout, VIP networks)`` when none of its runtime strings
+    is a template (``_Run``; at 30 services a node, building the runtime per node was a third
+    of a fleet diff's render time, for specs that mostly read no variable at all)."""
+
+    svc: ServiceDef  # kept alive, so its id is not reused while the entry stands
+    env: Sandbox
+    runs: dict[tuple[Any, ...], _Run]
 
 
-def _environment_for(svc: ServiceDef) -> Sandbox:
-    """One sandbox per service definition, so each template compiles once however many nodes
-    render it (keyed by identity; the entry keeps the definition alive so ids are not reused)."""
-    hit = _ENVIRONMENTS.get(id(svc))
-    if hit is not None and hit[0] is svc:
-        return hit[1]
-    if len(_ENVIRONMENTS) > 4096:
-        _ENVIRONMENTS.clear()
-    env = _environment(svc.templates, svc.template_path("").rstrip("/"))
-    _ENVIRONMENTS[id(svc)] = (svc, env)
-    return env
+_COMPILED_SERVICES: dict[int, _Compiled] = {}
+
+
+def _compiled(svc: ServiceDef) -> _Compiled:
+    """The service definition's entry, keyed by identity."""
+    hit = _COMPILED_SERVICES.get(id(svc))
+    if hit is not None and hit.svc is svc:
+        return hit
+    if len(_COMPILED_SERVICES) > 4096:
+        _COMPILED_SERVICES.clear()
+    hit = _Compiled(svc, _environment(svc.templates, svc.template_path("").rstrip("/")), {})
+    _COMPILED_SERVICES[id(svc)] = hit
+    return hit
 
 
 # (kind, name) -> why this node cannot run a process as that "user" or "group", or None.
@@ -395,7 +407,8 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     the process driver's users and groups there; a reviewer's machine renders without it.
     ``budget``: what the node's render may still spend (a fresh one from the repo's limits when
     this service is rendered alone). ``share``: the node's (``render_node`` computes it once)."""
-    env = _environment_for(svc)
+    compiled = _compiled(svc)
+    env = compiled.env
     share = share or node_share(repo, node)
     ctx = {**env.globals, **context(repo, node, svc, pinned, share)}
     budget = budget or Budget(repo.limits)
@@ -437,13 +450,17 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
                               _file_key(secrets, used) if used else b""))
 
     driver = repo.driver_of(node, svc.name)
+    timeout = repo.settings.get("defaults", {}).get("health_timeout", 10)
     # Everything the runtime reads besides its strings' variables.
-    alike = (driver, share.attached, repo.settings.get("defaults", {}).get("health_timeout", 10), repo.vip_networks)
-    run = _static_run(svc, alike, secrets)
-    if run is None:
-        run = _run(repo, node, svc, driver, share.attached, inline)
+    alike = (driver, share.attached, timeout, repo.vip_networks)
+    run = compiled.runs.get(alike)
+    _unmark(secrets)
+    # A plain string that holds one of this node's secret values is refused all the same: the
+    # node renders it anew, and the error names the string's key.
+    if run is None or (secrets._texts and any(_holds_secret(secrets, said) for said in run.said)):
+        run = _run(repo, node, svc, driver, share.attached, timeout, inline)
         if not run.templated:
-            _STATIC.setdefault(id(svc), (svc, {}))[1][alike] = run
+            compiled.runs[alike] = run
     runtime = run.runtime
     for kind, name in (("user", runtime.user), ("group", runtime.group)):
         problem = accounts(kind, name) if accounts is not None and name and driver == "process" else None
@@ -471,7 +488,7 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
 class _Run:
     """How a service runs on a node: its runtime strings rendered and checked. ``said``: each
     string as rendered; ``templated``: whether any of them was a template (else the same for
-    every node with the same driver and plane, see ``_static_run``)."""
+    every node with the same driver and plane, see ``_Compiled``)."""
 
     runtime: Runtime
     health: Health
@@ -483,29 +500,7 @@ class _Run:
     templated: bool
 
 
-# Service definition -> what else its runtime reads -> a ``_Run`` whose strings are all plain.
-# Keyed by identity, the entry keeping the definition alive so ids are not reused (as
-# ``_ENVIRONMENTS``). At 30 services a node, building the runtime per node was a third of a
-# fleet diff's render time, for specs that mostly read no variable at all.
-_STATIC: dict[int, tuple[ServiceDef, dict[tuple[Any, ...], _Run]]] = {}
-
-
-def _static_run(svc: ServiceDef, alike: tuple[Any, ...], secrets: SecretView) -> _Run | None:
-    hit = _STATIC.get(id(svc))
-    if hit is None or hit[0] is not svc:
-        if len(_STATIC) > 4096:
-            _STATIC.clear()
-        return None
-    run = hit[1].get(alike)
-    _unmark(secrets)
-    # A plain string that holds one of this node's secret values is refused all the same: the
-    # node renders it anew, and the error names the string's key.
-    if run is None or (secrets._texts and any(_holds_secret(secrets, said) for said in run.said)):
-        return None
-    return run
-
-
-def _run(repo: DeploymentRepo, node: str, svc: ServiceDef, driver: str, attached: bool,
+def _run(repo: DeploymentRepo, node: str, svc: ServiceDef, driver: str, attached: bool, timeout_default: Any,
          inline: Callable[[str, str], str]) -> _Run:
     said: list[str] = []
     templated = False
@@ -520,7 +515,7 @@ def _run(repo: DeploymentRepo, node: str, svc: ServiceDef, driver: str, attached
     command = tuple(say(arg, "command") for arg in svc.command)
     env_vars = tuple(sorted((k, say(v, "env")) for k, v in svc.env.items()))
     health = Health()
-    timeout = float(svc.health.get("timeout", repo.settings.get("defaults", {}).get("health_timeout", 10)))
+    timeout = float(svc.health.get("timeout", timeout_default))
     min_healthy = float(svc.health.get("min_healthy", MIN_HEALTHY))
     for kind in ("http", "tcp", "command"):
         if kind in svc.health:
