@@ -102,6 +102,18 @@ class Agent:
         self._said[key] = None
         log.log(level, msg, *args)
 
+    def said(self) -> tuple[Hashable, ...]:
+        """What was logged once so far (``say_once``), to hand to a re-executed daemon."""
+        return tuple(self._said)
+
+    def take_back(self, said: Iterable[Hashable], secrets: Iterable[tuple[str, str]], pulled: Iterable[str]) -> None:
+        """What the interpreter this agent's daemon replaced knew (``shed``): what it logged once,
+        the secret values it decrypted (``(value, name)``), the commits whose images it pulled."""
+        self._said.update(dict.fromkeys(said))
+        self.redact = self.redact.plus((name, value) for value, name in secrets)
+        self.ledger.redact = self.redact
+        self.pulled_ahead.update(pulled)
+
     # stages ----------------------------------------------------------------------------
     def drivers(self, desired: Desired | None) -> dict[str, Driver]:
         return drivers_for(self.cfg, desired)

@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import shed
 from .agent import Agent
+from .config import AgentConfig
 from .drivers import Driver
 from .drivers.process import ProcessDriver
 from .errors import Busy, ReconcilerError
@@ -136,11 +138,17 @@ class Outputs:
 
             self.metrics = Metrics(agent)
 
-    def serve(self) -> int | None:
-        """``/metrics`` on the configured address; the port it listens on."""
+    def serve(self, adopt: int | None = None) -> int | None:
+        """``/metrics`` on the configured address; the port it listens on. ``adopt``: the
+        socket the interpreter this one replaced listened on."""
         if self.metrics is None or self.agent.cfg.metrics.listen is None:
+            if adopt is not None:
+                os.close(adopt)
             return None
-        return self.metrics.serve(self.agent.cfg.metrics.listen)
+        return self.metrics.serve(self.agent.cfg.metrics.listen, adopt)
+
+    def listening(self) -> int | None:
+        return None if self.metrics is None else self.metrics.listening()
 
     def __call__(self, result: RunResult | None, error: ReconcilerError | None = None, strict: bool = False) -> None:
         if self.notifier is not None and result is not None:
@@ -177,43 +185,111 @@ class Every:
     def __init__(self, name: str, seconds: float, job: Callable[[], object], stop: threading.Event, *,
                  first: float = 0.0) -> None:
         self.seconds, self.job, self.stop = seconds, job, stop
-        self._next = time.monotonic() + first
+        self.due = time.monotonic() + first
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def later(self, delay: float) -> None:
-        self._next = time.monotonic() + delay
+        self.due = time.monotonic() + delay
 
     def _run(self) -> None:
-        while not self.stop.wait(max(0.0, self._next - time.monotonic())):
-            due = self._next
+        while not self.stop.wait(max(0.0, self.due - time.monotonic())):
+            due = self.due
             try:
                 self.job()
             except Exception:  # a bug in one run must not end the schedule
                 log.exception("%s: unexpected error", self._thread.name)
-            if self._next == due:  # the job did not reschedule itself
+            if self.due == due:  # the job did not reschedule itself
                 # The next due time of the same phase that is still ahead (a long run skips some).
                 behind = max(0.0, time.monotonic() - due)
-                self._next = due + self.seconds * (1 + int(behind // self.seconds))
+                self.due = due + self.seconds * (1 + int(behind // self.seconds))
 
 
-def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None) -> None:
+class Shedding:
+    """Whether the daemon should re-execute itself now (``shed``): after a quiet pass (nothing to
+    do, nothing failed, nothing waiting) that follows work, when the work left it heavier by
+    ``GROWTH_MB``. A fresh interpreter has done no work, so it never sheds on its first quiet
+    polls, whatever they load: no loop of re-executions."""
+
+    def __init__(self, agent: Agent, reload: Callable[[], AgentConfig] | None) -> None:
+        self.agent = agent
+        self.reload = reload
+        self.start_mb = shed.rss_mb()
+        self.worked = False
+        self.off = not shed.possible()
+
+    def after(self, result: RunResult | None) -> bool:
+        quiet = result is not None and result.error is None and result.report is None and not (
+            result.waiting or result.operation or result.suspended)
+        if not quiet:
+            self.worked = True
+            return False
+        now = shed.rss_mb()
+        return (not self.off and self.worked and now is not None and self.start_mb is not None
+                and now - self.start_mb >= shed.GROWTH_MB)
+
+    def same_config(self) -> bool:
+        """A fresh interpreter reads the config file again: when it no longer says what this
+        one runs with (or no longer parses), keep running; the operator's restart applies it."""
+        if self.reload is None:
+            return True
+        try:
+            same = self.reload() == self.agent.cfg
+        except ReconcilerError as exc:
+            same, why = False, f"it no longer loads: {exc}"
+        else:
+            why = "it changed"
+        if not same:
+            self.agent.say_once(("shed", "config"), logging.WARNING, "%s: not re-executing to give back memory: "
+                                "the config file differs from what this agent started with (%s); restart it "
+                                "to apply the file", self.agent.cfg.node, why)
+        return same
+
+
+def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None,
+               reload: Callable[[], AgentConfig] | None = None) -> None:
+    """The daemon. ``reload``: the config as a fresh start would load it (see ``Shedding``)."""
     cfg = agent.cfg
-    with agent.state.daemon_lock():
-        stopping = threading.Event()
+    carry = shed.take_over()
+    stopping = threading.Event()
+    wake = threading.Event()  # the main thread has something to do: stop, or re-execute
+
+    def stop(signum: int, frame: Any) -> None:
+        del signum, frame
+        stopping.set()
+        wake.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signals = shed.Signals(None if carry is None else carry.signal_fds)
+    if signals.stop_asked():  # taken by a thread of the interpreter this one replaced
+        stopping.set()
+    # Blocked when this interpreter replaced another (see ``shed``): one that came during the
+    # execv comes now, to the handler, before any thread starts (threads inherit the mask).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, shed.Signals.STOPS)
+    with agent.state.daemon_lock(held=None if carry is None else carry.lock_fd) as lock_fd:
+        shed_due = False
         supervisor = Supervisor(agent)
         failures = 0
         polling = threading.Lock()  # one pass at a time in-process
         say = on_result or VerdictLog(agent)
+        shedding = Shedding(agent, reload)
         outputs = Outputs(agent)
-        port = outputs.serve()
-        if port is not None:
+        port = outputs.serve(None if carry is None else carry.metrics_fd)
+        if carry is not None:
+            supervisor.failures, supervisor.next_try, supervisor.up_since = (
+                dict(carry.failures), dict(carry.next_try), dict(carry.up_since))
+            if isinstance(say, VerdictLog):
+                say.last = carry.verdict
+            agent.take_back(carry.said, carry.secrets, carry.pulled_ahead)
+            shedding.start_mb = carry.started_mb or shedding.start_mb
+        elif port is not None:
             log.info("%s: metrics on http://%s/metrics", cfg.node, cfg.metrics.listen)
 
         def poll() -> None:
-            nonlocal failures
+            nonlocal failures, shed_due
             if not polling.acquire(blocking=False):
                 return
             try:
@@ -221,10 +297,13 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
                 failures = 0
                 say(result)
                 outputs(result)
-
+                if shedding.after(result):
+                    shed_due = True
+                    wake.set()
             except Busy:
                 return
             except ReconcilerError as exc:
+                shedding.after(None)
                 outputs(None, exc)
                 if not exc.temporary:  # the same input fails the same way: say it once, poll on for a new one
                     agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s]", cfg.node, exc,
@@ -238,20 +317,65 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
             finally:
                 polling.release()
 
-        def stop(signum: int, frame: Any) -> None:
-            del signum, frame
-            stopping.set()
+        def re_execute() -> None:
+            """Hand over and re-execute, from the main thread, between passes, with no
+            supervisor tick in flight; on any obstacle, keep running (the next quiet pass
+            after more work asks again)."""
+            if not polling.acquire(blocking=False):
+                return  # a pass began meanwhile
+            try:
+                if not shedding.same_config():
+                    shedding.off = True
+                    return
+                with agent.state.services_lock(wait=5.0):
+                    if signals.stop_asked():
+                        stopping.set()  # its handler may not have run yet: no re-execution
+                    if stopping.is_set():
+                        return
+                    now = shed.rss_mb() or 0.0
+                    started = shedding.start_mb or 0.0
+                    log.info("%s: re-executing to give back %.1f MB that its work loaded (%.1f MB now, %.1f MB "
+                             "at its start)", cfg.node, now - started, now, started)
+                    shed.hand_over(shed.Carry(
+                        lock_fd=lock_fd, metrics_fd=outputs.listening(), poll_due=polls.due,
+                        supervise_due=supervising.due, failures=supervisor.failures, next_try=supervisor.next_try,
+                        up_since=supervisor.up_since, verdict=say.last if isinstance(say, VerdictLog) else None,
+                        said=agent.said(), secrets=agent.redact.known, pulled_ahead=tuple(agent.pulled_ahead),
+                        sheds=(carry.sheds if carry is not None else 0) + 1, started_mb=started,
+                        signal_fds=signals.fds,
+                    ))
+            except (Busy, shed.ShedFailed) as exc:
+                shedding.off = isinstance(exc, shed.ShedFailed)
+                agent.say_once(("shed", str(exc)), logging.WARNING, "%s: not re-executing: %s", cfg.node, exc)
+            finally:
+                polling.release()
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        polls = Every("poll", cfg.interval, poll, stopping, first=node_offset(cfg.node, cfg.jitter))
-        polls.start()  # after the assignment: a first poll that fails at once backs off through `polls`
+        now = time.monotonic()
+        first_poll = node_offset(cfg.node, cfg.jitter) if carry is None else max(0.0, carry.poll_due - now)
+        polls = Every("poll", cfg.interval, poll, stopping, first=first_poll)
         # Not behind `polling`: a pass stuck on a stalled git server must not stop restarts.
-        Every("supervise", cfg.supervise_interval, supervisor.tick, stopping, first=cfg.supervise_interval).start()
-        log.info("%s: agent started; polling %s every %.0fs (jitter %.0fs)", cfg.node, cfg.branch, cfg.interval,
-                 cfg.jitter)
-        while not stopping.wait(3600):  # woken by the signal handler (which runs in this thread)
-            pass
+        supervising = Every("supervise", cfg.supervise_interval, supervisor.tick, stopping,
+                            first=cfg.supervise_interval if carry is None else max(0.0, carry.supervise_due - now))
+        if not stopping.is_set():
+            polls.start()  # after the assignment: a first poll that fails at once backs off through `polls`
+            supervising.start()
+            if carry is None:
+                log.info("%s: agent started; polling %s every %.0fs (jitter %.0fs)", cfg.node, cfg.branch,
+                         cfg.interval, cfg.jitter)
+            else:
+                log.info("%s: agent re-executed (%d so far): %.1f MB", cfg.node, carry.sheds, shed.rss_mb() or 0.0)
+        while not stopping.is_set():
+            wake.wait(3600)  # woken by the signal handler (which runs in this thread), or a pass
+            wake.clear()
+            signals.stop_asked()  # emptied: the handler has set `stopping` for what it holds
+            if shed_due and not stopping.is_set():
+                shed_due = False
+                # Held back across the execv, not lost; and no handler runs half way through it.
+                signal.pthread_sigmask(signal.SIG_BLOCK, shed.Signals.STOPS)
+                try:
+                    re_execute()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, shed.Signals.STOPS)
         # Stopped. A pass in flight gets a grace period; one stuck on the network is left: every
         # step of a pass is safe to cut short, and the next start finishes what it began.
         if polling.acquire(timeout=STOP_GRACE):

@@ -12,23 +12,28 @@ which would add process and platform collectors and make two agents in one test 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler
 
-from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
+from prometheus_client import CollectorRegistry, make_wsgi_app, write_to_textfile
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from .config import split_listen
 from .errors import ConfigError, ReconcilerError
 from .model import ActionKind, Verdict
 from .pipeline import RunResult
 from .report import PUSHED_TIME_KEY
+from .source import commit_time
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -247,22 +252,55 @@ class Metrics:
         except OSError as exc:
             raise ConfigError(f"cannot write the metrics textfile: {exc.strerror}", file=str(path)) from exc
 
-    def serve(self, listen: str) -> int:
-        """``/metrics`` on ``listen`` (host:port) in a thread of prometheus-client's own server;
-        returns the port (the one chosen, for port 0)."""
+    def serve(self, listen: str, adopt: int | None = None) -> int:
+        """``/metrics`` on ``listen`` (host:port) in a thread of its own; returns the port (the
+        one chosen, for port 0). ``adopt``: a socket already listening there, handed over by
+        the interpreter this one replaced (``shed``): scrapes wait in its backlog meanwhile."""
         host, port = split_listen(listen, "metrics.listen")
         try:
-            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+            self._server = _server(host, port, self.registry, adopt)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {listen}: {exc.strerror}", file="metrics.listen") from exc
-        self._server = server
-        return int(server.server_port)
+        threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
+        return int(self._server.server_port)
+
+    def listening(self) -> int | None:
+        """The listening socket's descriptor, to hand over across a re-execution."""
+        return None if self._server is None else int(self._server.fileno())
 
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the base's name)
+        """A scrape is not worth a log line."""
+
+
+def _server(host: str, port: int, registry: CollectorRegistry, adopt: int | None) -> ThreadingWSGIServer:
+    """prometheus-client's threading server and app, on a socket bound here or adopted: its
+    ``start_http_server`` can only bind a new one."""
+    if adopt is None:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        bound: type[ThreadingWSGIServer] = type("Server", (ThreadingWSGIServer,), {"address_family": family})
+        server = bound((host, port), _Quiet)
+    else:
+        listening = socket.socket(fileno=adopt)
+        listening.set_inheritable(False)  # the services this daemon starts must not hold it
+        server = ThreadingWSGIServer((host, port), _Quiet, bind_and_activate=False)
+        server.socket.close()
+        server.socket = listening
+        address = listening.getsockname()
+        server.server_address = address
+        # What binding would have set (http.server and wsgiref), here from the socket itself.
+        server.server_name = socket.getfqdn(str(address[0]))
+        server.server_port = int(address[1])
+        server.setup_environ()
+    server.set_app(make_wsgi_app(registry))
+    return server
 
 
 def _info(name: str, doc: str, commit: str) -> InfoMetricFamily:
@@ -272,10 +310,12 @@ def _info(name: str, doc: str, commit: str) -> InfoMetricFamily:
 
 
 def _commit_time(agent: Agent, commit: str) -> int | None:
-    try:
-        return agent.revision(commit).time
-    except ReconcilerError:
-        return None
+    return _time_of(agent.source.path, commit)
+
+
+@functools.lru_cache(maxsize=64)  # a commit's time never changes: one git per applied commit
+def _time_of(mirror: Path, commit: str) -> int | None:
+    return commit_time(mirror, commit)
 
 
 def _json(text: str | None) -> dict[str, Any]:

@@ -583,6 +583,14 @@ class Source:
                 shutil.rmtree(left, ignore_errors=True)
 
 
+def commit_time(mirror: Path, commit: str) -> int | None:
+    """The committer time of ``commit`` in ``mirror`` (None: not there), read by git: the
+    metrics of an idle agent ask it after every pass, and must not load pygit2 for it."""
+    proc = _local_git(mirror, "show", "-s", "--format=%ct", f"{commit}^{{commit}}", "--")
+    text = proc.stdout.strip()
+    return int(text) if proc.returncode == 0 and text.isdigit() else None
+
+
 def _local_git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """git on local repositories only (no remote, no credentials): its result, never raised.
     C locale: ``git_cause`` and ``note`` read git's English."""

@@ -59,8 +59,18 @@ class State:
         return self.root / "services"
 
     @contextlib.contextmanager
-    def lock(self, wait: float = 0.0, name: str = "lock", what: str = "another reconciler run") -> Iterator[None]:
-        """Exclusive flock on ``name``; ``Busy`` if someone else holds it after ``wait`` seconds."""
+    def lock(self, wait: float = 0.0, name: str = "lock", what: str = "another reconciler run",
+             held: int | None = None) -> Iterator[int]:
+        """Exclusive flock on ``name``; ``Busy`` if someone else holds it after ``wait`` seconds.
+        Yields the descriptor. ``held``: a descriptor of that file this process already holds
+        the lock through (a daemon that re-executed itself, ``shed``): kept, no gap."""
+        fd = self._adopt(held, name) if held is not None else None
+        if fd is not None:
+            try:
+                yield fd
+            finally:
+                os.close(fd)
+            return
         fd = os.open(self.root / name, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + wait
         try:
@@ -76,15 +86,30 @@ class State:
                     time.sleep(0.1)
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
-            yield
+            yield fd
         finally:
             os.close(fd)  # closing releases the flock
 
-    def services_lock(self, wait: float = 0.0) -> contextlib.AbstractContextManager[None]:
+    def _adopt(self, fd: int, name: str) -> int | None:
+        """``fd`` when it is ``name`` and its flock is ours (taking it again through the same
+        open file succeeds at once); otherwise closed, and None."""
+        try:
+            mine, there = os.fstat(fd), os.stat(self.root / name)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.set_inheritable(fd, False)  # the services this daemon starts must not hold it
+                return fd
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        return None
+
+    def services_lock(self, wait: float = 0.0) -> contextlib.AbstractContextManager[int]:
         return self.lock(wait, "services.lock", "another run changing services")
 
-    def daemon_lock(self) -> contextlib.AbstractContextManager[None]:
-        return self.lock(0.0, "agent.lock", "another `reconciler agent`")
+    def daemon_lock(self, held: int | None = None) -> contextlib.AbstractContextManager[int]:
+        return self.lock(0.0, "agent.lock", "another `reconciler agent`", held)
 
     def sweep(self) -> list[Path]:
         """Remove what a killed run left half written: temp files and unfinished revision dirs.

@@ -294,6 +294,9 @@ def test_the_daemon_logs_a_verdict_once_with_its_reason_and_the_service_output(
     assert sum("[APPLY_FAILED]" in line and "identity" in line for line in lines) == 1, lines
     assert sum("not retried" in line for line in lines) <= 1, lines
     assert any("output" in line for line in verdicts), lines  # the service's own last words
+    # Once settled on the failed head, the daemon re-executed to give back memory (issue 17):
+    # what it had said once, its new interpreter knew, and did not say again.
+    assert any("agent re-executed" in line for line in lines), lines
 
 
 def _fill(path: Path, leave: int) -> Path:

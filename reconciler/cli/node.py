@@ -170,7 +170,8 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
     """
     from ..daemon import Outputs, run_daemon
 
-    the_agent = node_agent(agent_opts, interval=interval, jitter=jitter, metrics_textfile=metrics_textfile)
+    settings = {"interval": interval, "jitter": jitter, "metrics_textfile": metrics_textfile}
+    the_agent = node_agent(agent_opts, **settings)
     if once:
         outputs = Outputs(the_agent)  # a bad notify or metrics setting stops before the pass
         try:
@@ -183,7 +184,7 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)
-    run_daemon(the_agent)
+    run_daemon(the_agent, reload=lambda: agent_config(agent_opts, **settings))
 
 
 @click.command()
