@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Deployment, SigningKey, free_port, git, wait_for
+from conftest import ROOT, Deployment, SigningKey, free_port, git, wait_for
 from test_cli import as_json, cli
 
 from reconciler.agent import Agent
@@ -187,3 +187,58 @@ def test_a_site_with_no_network_converges_from_a_bundle_and_pushes_its_notes_whe
     for commit in (c1, c2):
         note = git("--git-dir", str(unreachable), "notes", "--ref=reconciler/ctl1", "show", commit)
         assert '"state": "applied"' in note
+
+
+NODE_SHELL = ROOT / "contrib" / "git-server" / "node-shell"
+
+
+def _advertised(command: str, url: str) -> list[str]:
+    """The refs the server's receive-pack advertises to this key: its first words, read with
+    nothing sent back (pkt-lines: 4 hex digits of length, then "<id> <ref>")."""
+    host, _, path = url.removeprefix("ssh://").partition("/")
+    user_host, _, port = host.rpartition(":")
+    argv = [*command.split(), user_host, f"git-receive-pack '/{path}'"]
+    done = subprocess.run(argv, input=b"0000", capture_output=True, timeout=60)
+    out = done.stdout
+    refs = []
+    while len(out) >= 4 and out[:4] != b"0000":
+        size = int(out[:4], 16)
+        line, out = out[4:size], out[size:]
+        refs.append(line.split(b"\0")[0].decode().split(" ", 1)[1].strip())
+    return refs
+
+
+def test_a_node_key_behind_node_shell_pushes_its_own_notes_and_sees_and_writes_no_other_ref(
+    deployment: Deployment, agents: Callable[..., Agent], ssh_remote: tuple[str, str], tmp_path: Path
+) -> None:
+    url, command = ssh_remote
+    ctl1 = agents("ctl1", deployment.url)  # another node's notes on the server, pushed plainly
+    assert ctl1.reconcile_once().exit_code == 0
+    keys = tmp_path / "sshd" / "authorized_keys"
+    keys.write_text(f'command="{NODE_SHELL} cmp1",restrict {keys.read_text()}')
+
+    # Before cmp1 ever pushed: nothing to see (git's placeholder line for no refs).
+    assert _advertised(command, url) == ["capabilities^{}"]
+    cmp1 = agents("cmp1", url, ssh_command=command)
+    result = cmp1.reconcile_once()
+    assert result.exit_code == 0 and result.pushed
+    assert (deployment.note("cmp1") or {}).get("state") == "applied"
+    # What a push from this key is shown: its own notes ref, not the branch nor ctl1's notes.
+    assert _advertised(command, url) == ["refs/notes/reconciler/cmp1"]
+
+    # Writing another node's notes is refused by the server itself.
+    mirror = cmp1.cfg.state_dir / "mirror.git"
+    env = {"GIT_SSH_COMMAND": command, "PATH": "/usr/bin:/bin"}
+    other = subprocess.run(["git", "--git-dir", str(mirror), "push", url,
+                            "refs/notes/reconciler/cmp1:refs/notes/reconciler/ctl1"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert other.returncode != 0 and "hidden ref" in other.stderr, other.stderr
+    assert git("--git-dir", str(deployment.bare), "rev-parse", "refs/notes/reconciler/ctl1").strip() != \
+        git("--git-dir", str(deployment.bare), "rev-parse", "refs/notes/reconciler/cmp1").strip()
+    branch = subprocess.run(["git", "--git-dir", str(mirror), "push", url, "refs/notes/reconciler/cmp1:refs/heads/x"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert branch.returncode != 0 and "hidden ref" in branch.stderr, branch.stderr
+    # And the key is no shell.
+    shell = subprocess.run([*command.split(), url.removeprefix("ssh://").split("/")[0].rpartition(":")[0], "id"],
+                           capture_output=True, text=True, timeout=60)
+    assert shell.returncode != 0 and "may fetch and push its notes, nothing else" in shell.stderr, shell.stderr
