@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -52,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from nginx import Nginx, wait_listening  # noqa: E402  (the tests' own nginx, so the bench serves what they check)
 
 HOOK = Path(__file__).resolve().parent.parent / "contrib" / "git-server" / "post-receive-tips"
+NODE_SHELL = HOOK.parent / "node-shell"
 CHECK_EVERY = 300.0  # the probe's default: a real git check this often
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
@@ -91,13 +93,25 @@ def make_server(root: Path, nodes: int) -> Path:
     return bare
 
 
+def node_shell_env(node: str) -> dict[str, str]:
+    """What contrib/git-server/node-shell sets for a node's key, read from the script itself."""
+    text = NODE_SHELL.read_text()
+    ref = f"refs/notes/reconciler/{node}"
+    pairs = re.findall(r"GIT_CONFIG_KEY_(\d)=(\S+) GIT_CONFIG_VALUE_\1=(\S+)", text)
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for i, key, value in pairs:
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value.strip('"').replace("$ref", ref)
+    return env
+
+
 class Daemon:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
             ["git", "daemon", "--reuseaddr", f"--base-path={base}", "--export-all", "--enable=receive-pack",
              f"--port={self.port}", "--listen=127.0.0.1", str(base)], stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env=ENV)
+            stderr=subprocess.DEVNULL, env={**ENV, **(env or {})})
         wait_listening(self.proc, self.port, "git daemon")
 
     def stop(self) -> None:
@@ -119,10 +133,10 @@ def run_clients(requests: list[list[str]], cwd: Path | None = None, expect: str 
     return clients
 
 
-def server_cpu(base: Path, requests: list[list[str]], cwd: Path) -> float:
-    """Seconds of server CPU (user + system) for ``requests``."""
+def server_cpu(base: Path, requests: list[list[str]], cwd: Path, env: dict[str, str] | None = None) -> float:
+    """Seconds of server CPU (user + system) for ``requests`` (``env``: the server's, more)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    daemon = Daemon(base)
+    daemon = Daemon(base, env)
     clients = run_clients([[a.replace("PORT", str(daemon.port)) for a in argv] for argv in requests], cwd)
     daemon.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -233,6 +247,10 @@ def measure(nodes: int, count: int) -> dict[str, float]:
         for name, reqs in (("poll", poll), ("wait-1", one), ("wait-10", wait_10), ("wait-batch", wait_batch), ("wait-all", wait_all), ("push", pushes)):
             cpu = server_cpu(root, reqs, client)
             out[f"{name} ms"] = 1000 * cpu / len(reqs)
+        # The same pushes from one node's key behind contrib/git-server/node-shell: receive-pack
+        # shows it, and checks its objects against, its own notes ref only.
+        own = note_pushes(bare, client, url, 1, max(5, count // 10), "own")
+        out["push own ms"] = 1000 * server_cpu(root, own, client, node_shell_env("n00000")) / len(own)
         # A read mirror kept current by fetching from the primary (a timer, as `git fetch` from
         # cron or a mirror's own poller does): one fetch bringing the last 10 note pushes; the
         # primary's CPU for it (the pushes go to the repo's path, not the daemon: a local push is
@@ -291,7 +309,7 @@ def main() -> None:
         print(f"N={n:>6}: poll {r['poll ms']:.2f} ms | wait-1 {r['wait-1 ms']:.2f} ms | wait-10 {r['wait-10 ms']:.2f} ms | "
               f"wait-batch {r['wait-batch ms']:.2f} ms | "
               f"wait-all {r['wait-all ms']:.1f} ms | "
-              f"push {r['push ms']:.2f} ms | mirror fetch of 10 notes {r['replicate ms']:.2f} ms | smart-HTTP poll {r['http poll ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
+              f"push {r['push ms']:.2f} ms (node-shell {r['push own ms']:.2f} ms) | mirror fetch of 10 notes {r['replicate ms']:.2f} ms | smart-HTTP poll {r['http poll ms']:.2f} ms | probe {r['probe ms']:.3f} ms ({r['probe bytes']:.0f} B)"
               f"   [{time.monotonic() - t0:.0f} s]", flush=True)
     for n, r in rows.items():
         polls_per_s = n / 10  # every node polls every 10 s
@@ -312,7 +330,8 @@ def main() -> None:
               f"HTTP), {probed:.3f} with the probe ({cores / max(probed, 1e-9):.0f}x less); one rollout of 10 "
               f"waves: {waits['sentinel']:.0f} CPU-s ({pushes:.0f} of them pushes) with sentinels (probed), "
               f"{waits['batch']:.0f} reading the batch before every poll, {waits['every']:.0f} reading every "
-              f"node before every poll ({waits['every'] / max(waits['sentinel'], 1e-9):.1f}x)")
+              f"node before every poll ({waits['every'] / max(waits['sentinel'], 1e-9):.1f}x); the pushes "
+              f"{NOTES_PER_NODE * n * r['push own ms'] / 1000:.0f} CPU-s with every node behind node-shell")
         # With M read mirrors the reads (polls, waiting reads) leave the primary; it keeps the
         # pushes and serves each mirror a fetch a second while the rollout lasts.
         took = rollout_s(n, r, max(args.cores), args.apply_s, probed=True)
