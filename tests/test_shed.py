@@ -4,6 +4,7 @@ its poll phase and what it knew (secrets to redact, what it logged once, backoff
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,8 +27,13 @@ def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
-def _rss_mb(pid: int) -> float:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _files(pid: int) -> list[str]:
+    """What the process's descriptors point at (those gone while being read skipped)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return out
 
 
 class Daemon:
@@ -99,6 +105,9 @@ def test_an_agent_that_applied_a_change_gives_back_its_memory_and_keeps_its_pid_
     given = agent.lines("re-executing to give back")
     assert len(given) == 1 and float(given[0].split("give back ")[1].split(" MB")[0]) >= shed.GROWTH_MB, given
     assert "_pygit2" not in _maps(pid)  # the fresh interpreter's quiet polls never load it
+    held = _files(pid)
+    assert not any("reconciler-resume" in f for f in held), held  # the secrets' memory file is closed
+    assert sum(f.endswith("/agent.lock") for f in held) == 1, held
 
     # Still the one daemon of its state dir: the lock was never let go.
     second = subprocess.run([sys.executable, "-m", "reconciler", "agent", "--config", str(config)],
@@ -117,6 +126,10 @@ def test_an_agent_that_applied_a_change_gives_back_its_memory_and_keeps_its_pid_
     wait_for(lambda: bool(agent.lines("agent re-executed (2 so far)")), 30, "the second re-execution")
     assert agent.proc.pid == pid
     assert len(agent.lines("agent started")) == 1  # one start; the rest were re-executions
+    # Nothing of the first interpreter piles up in the third: the ledger open once, one lock.
+    held = _files(pid)
+    assert sum(f.endswith("/agent.lock") for f in held) == 1, held
+    assert sum(f.endswith("/state.db") for f in held) == 1, held
     # The services the re-executed daemon started can be stopped: no signal mask of its
     # hand-over reached them.
     for record in (cmp1.cfg.state_dir / "services").glob("*/record.json"):
