@@ -275,9 +275,9 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
         failures = 0
         polling = threading.Lock()  # one pass at a time in-process
         say = on_result or VerdictLog(agent)
-        shedding = Shedding(agent, reload)
         outputs = Outputs(agent)
         port = outputs.serve(None if carry is None else carry.metrics_fd)
+        shedding = Shedding(agent, reload)  # its start: with what metrics and notifications import
         if carry is not None:
             supervisor.failures, supervisor.next_try, supervisor.up_since = (
                 dict(carry.failures), dict(carry.next_try), dict(carry.up_since))
@@ -370,7 +370,8 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
             signals.stop_asked()  # emptied: the handler has set `stopping` for what it holds
             if shed_due and not stopping.is_set():
                 shed_due = False
-                # Held back across the execv, not lost; and no handler runs half way through it.
+                # A signal to the main thread is held back across the execv, not lost; one taken
+                # by another thread is in the wakeup pipe, read before and handed over.
                 signal.pthread_sigmask(signal.SIG_BLOCK, shed.Signals.STOPS)
                 try:
                     re_execute()

@@ -12,7 +12,6 @@ which would add process and platform collectors and make two agents in one test 
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import socket
@@ -309,13 +308,19 @@ def _info(name: str, doc: str, commit: str) -> InfoMetricFamily:
     return family
 
 
+_TIMES: dict[tuple[Path, str], int] = {}  # a commit's time never changes: one git per applied commit
+
+
 def _commit_time(agent: Agent, commit: str) -> int | None:
-    return _time_of(agent.source.path, commit)
-
-
-@functools.lru_cache(maxsize=64)  # a commit's time never changes: one git per applied commit
-def _time_of(mirror: Path, commit: str) -> int | None:
-    return commit_time(mirror, commit)
+    key = (agent.source.path, commit)
+    if key not in _TIMES:
+        found = commit_time(agent.source.path, commit)
+        if found is None:
+            return None  # asked again next time: a git that failed once may not fail twice
+        if len(_TIMES) > 64:
+            _TIMES.clear()
+        _TIMES[key] = found
+    return _TIMES[key]
 
 
 def _json(text: str | None) -> dict[str, Any]:

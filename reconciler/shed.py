@@ -104,19 +104,21 @@ def hand_over(carry: Carry, argv: list[str] | None = None) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
         os.execv(sys.executable, argv)
-    except OSError as exc:
+    except (OSError, TypeError, ValueError) as exc:
         os.environ.pop(ENV, None)
         for fd in keep:
             with contextlib.suppress(OSError):
                 os.set_inheritable(fd, False)
         if memory >= 0:
             os.close(memory)
-        raise ShedFailed(f"cannot re-execute {sys.executable}: {exc.strerror or exc}") from None
+        raise ShedFailed(f"cannot re-execute {sys.executable}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def take_over() -> Carry | None:
     """What the interpreter this one replaced handed over, if it did (read once: the memory
-    file is closed and the variable removed, so no child sees either)."""
+    file is closed and the variable removed, so no child sees either). ``ShedFailed`` when it
+    cannot be read: then the lock and socket it holds cannot be found either, and only an exit
+    (which closes them) lets the next start begin clean."""
     value = os.environ.pop(ENV, None)
     if value is None:
         return None
@@ -124,10 +126,9 @@ def take_over() -> Carry | None:
         fd = int(value)
         with os.fdopen(fd, "rb") as f:
             return _decode(f.read())
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        # Started by hand with the variable set, or a hand-over cut short: a plain start.
-        log.warning("ignoring %s=%s: %s", ENV, value, exc)
-        return None
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ShedFailed(f"{ENV}={value}: cannot take over from the agent this one replaced ({exc}); "
+                         "exiting, for a clean start") from None
 
 
 def _encode(carry: Carry) -> bytes:
@@ -193,13 +194,15 @@ class Signals:
 
 
 def _plain(key: Hashable) -> Any:
-    """``key`` as JSON can carry it (tuples as lists), or None: a key that cannot be carried is
-    dropped, and its message may be logged once more."""
-    try:
-        json.dumps(key)
-    except (TypeError, ValueError):
-        return None
-    return key
+    """``key`` as JSON can carry it and give back the same (tuples as lists of strings,
+    numbers, None), or None: a key that cannot be carried is dropped, and its message may be
+    logged once more."""
+    if key is None or isinstance(key, str | int | float | bool):
+        return key
+    if isinstance(key, tuple):
+        items = [_plain(k) for k in key]
+        return None if any(i is None and k is not None for i, k in zip(items, key, strict=True)) else items
+    return None
 
 
 def _tuples(value: Any) -> Hashable:

@@ -284,7 +284,9 @@ def test_the_daemon_logs_a_verdict_once_with_its_reason_and_the_service_output(
                                   stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for(lambda: (deployment.note("ctl1", bad) or {}).get("state") == "failed", 60, "the failed note")
-            time.sleep(4)  # eight more polls of the same failed head
+            # Settled on the failed head, the daemon re-executes to give back memory (issue 17).
+            wait_for(lambda: "agent re-executed" in log.read_text(), 60, "the daemon to re-execute")
+            time.sleep(4)  # eight more polls of the same failed head, by the new interpreter
         finally:
             daemon.terminate()
             daemon.wait(15)
@@ -294,8 +296,7 @@ def test_the_daemon_logs_a_verdict_once_with_its_reason_and_the_service_output(
     assert sum("[APPLY_FAILED]" in line and "identity" in line for line in lines) == 1, lines
     assert sum("not retried" in line for line in lines) <= 1, lines
     assert any("output" in line for line in verdicts), lines  # the service's own last words
-    # Once settled on the failed head, the daemon re-executed to give back memory (issue 17):
-    # what it had said once, its new interpreter knew, and did not say again.
+    # What the daemon had said once, its new interpreter knew, and did not say again.
     assert any("agent re-executed" in line for line in lines), lines
 
 

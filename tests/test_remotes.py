@@ -215,7 +215,7 @@ def test_a_node_key_behind_node_shell_pushes_its_own_notes_and_sees_and_writes_n
     ctl1 = agents("ctl1", deployment.url)  # another node's notes on the server, pushed plainly
     assert ctl1.reconcile_once().exit_code == 0
     keys = tmp_path / "sshd" / "authorized_keys"
-    keys.write_text(f'command="{NODE_SHELL} cmp1",restrict {keys.read_text()}')
+    keys.write_text(f'command="{NODE_SHELL} cmp1 {deployment.bare}",restrict {keys.read_text()}')
 
     # Before cmp1 ever pushed: nothing to see (git's placeholder line for no refs).
     assert _advertised(command, url) == ["capabilities^{}"]
@@ -238,7 +238,10 @@ def test_a_node_key_behind_node_shell_pushes_its_own_notes_and_sees_and_writes_n
     branch = subprocess.run(["git", "--git-dir", str(mirror), "push", url, "refs/notes/reconciler/cmp1:refs/heads/x"],
                             capture_output=True, text=True, env=env, timeout=60)
     assert branch.returncode != 0 and "hidden ref" in branch.stderr, branch.stderr
-    # And the key is no shell.
-    shell = subprocess.run([*command.split(), url.removeprefix("ssh://").split("/")[0].rpartition(":")[0], "id"],
-                           capture_output=True, text=True, timeout=60)
+    # And the key is no shell, nor a way into another repository of the server.
+    host = url.removeprefix("ssh://").split("/")[0].rpartition(":")[0]
+    shell = subprocess.run([*command.split(), host, "id"], capture_output=True, text=True, timeout=60)
     assert shell.returncode != 0 and "may fetch and push its notes, nothing else" in shell.stderr, shell.stderr
+    elsewhere = subprocess.run([*command.split(), host, f"git-upload-pack '{tmp_path / 'other.git'}'"],
+                               capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode != 0 and f"may reach {deployment.bare} only" in elsewhere.stderr, elsewhere.stderr

@@ -104,7 +104,8 @@ def test_an_agent_that_applied_a_change_gives_back_its_memory_and_keeps_its_pid_
     assert agent.proc.poll() is None and agent.proc.pid == pid
     given = agent.lines("re-executing to give back")
     assert len(given) == 1 and float(given[0].split("give back ")[1].split(" MB")[0]) >= shed.GROWTH_MB, given
-    assert "_pygit2" not in _maps(pid)  # the fresh interpreter's quiet polls never load it
+    time.sleep(2)  # four quiet polls of the fresh interpreter
+    assert "_pygit2" not in _maps(pid)  # its quiet polls never load it
     held = _files(pid)
     assert not any("reconciler-resume" in f for f in held), held  # the secrets' memory file is closed
     assert sum(f.endswith("/agent.lock") for f in held) == 1, held
@@ -211,7 +212,8 @@ else:
     signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, shed.Signals.STOPS)
     got["int_delivered"] = interrupted == [True]
-    got["fds"] = len(os.listdir("/proc/self/fd"))
+    got["memory_file_open"] = any("reconciler-resume" in os.readlink(f"/proc/self/fd/{fd}")
+                                  for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
     print(json.dumps(got))
 """
 
@@ -235,9 +237,7 @@ def test_a_hand_over_keeps_the_lock_the_knowledge_and_the_stops_that_came_meanwh
     assert got["env"] is False  # no child of the new interpreter sees the variable
     assert got["lock_is_the_file"]
     assert got["term_in_the_pipe"] is True and got["int_delivered"] is True
-    # The standard streams, the lock, the signal pipe's two ends and the listing's own: the
-    # memory file that carried the secrets is closed.
-    assert got["fds"] == 7
+    assert got["memory_file_open"] is False  # the file that carried the secrets is closed
 
 
 def test_what_a_replaced_interpreter_knew_is_known_again(deployment: Deployment,
