@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -365,9 +366,13 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
             else:
                 log.info("%s: agent re-executed (%d so far): %.1f MB", cfg.node, carry.sheds, shed.rss_mb() or 0.0)
         while not stopping.is_set():
-            wake.wait(3600)  # woken by the signal handler (which runs in this thread), or a pass
+            # Woken by a pass, or by the signal handler when the signal came to this thread. One
+            # the kernel gave another thread runs the handler only once this thread wakes: its
+            # number is in the wakeup pipe, looked at every second.
+            wake.wait(1.0)
             wake.clear()
-            signals.stop_asked()  # emptied: the handler has set `stopping` for what it holds
+            if signals.stop_asked():
+                stopping.set()
             if shed_due and not stopping.is_set():
                 shed_due = False
                 # A signal to the main thread is held back across the execv, not lost; one taken
@@ -381,8 +386,11 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
         # step of a pass is safe to cut short, and the next start finishes what it began.
         if polling.acquire(timeout=STOP_GRACE):
             polling.release()
-            return
-        log.warning("%s: a pass is still running after %.0fs; stopping without it (the next start finishes it)",
-                    cfg.node, STOP_GRACE)
+        else:
+            log.warning("%s: a pass is still running after %.0fs; stopping without it (the next start finishes "
+                        "it)", cfg.node, STOP_GRACE)
+    # Exit here: what a thread left (a scrape being answered, a pool) must not hold the stop.
     logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)
