@@ -255,12 +255,10 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
     cfg = agent.cfg
     carry = shed.take_over()
     stopping = threading.Event()
-    wake = threading.Event()  # the main thread has something to do: stop, or re-execute
 
     def stop(signum: int, frame: Any) -> None:
         del signum, frame
         stopping.set()
-        wake.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -300,7 +298,7 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
                 outputs(result)
                 if shedding.after(result):
                     shed_due = True
-                    wake.set()
+                    signals.nudge()
             except Busy:
                 return
             except ReconcilerError as exc:
@@ -366,11 +364,10 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
             else:
                 log.info("%s: agent re-executed (%d so far): %.1f MB", cfg.node, carry.sheds, shed.rss_mb() or 0.0)
         while not stopping.is_set():
-            # Woken by a pass, or by the signal handler when the signal came to this thread. One
-            # the kernel gave another thread runs the handler only once this thread wakes: its
-            # number is in the wakeup pipe, looked at every second.
-            wake.wait(1.0)
-            wake.clear()
+            # Woken by the wakeup pipe: a signal's number, whichever thread the kernel gave it
+            # to (its Python handler runs only in this thread, once this thread wakes), or a
+            # pass that asks for a re-execution.
+            signals.wait()
             if signals.stop_asked():
                 stopping.set()
             if shed_due and not stopping.is_set():

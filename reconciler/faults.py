@@ -7,7 +7,9 @@ variable set this costs one dict lookup and does nothing. The crash tests set:
 - ``RECONCILER_FAULT_LOG=FILE``: each point is appended to FILE as ``N kind detail`` (how a
   test learns how many side effects a run has, and what each is);
 - ``RECONCILER_FAULT_AT=N``: the process kills itself with SIGKILL just before the Nth side
-  effect: no ``finally``, no ``atexit``, exactly what a power cut or an OOM kill leaves.
+  effect: no ``finally``, no ``atexit``, exactly what a power cut or an OOM kill leaves;
+  ``RECONCILER_FAULT_AT=KIND``: just before the first side effect of that kind (a daemon's
+  ``exec``, which comes after a number of passes no test should have to count).
 
 Numbering is per process, so a test forks or spawns one agent run per fault.
 """
@@ -30,7 +32,7 @@ def point(kind: str, detail: str = "") -> None:
     if log is not None:
         with open(log, "a") as f:
             f.write(f"{_count} {kind} {detail}\n")
-    if at is not None and _count == int(at):
+    if at is not None and (at == kind if not at.isdigit() else _count == int(at)):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -34,12 +34,14 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import sys
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
+from . import faults
 from .errors import ReconcilerError
 
 log = logging.getLogger("reconciler.agent")
@@ -103,6 +105,7 @@ def hand_over(carry: Carry, argv: list[str] | None = None) -> NoReturn:
             handler.flush()
         sys.stdout.flush()
         sys.stderr.flush()
+        faults.point("exec", sys.executable)
         os.execv(sys.executable, argv)
     except (OSError, TypeError, ValueError) as exc:
         os.environ.pop(ENV, None)
@@ -178,6 +181,15 @@ class Signals:
     @property
     def fds(self) -> tuple[int, int]:
         return self.read_fd, self.write_fd
+
+    def nudge(self) -> None:
+        """Wake the thread in ``wait`` (a byte no signal has: 0)."""
+        with contextlib.suppress(BlockingIOError):  # full: it is awake already
+            os.write(self.write_fd, b"\0")
+
+    def wait(self) -> None:
+        """Until a signal's number or a nudge is in the pipe (left there for ``stop_asked``)."""
+        select.select([self.read_fd], [], [])
 
     def stop_asked(self) -> bool:
         """Whether a SIGTERM or SIGINT came since the last look (the pipe is emptied)."""

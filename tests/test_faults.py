@@ -179,6 +179,45 @@ def test_daemon_applies_new_commits_and_restarts_a_killed_service(
 
 
 
+def test_a_daemon_killed_as_it_re_executes_leaves_a_node_the_next_start_finishes_from(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path, merge_key: SigningKey
+) -> None:
+    # The daemon's one side effect outside a pass: its execv, once settled after applying
+    # (reconciler/shed.py). Killed just before it, with the lock, the metrics socket and the
+    # memory file of what it knew made inheritable and the variable set.
+    state_dir = tmp_path / "nodes" / "cmp2"
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"node: cmp2\nremote: {deployment.url}\nstate_dir: {state_dir}\n"
+        "interval: 0.5\njitter: 0\nsupervise_interval: 0.5\n"
+        f"trust:\n  allowed_signers: {merge_key.allowed_signers}\n"
+    )
+    points = tmp_path / "points"
+    killed = subprocess.run(_cli("agent", "--config", str(config)), capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "RECONCILER_FAULT_AT": "exec", "RECONCILER_FAULT_LOG": str(points)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert points.read_text().splitlines()[-1].split()[1] == "exec"
+    agent = agents("cmp2", deployment.url)  # for reading state, and cleanup
+    left = pids(agent)
+    assert (deployment.note("cmp2") or {}).get("state") == "applied" and all(left.values())
+
+    # The next start: the lock is free, nothing is left to do, the services run on untouched;
+    # and it goes on to apply the next commit.
+    daemon = subprocess.Popen(_cli("agent", "--config", str(config)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+        c2 = deployment.commit("kvm everywhere")
+        wait_for(lambda: (deployment.note("cmp2", c2) or {}).get("state") == "applied", 60, "note of c2")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        _, stderr = daemon.communicate(timeout=30)
+    assert daemon.returncode == 0 and "Traceback" not in stderr, stderr
+    now = pids(agent)
+    assert now["node-exporter"] == left["node-exporter"]  # not touched by the kvm change
+    assert all(now.values())
+
+
 @pytest.mark.parametrize("shown", [False, True], ids=["quiet", "progress"])
 def test_a_ref_lock_left_by_a_killed_git_fetch_is_removed_once_no_git_can_hold_it(
     deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture, shown: bool

@@ -140,15 +140,23 @@ def test_an_agent_that_applied_a_change_gives_back_its_memory_and_keeps_its_pid_
     assert agent.stop() == 0
 
 
+def _settled(deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
+             daemon: Callable[[Path], Daemon]) -> tuple[Daemon, Path]:
+    """A daemon started on a node that had converged already, after its first quiet poll."""
+    cmp1 = agents("cmp1", deployment.url)
+    assert cmp1.reconcile_once().exit_code == 0
+    cmp1.close()
+    config = _config(tmp_path, cmp1, merge_key)
+    agent = daemon(config)
+    wait_for(lambda: bool(agent.lines("unchanged")), 30, "the first quiet poll")
+    return agent, config
+
+
 def test_a_settled_agent_that_applied_nothing_never_re_executes(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
     daemon: Callable[[Path], Daemon],
 ) -> None:
-    cmp1 = agents("cmp1", deployment.url)
-    assert cmp1.reconcile_once().exit_code == 0
-    cmp1.close()
-    agent = daemon(_config(tmp_path, cmp1, merge_key))
-    wait_for(lambda: bool(agent.lines("unchanged")), 30, "the first quiet poll")
+    agent, _ = _settled(deployment, agents, merge_key, tmp_path, daemon)
     time.sleep(3)  # six more quiet polls
     assert agent.lines("re-execut") == []
     assert agent.stop() == 0
@@ -158,12 +166,7 @@ def test_a_config_file_changed_under_a_running_agent_keeps_it_from_re_executing(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
     daemon: Callable[[Path], Daemon],
 ) -> None:
-    cmp1 = agents("cmp1", deployment.url)
-    assert cmp1.reconcile_once().exit_code == 0
-    cmp1.close()
-    config = _config(tmp_path, cmp1, merge_key)
-    agent = daemon(config)
-    wait_for(lambda: bool(agent.lines("unchanged")), 30, "the first quiet poll")
+    agent, config = _settled(deployment, agents, merge_key, tmp_path, daemon)
     # An operator edits the file and has not restarted the agent: a fresh interpreter would
     # read the new file, so the agent keeps its memory rather than apply a file nobody restarted for.
     config.write_text(config.read_text().replace("supervise_interval: 1", "supervise_interval: 2"))
