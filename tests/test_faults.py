@@ -146,16 +146,21 @@ def test_agent_killed_mid_apply_is_finished_by_the_next_run(
     assert (deployment.note("ctl1") or {}).get("state") == "applied"
 
 
+def _daemon_config(deployment: Deployment, tmp_path: Path, merge_key: SigningKey, interval: float) -> Path:
+    """cmp2's daemon config, its state dir where the ``agents`` fixture puts cmp2's."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"node: cmp2\nremote: {deployment.url}\nstate_dir: {tmp_path / 'nodes' / 'cmp2'}\n"
+        f"interval: {interval}\njitter: 0\nsupervise_interval: 0.5\n"
+        f"trust:\n  allowed_signers: {merge_key.allowed_signers}\n"
+    )
+    return config
+
+
 def test_daemon_applies_new_commits_and_restarts_a_killed_service(
     deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path, merge_key: SigningKey
 ) -> None:
-    state_dir = tmp_path / "nodes" / "cmp2"
-    config = tmp_path / "agent.yaml"
-    config.write_text(
-        f"node: cmp2\nremote: {deployment.url}\nstate_dir: {state_dir}\n"
-        "interval: 1\njitter: 0\nsupervise_interval: 0.5\n"
-        f"trust:\n  allowed_signers: {merge_key.allowed_signers}\n"
-    )
+    config = _daemon_config(deployment, tmp_path, merge_key, interval=1)
     daemon = subprocess.Popen(_cli("agent", "--config", str(config)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     agent = agents("cmp2", deployment.url)  # for reading state, and cleanup
@@ -185,13 +190,7 @@ def test_a_daemon_killed_as_it_re_executes_leaves_a_node_the_next_start_finishes
     # The daemon's one side effect outside a pass: its execv, once settled after applying
     # (reconciler/shed.py). Killed just before it, with the lock, the metrics socket and the
     # memory file of what it knew made inheritable and the variable set.
-    state_dir = tmp_path / "nodes" / "cmp2"
-    config = tmp_path / "agent.yaml"
-    config.write_text(
-        f"node: cmp2\nremote: {deployment.url}\nstate_dir: {state_dir}\n"
-        "interval: 0.5\njitter: 0\nsupervise_interval: 0.5\n"
-        f"trust:\n  allowed_signers: {merge_key.allowed_signers}\n"
-    )
+    config = _daemon_config(deployment, tmp_path, merge_key, interval=0.5)
     points = tmp_path / "points"
     killed = subprocess.run(_cli("agent", "--config", str(config)), capture_output=True, text=True, timeout=120,
                             env={**os.environ, "RECONCILER_FAULT_AT": "exec", "RECONCILER_FAULT_LOG": str(points)})
