@@ -14,13 +14,17 @@ History::
 
 from __future__ import annotations
 
+import base64
 import socket
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, Deployment, SigningKey, free_port, git, wait_for
+from nginx import Nginx
 from test_cli import as_json, cli
 
 from reconciler.agent import Agent
@@ -245,3 +249,89 @@ def test_a_node_key_behind_node_shell_pushes_its_own_notes_and_sees_and_writes_n
     elsewhere = subprocess.run([*command.split(), host, f"git-upload-pack '{tmp_path / 'other.git'}'"],
                                capture_output=True, text=True, timeout=60)
     assert elsewhere.returncode != 0 and f"may reach {deployment.bare} only" in elsewhere.stderr, elsewhere.stderr
+
+
+NGINX_NOTES = ROOT / "contrib" / "git-server" / "nginx-node-notes.conf"
+
+
+@pytest.fixture
+def nodes_http(tmp_path: Path, deployment: Deployment) -> Iterator[Callable[[str], str]]:
+    """The primary over smart HTTP as an operator serves it to the nodes: a real nginx with
+    ``contrib/git-server/nginx-node-notes.conf`` (its site paths set), fcgiwrap running the real
+    `git http-backend`, one login per node. Gives a node's remote URL, its password in it."""
+    sock = tmp_path / "fcgiwrap.sock"
+    fcgi = subprocess.Popen(["fcgiwrap", "-s", f"unix:{sock}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for(sock.exists, 10, "fcgiwrap")
+    logins = tmp_path / "nodes.htpasswd"
+    for node in ("cmp1", "ctl1"):
+        subprocess.run(["htpasswd", "-b", "-B", *(["-c"] if node == "cmp1" else []), str(logins), node,
+                        f"pw-{node}"], check=True, capture_output=True)
+    site = NGINX_NOTES.read_text()
+    for default, ours in (("/etc/nginx/reconciler-nodes.htpasswd", logins), ("/run/fcgiwrap.socket", sock),
+                          ("/srv/git", deployment.bare.parent),
+                          ("/usr/lib/git-core", git("--exec-path").strip())):
+        assert default in site, default
+        site = site.replace(default, str(ours))
+    server = Nginx(tmp_path / "www", tmp_path / "nginx", free_port(), extra=site)
+    (tmp_path / "www").mkdir()
+    server.start()
+    try:
+        yield lambda node: server.url(f"git/{deployment.bare.name}").replace("://", f"://{node}:pw-{node}@")
+    finally:
+        server.stop()
+        fcgi.terminate()
+        fcgi.wait(10)
+
+
+def _advertised_http(url: str) -> list[str]:
+    """The refs receive-pack advertises to this login over smart HTTP (protocol v0: a service
+    line, a flush, then "<id> <ref>" pkt-lines)."""
+    login, _, rest = url.removeprefix("http://").rpartition("@")
+    request = urllib.request.Request(f"http://{rest}/info/refs?service=git-receive-pack")
+    if login:
+        request.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        out = answer.read()
+    refs, flushes = [], 0
+    while len(out) >= 4 and flushes < 2:
+        size = int(out[:4], 16)
+        if size == 0:
+            flushes, out = flushes + 1, out[4:]
+            continue
+        line, out = out[4:size], out[size:]
+        if flushes == 1:
+            refs.append(line.split(b"\0")[0].decode().split(" ", 1)[1].strip())
+    return refs
+
+
+def test_a_node_login_over_smart_http_pushes_its_own_notes_and_writes_no_other_ref(
+    deployment: Deployment, agents: Callable[..., Agent], nodes_http: Callable[[str], str]
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)  # another node's notes on the server, pushed plainly
+    assert ctl1.reconcile_once().exit_code == 0
+    url = nodes_http("cmp1")
+    assert _advertised_http(url) == ["capabilities^{}"]
+
+    cmp1 = agents("cmp1", url)
+    result = cmp1.reconcile_once()
+    assert result.exit_code == 0 and result.pushed
+    note = deployment.note("cmp1") or {}
+    assert note.get("state") == "applied" and "pw-cmp1" not in str(note)
+    assert _advertised_http(url) == ["refs/notes/reconciler/cmp1"]
+
+    # The server refuses this login's push to another node's notes, or to the branch.
+    mirror = cmp1.cfg.state_dir / "mirror.git"
+    for target in ("refs/notes/reconciler/ctl1", "refs/heads/x"):
+        push = subprocess.run(["git", "--git-dir", str(mirror), "push", url, f"refs/notes/reconciler/cmp1:{target}"],
+                              capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin",
+                                                                               "GIT_TERMINAL_PROMPT": "0"})
+        assert push.returncode != 0 and "hidden ref" in push.stderr, push.stderr
+    assert git("--git-dir", str(deployment.bare), "rev-parse", "refs/notes/reconciler/ctl1").strip() != \
+        git("--git-dir", str(deployment.bare), "rev-parse", "refs/notes/reconciler/cmp1").strip()
+    # ctl1's own login may write ctl1's notes: the rule follows the login, not a fixed name.
+    assert _advertised_http(nodes_http("ctl1")) == ["refs/notes/reconciler/ctl1"]
+    # Without a login, or with another node's password, there is no push at all.
+    for login in ("", "cmp1:pw-ctl1@"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _advertised_http(url.replace("cmp1:pw-cmp1@", login))
+        assert refused.value.code == 401
