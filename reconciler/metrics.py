@@ -97,10 +97,9 @@ def record_poll(agent: Agent, result: RunResult | None, error: ReconcilerError |
     head = result.commit if result is not None else str(last.get("head", ""))
     head_time = last.get("head_time") if head == last.get("head") else None
     if head and head_time is None:
-        try:
-            head_time = agent.revision(head).time
-        except ReconcilerError:
-            head_time = None
+        # Read by git, not through the mirror's pygit2: a node's first quiet pass with metrics on
+        # would load it (11 MB) for this one number.
+        head_time = _commit_time(agent, head)
     agent.ledger.set_meta(POLL_KEY, json.dumps({"time": time.time(), "result": word, "head": head,
                                                 "head_time": head_time}, sort_keys=True))
     polls = {str(k): int(v) for k, v in _json(agent.ledger.get_meta(POLLS_KEY)).items()}

@@ -141,12 +141,12 @@ def test_an_agent_that_applied_a_change_gives_back_its_memory_and_keeps_its_pid_
 
 
 def _settled(deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
-             daemon: Callable[[Path], Daemon]) -> tuple[Daemon, Path]:
+             daemon: Callable[[Path], Daemon], **more: object) -> tuple[Daemon, Path]:
     """A daemon started on a node that had converged already, after its first quiet poll."""
     cmp1 = agents("cmp1", deployment.url)
     assert cmp1.reconcile_once().exit_code == 0
     cmp1.close()
-    config = _config(tmp_path, cmp1, merge_key)
+    config = _config(tmp_path, cmp1, merge_key, **more)
     agent = daemon(config)
     wait_for(lambda: bool(agent.lines("unchanged")), 30, "the first quiet poll")
     return agent, config
@@ -159,6 +159,32 @@ def test_a_settled_agent_that_applied_nothing_never_re_executes(
     agent, _ = _settled(deployment, agents, merge_key, tmp_path, daemon)
     time.sleep(3)  # six more quiet polls
     assert agent.lines("re-execut") == []
+    assert agent.stop() == 0
+
+
+def test_a_settled_agent_serving_metrics_stays_light_and_a_failing_remote_does_not_make_it_re_execute(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
+    daemon: Callable[[Path], Daemon],
+) -> None:
+    # Metrics record each poll's head and its commit time; reading that time through the
+    # mirror's pygit2 grew a quiet agent by 11 MB, and the next error pass then re-executed it.
+    port = free_port()
+    agent, _ = _settled(deployment, agents, merge_key, tmp_path, daemon,
+                        metrics={"listen": f"127.0.0.1:{port}"})
+    head = git("rev-parse", "HEAD", cwd=deployment.work)
+    wait_for(lambda: f'reconciler_head_commit_info{{commit="{head}"}} 1.0' in _scrape(port), 30,
+             "a quiet poll in the metrics")
+    assert "_pygit2" not in _maps(agent.proc.pid)
+    away = deployment.bare.with_name("away.git")
+    deployment.bare.rename(away)
+    wait_for(lambda: bool(agent.lines("REMOTE")), 30, "a poll that fails")
+    away.rename(deployment.bare)
+    wait_for(lambda: 'reconciler_polls_total{result="error"} 1.0' in _scrape(port), 30, "the error in the metrics")
+    wait_for(lambda: 'reconciler_last_poll_result{result="unchanged"} 1.0' in _scrape(port), 30,
+             "a quiet poll once the remote is back")
+    time.sleep(2)  # four more quiet polls
+    assert agent.lines("re-execut") == []
+    assert "_pygit2" not in _maps(agent.proc.pid)
     assert agent.stop() == 0
 
 
