@@ -273,6 +273,19 @@ def memory(idle_s: float) -> dict[str, str]:
             finally:
                 daemon.send_signal(signal.SIGTERM)
                 daemon.wait(30)
+            # The same idle node with metrics on (they record each poll, its head and that
+            # commit's time, and write the textfile after each pass).
+            metered = subprocess.Popen([sys.executable, "-c", DAEMON, str(modules), "agent", *args, "--interval", "1",
+                                        "--jitter", "0", "--metrics-textfile", str(root / "reconciler.prom")],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(idle_s * 2)
+                metered_rss = _rss_mb(metered.pid)
+                modules.unlink(missing_ok=True)
+                metered_heavy = _loaded(metered.pid, modules) & set(HEAVY)
+            finally:
+                metered.send_signal(signal.SIGTERM)
+                metered.wait(30)
             return {
                 "idle daemon RSS (1 s polls)": f"{rss:6.1f} MB   {rss / floor_mb:5.2f}x a bare interpreter",
                 "idle daemon CPU": f"{cpu * 100:6.2f} % of a core (polling every second)",
@@ -280,6 +293,9 @@ def memory(idle_s: float) -> dict[str, str]:
                 "idle daemon CPU, tip probe": f"{probed * 100:6.2f} % of a core (nginx serving the hook's file)",
                 "  with the git it runs ": f"{probed_all * 100:6.2f} % of a core",
                 "  heavy packages it holds": ", ".join(sorted(idle_heavy)) or "none",
+                "idle daemon with metrics on": f"{metered_rss:6.1f} MB   {metered_rss / floor_mb:5.2f}x a bare "
+                                               "interpreter (--metrics-textfile)",
+                "  heavy packages it holds ": ", ".join(sorted(metered_heavy)) or "none",
                 "idle after applying a change": f"{after:6.1f} MB   {after / floor_mb:5.2f}x a bare interpreter",
                 "  heavy packages it holds then": ", ".join(sorted(after_heavy)) or "none",
                 "  re-executed to give back": (f"{float(gave_back[-1]):6.1f} MB (same PID)" if gave_back
