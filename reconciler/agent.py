@@ -26,6 +26,7 @@ from .plan import plan as make_plan
 from .probe import TipProbe
 from .redact import NONE as NO_SECRETS
 from .redact import Redactor
+from .refs import NOTES_PREFIX
 from .report import Reporter, notes_ref
 from .source import Source, safe_url
 from .state import State
@@ -327,11 +328,11 @@ class Agent:
         from .fleetview import FLEET_PREFIX, fleet_view
 
         if nodes is None:
-            specs = [f"+refs/notes/reconciler/*:{FLEET_PREFIX}*"]
+            specs = [f"+{NOTES_PREFIX}*:{FLEET_PREFIX}*"]
         else:
             # One glob per node: protocol v2 asks the server for that prefix only, and a node that
             # has noted nothing yet (no ref) is no error, as it would be for an exact refspec.
-            specs = [f"+refs/notes/reconciler/{n}*:{FLEET_PREFIX}{n}*" for n in sorted(set(nodes))
+            specs = [f"+{NOTES_PREFIX}{n}*:{FLEET_PREFIX}{n}*" for n in sorted(set(nodes))
                      if n != self.cfg.node]
         if specs:
             self.source.run("fetch", "--no-tags", "--prune", self.source.url, *specs, what="notes fetch from")

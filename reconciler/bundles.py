@@ -16,7 +16,8 @@ from pathlib import Path
 
 from . import faults
 from .errors import BadInput, RemoteError
-from .source import GIT_TIMEOUT, NOTES_PREFIX, git_cause, safe_url, scrub
+from .refs import NOTES_PREFIX
+from .source import GIT_TIMEOUT, git_cause, safe_url, scrub
 
 
 @dataclass(frozen=True)

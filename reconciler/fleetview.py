@@ -18,8 +18,9 @@ import pygit2
 from . import notes
 from .errors import BadInput, RemoteError
 from .notes import CLAIM_OBJECT, Claim, Note
+from .refs import NOTES_PREFIX
 from .rollout import FleetView
-from .source import GIT_TIMEOUT, NOTES_PREFIX, git_cause, scrub
+from .source import GIT_TIMEOUT, git_cause, scrub
 
 FLEET_PREFIX = "refs/reconciler/fleet/"  # where a fetch puts each node's notes ref
 BRANCH_PREFIX = "refs/reconciler/branch/"  # where a clone's fetch puts the branch followed

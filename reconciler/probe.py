@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from .refs import NOTES_PREFIX
+
 log = logging.getLogger("reconciler.probe")
 
 TIMEOUT = 10.0
@@ -125,7 +127,7 @@ class TipProbe:
         parts = urlsplit(self.url)
         url = urlunsplit(parts._replace(path=f"{parts.path}.notes/{quote(node, safe='')}"))
         try:
-            return read_tips(url).get(f"refs/notes/reconciler/{node}")
+            return read_tips(url).get(NOTES_PREFIX + node)
         except ProbeFailed as exc:
             log.debug("notes tip of %s from %s: %s", node, self.shown, exc)
             return None

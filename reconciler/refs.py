@@ -13,6 +13,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+# Where each node's notes live: refs/notes/reconciler/<node>, one ref a node, which only that
+# node writes (a server can enforce it: contrib/git-server).
+NOTES_PREFIX = "refs/notes/reconciler/"
+
 _OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # SHA-1 or SHA-256 repositories
 
 

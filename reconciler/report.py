@@ -15,6 +15,7 @@ from . import faults, notes
 from .errors import RemoteError
 from .ledger import Ledger
 from .model import Report
+from .refs import NOTES_PREFIX
 from .source import Source
 
 if TYPE_CHECKING:
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reconciler.report")
 
-NOTES_PREFIX = "refs/notes/reconciler/"
 PUSHED_KEY = "notes_pushed"
 PUSHED_TIME_KEY = "notes_pushed_time"  # when the last push went through (seconds since the epoch; metrics)
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from . import faults
 from .errors import CorruptMirror, RemoteError
 from .probe import TipProbe
-from .refs import NotPlain, read_ref
+from .refs import NOTES_PREFIX, NotPlain, read_ref
 
 if TYPE_CHECKING:
     import git
@@ -59,7 +59,6 @@ class HeadRead:
     at: float
 
 GIT_TIMEOUT = 120.0
-NOTES_PREFIX = "refs/notes/reconciler/"  # the nodes' notes (report.NOTES_PREFIX; report imports us)
 RECHECK_EVERY = 300.0
 """Seconds between reads of the head by git while the files that hold it did not change (a
 disk's bit rot keeps a file's stat): how long such damage can wait for the next poll to see it."""
