@@ -252,7 +252,6 @@ class Shedding:
 def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None,
                reload: Callable[[], AgentConfig] | None = None) -> None:
     """The daemon. ``reload``: the config as a fresh start would load it (see ``Shedding``)."""
-    cfg = agent.cfg
     carry = shed.take_over()
     stopping = threading.Event()
 
@@ -269,125 +268,152 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
     # execv comes now, to the handler, before any thread starts (threads inherit the mask).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, shed.Signals.STOPS)
     with agent.state.daemon_lock(held=None if carry is None else carry.lock_fd) as lock_fd:
-        shed_due = False
-        supervisor = Supervisor(agent)
-        failures = 0
-        polling = threading.Lock()  # one pass at a time in-process
-        say = on_result or VerdictLog(agent)
-        outputs = Outputs(agent)
-        port = outputs.serve(None if carry is None else carry.metrics_fd)
-        shedding = Shedding(agent, reload)  # its start: with what metrics and notifications import
-        if carry is not None:
-            supervisor.failures, supervisor.next_try, supervisor.up_since = (
-                dict(carry.failures), dict(carry.next_try), dict(carry.up_since))
-            if isinstance(say, VerdictLog):
-                say.last = carry.verdict
-            agent.take_back(carry.said, carry.secrets, carry.pulled_ahead)
-            shedding.start_mb = carry.started_mb or shedding.start_mb
-        elif port is not None:
-            log.info("%s: metrics on http://%s/metrics", cfg.node, cfg.metrics.listen)
-
-        def poll() -> None:
-            nonlocal failures, shed_due
-            if not polling.acquire(blocking=False):
-                return
-            try:
-                result = agent.reconcile_once()
-                failures = 0
-                say(result)
-                outputs(result)
-                if shedding.after(result):
-                    shed_due = True
-                    signals.nudge()
-            except Busy:
-                return
-            except ReconcilerError as exc:
-                shedding.after(None)
-                outputs(None, exc)
-                if not exc.temporary:  # the same input fails the same way: say it once, poll on for a new one
-                    agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s]", cfg.node, exc,
-                                   exc.reason)
-                    return
-                failures += 1
-                delay = min(cfg.interval * 2**failures, max(cfg.interval, 600.0))
-                agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s] (next try in %.0fs)",
-                               cfg.node, exc, exc.reason, delay)
-                polls.later(delay)
-            finally:
-                polling.release()
-
-        def re_execute() -> None:
-            """Hand over and re-execute, from the main thread, between passes, with no
-            supervisor tick in flight; on any obstacle, keep running (the next quiet pass
-            after more work asks again)."""
-            if not polling.acquire(blocking=False):
-                return  # a pass began meanwhile
-            try:
-                if not shedding.same_config():
-                    shedding.off = True
-                    return
-                with agent.state.services_lock(wait=5.0):
-                    if signals.stop_asked():
-                        stopping.set()  # its handler may not have run yet: no re-execution
-                    if stopping.is_set():
-                        return
-                    now = shed.rss_mb() or 0.0
-                    started = shedding.start_mb or 0.0
-                    log.info("%s: re-executing to give back %.1f MB that its work loaded (%.1f MB now, %.1f MB "
-                             "at its start)", cfg.node, now - started, now, started)
-                    shed.hand_over(shed.Carry(
-                        lock_fd=lock_fd, metrics_fd=outputs.listening(), poll_due=polls.due,
-                        supervise_due=supervising.due, failures=supervisor.failures, next_try=supervisor.next_try,
-                        up_since=supervisor.up_since, verdict=say.last if isinstance(say, VerdictLog) else None,
-                        said=agent.said(), secrets=agent.redact.known, pulled_ahead=tuple(agent.pulled_ahead),
-                        sheds=(carry.sheds if carry is not None else 0) + 1, started_mb=started,
-                        signal_fds=signals.fds,
-                    ))
-            except (Busy, shed.ShedFailed) as exc:
-                shedding.off = isinstance(exc, shed.ShedFailed)
-                agent.say_once(("shed", str(exc)), logging.WARNING, "%s: not re-executing: %s", cfg.node, exc)
-            finally:
-                polling.release()
-
-        now = time.monotonic()
-        first_poll = node_offset(cfg.node, cfg.jitter) if carry is None else max(0.0, carry.poll_due - now)
-        polls = Every("poll", cfg.interval, poll, stopping, first=first_poll)
-        # Not behind `polling`: a pass stuck on a stalled git server must not stop restarts.
-        supervising = Every("supervise", cfg.supervise_interval, supervisor.tick, stopping,
-                            first=cfg.supervise_interval if carry is None else max(0.0, carry.supervise_due - now))
-        if not stopping.is_set():
-            polls.start()  # after the assignment: a first poll that fails at once backs off through `polls`
-            supervising.start()
-            if carry is None:
-                log.info("%s: agent started; polling %s every %.0fs (jitter %.0fs)", cfg.node, cfg.branch,
-                         cfg.interval, cfg.jitter)
-            else:
-                log.info("%s: agent re-executed (%d so far): %.1f MB", cfg.node, carry.sheds, shed.rss_mb() or 0.0)
-        while not stopping.is_set():
-            # Woken by the wakeup pipe: a signal's number, whichever thread the kernel gave it
-            # to (its Python handler runs only in this thread, once this thread wakes), or a
-            # pass that asks for a re-execution.
-            signals.wait()
-            if signals.stop_asked():
-                stopping.set()
-            if shed_due and not stopping.is_set():
-                shed_due = False
-                # A signal to the main thread is held back across the execv, not lost; one taken
-                # by another thread is in the wakeup pipe, read before and handed over.
-                signal.pthread_sigmask(signal.SIG_BLOCK, shed.Signals.STOPS)
-                try:
-                    re_execute()
-                finally:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, shed.Signals.STOPS)
-        # Stopped. A pass in flight gets a grace period; one stuck on the network is left: every
-        # step of a pass is safe to cut short, and the next start finishes what it began.
-        if polling.acquire(timeout=STOP_GRACE):
-            polling.release()
-        else:
-            log.warning("%s: a pass is still running after %.0fs; stopping without it (the next start finishes "
-                        "it)", cfg.node, STOP_GRACE)
+        running = _Running(agent, on_result, reload, carry, lock_fd, signals, stopping)
+        running.start()
+        running.wait()
+        running.finish()
     # Exit here: what a thread left (a scrape being answered, a pool) must not hold the stop.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+class _Running:
+    """A daemon holding its state dir's lock: its parts, resumed from the interpreter it
+    replaced (``carry``) if any, and what it does with them: passes (``poll``, on the poll
+    thread), re-executions (``re_execute``, on the main thread, between passes), waiting for a
+    stop (``wait``, the main thread)."""
+
+    def __init__(self, agent: Agent, on_result: Callable[[RunResult], None] | None,
+                 reload: Callable[[], AgentConfig] | None, carry: shed.Carry | None, lock_fd: int,
+                 signals: shed.Signals, stopping: threading.Event) -> None:
+        self.agent, self.cfg, self.carry, self.lock_fd = agent, agent.cfg, carry, lock_fd
+        self.signals, self.stopping = signals, stopping
+        self.shed_due = False
+        self.supervisor = Supervisor(agent)
+        self.failures = 0  # passes failed in a row (temporary errors): the backoff's exponent
+        self.polling = threading.Lock()  # one pass at a time in-process
+        self.say = on_result or VerdictLog(agent)
+        self.outputs = Outputs(agent)
+        port = self.outputs.serve(None if carry is None else carry.metrics_fd)
+        self.shedding = Shedding(agent, reload)  # its start: with what metrics and notifications import
+        if carry is not None:
+            self.supervisor.failures, self.supervisor.next_try, self.supervisor.up_since = (
+                dict(carry.failures), dict(carry.next_try), dict(carry.up_since))
+            if isinstance(self.say, VerdictLog):
+                self.say.last = carry.verdict
+            agent.take_back(carry.said, carry.secrets, carry.pulled_ahead)
+            self.shedding.start_mb = carry.started_mb or self.shedding.start_mb
+        elif port is not None:
+            log.info("%s: metrics on http://%s/metrics", self.cfg.node, self.cfg.metrics.listen)
+        now = time.monotonic()
+        first_poll = node_offset(self.cfg.node, self.cfg.jitter) if carry is None else max(0.0, carry.poll_due - now)
+        self.polls = Every("poll", self.cfg.interval, self.poll, stopping, first=first_poll)
+        # Not behind `polling`: a pass stuck on a stalled git server must not stop restarts.
+        self.supervising = Every("supervise", self.cfg.supervise_interval, self.supervisor.tick, stopping,
+                                 first=self.cfg.supervise_interval if carry is None
+                                 else max(0.0, carry.supervise_due - now))
+
+    def start(self) -> None:
+        if self.stopping.is_set():
+            return
+        self.polls.start()  # after the assignment: a first poll that fails at once backs off through `polls`
+        self.supervising.start()
+        if self.carry is None:
+            log.info("%s: agent started; polling %s every %.0fs (jitter %.0fs)", self.cfg.node, self.cfg.branch,
+                     self.cfg.interval, self.cfg.jitter)
+        else:
+            log.info("%s: agent re-executed (%d so far): %.1f MB", self.cfg.node, self.carry.sheds,
+                     shed.rss_mb() or 0.0)
+
+    def poll(self) -> None:
+        if not self.polling.acquire(blocking=False):
+            return
+        try:
+            result = self.agent.reconcile_once()
+            self.failures = 0
+            self.say(result)
+            self.outputs(result)
+            if self.shedding.after(result):
+                self.shed_due = True
+                self.signals.nudge()
+        except Busy:
+            return
+        except ReconcilerError as exc:
+            self.shedding.after(None)
+            self.outputs(None, exc)
+            node = self.cfg.node
+            if not exc.temporary:  # the same input fails the same way: say it once, poll on for a new one
+                self.agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s]", node, exc,
+                                    exc.reason)
+                return
+            self.failures += 1
+            delay = min(self.cfg.interval * 2**self.failures, max(self.cfg.interval, 600.0))
+            self.agent.say_once(("poll", exc.reason, str(exc)), logging.ERROR, "%s: %s [%s] (next try in %.0fs)",
+                                node, exc, exc.reason, delay)
+            self.polls.later(delay)
+        finally:
+            self.polling.release()
+
+    def wait(self) -> None:
+        """Until a stop; meanwhile, re-execute when a pass asks for it."""
+        while not self.stopping.is_set():
+            # Woken by the wakeup pipe: a signal's number, whichever thread the kernel gave it
+            # to (its Python handler runs only in this thread, once this thread wakes), or a
+            # pass that asks for a re-execution.
+            self.signals.wait()
+            if self.signals.stop_asked():
+                self.stopping.set()
+            if self.shed_due and not self.stopping.is_set():
+                self.shed_due = False
+                # A signal to the main thread is held back across the execv, not lost; one taken
+                # by another thread is in the wakeup pipe, read before and handed over.
+                signal.pthread_sigmask(signal.SIG_BLOCK, shed.Signals.STOPS)
+                try:
+                    self.re_execute()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, shed.Signals.STOPS)
+
+    def re_execute(self) -> None:
+        """Hand over and re-execute, with no pass or supervisor tick in flight; on any
+        obstacle, keep running (the next quiet pass after more work asks again)."""
+        if not self.polling.acquire(blocking=False):
+            return  # a pass began meanwhile
+        try:
+            if not self.shedding.same_config():
+                self.shedding.off = True
+                return
+            with self.agent.state.services_lock(wait=5.0):
+                if self.signals.stop_asked():
+                    self.stopping.set()  # its handler may not have run yet: no re-execution
+                if self.stopping.is_set():
+                    return
+                now = shed.rss_mb() or 0.0
+                started = self.shedding.start_mb or 0.0
+                log.info("%s: re-executing to give back %.1f MB that its work loaded (%.1f MB now, %.1f MB "
+                         "at its start)", self.cfg.node, now - started, now, started)
+                supervisor, agent = self.supervisor, self.agent
+                shed.hand_over(shed.Carry(
+                    lock_fd=self.lock_fd, metrics_fd=self.outputs.listening(), poll_due=self.polls.due,
+                    supervise_due=self.supervising.due, failures=supervisor.failures,
+                    next_try=supervisor.next_try, up_since=supervisor.up_since,
+                    verdict=self.say.last if isinstance(self.say, VerdictLog) else None,
+                    said=agent.said(), secrets=agent.redact.known, pulled_ahead=tuple(agent.pulled_ahead),
+                    sheds=(self.carry.sheds if self.carry is not None else 0) + 1, started_mb=started,
+                    signal_fds=self.signals.fds,
+                ))
+        except (Busy, shed.ShedFailed) as exc:
+            self.shedding.off = isinstance(exc, shed.ShedFailed)
+            self.agent.say_once(("shed", str(exc)), logging.WARNING, "%s: not re-executing: %s", self.cfg.node, exc)
+        finally:
+            self.polling.release()
+
+    def finish(self) -> None:
+        """Stopped. A pass in flight gets a grace period; one stuck on the network is left:
+        every step of a pass is safe to cut short, and the next start finishes what it began."""
+        if self.polling.acquire(timeout=STOP_GRACE):
+            self.polling.release()
+        else:
+            log.warning("%s: a pass is still running after %.0fs; stopping without it (the next start finishes "
+                        "it)", self.cfg.node, STOP_GRACE)
