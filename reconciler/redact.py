@@ -24,6 +24,15 @@ from .model import Report, ServiceResult, StepRecord
 # output joins the lines with " | ". Shorter lines ("-----END", "") would match by chance.
 LINE_MIN = 16
 
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^@/\s]*@", re.IGNORECASE)
+
+
+def without_userinfo(text: str) -> str:
+    """``text`` with the user and password of every URL in it (``https://user:pass@host``)
+    taken out, as Flux does in its errors: git's, a registry's, an engine's words reach notes
+    and logs."""
+    return _USERINFO.sub(r"\1", text)
+
 
 @dataclass(frozen=True)
 class Redactor:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from . import faults
 from .errors import CorruptMirror, RemoteError
 from .probe import TipProbe
+from .redact import without_userinfo
 from .refs import NOTES_PREFIX, NotPlain, read_ref
 
 if TYPE_CHECKING:
@@ -67,7 +68,6 @@ disk's bit rot keeps a file's stat): how long such damage can wait for the next 
 CAUSE_MAX = 400
 """Characters of git's own words kept in a message: enough for a cause, never a screenful."""
 
-_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^@/\s]*@", re.IGNORECASE)
 _NOISE = re.compile(r"^(hint: |remote: (Enumerating|Counting|Compressing|Total)|(Receiving|Resolving) objects|"
                     r"Looking up .* done\.$)")
 # With --progress git writes "Connecting to host (port 9418) ... fatal: ..." on one line.
@@ -76,7 +76,7 @@ _CAUSE = re.compile(r"(?:^|\.\.\. )(fatal|error): ", re.IGNORECASE)
 
 def safe_url(url: str) -> str:
     """The URL without credentials, for messages and notes."""
-    return _USERINFO.sub(r"\1", url)
+    return without_userinfo(url)
 
 
 def scrub(text: str, url: str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ApplyError
+from ..redact import without_userinfo
 
 DOCKER_HUB = "docker.io"  # what an image name without a registry host means
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -83,14 +84,11 @@ def split_reference(image: str) -> tuple[str, str]:
     return repository, tag
 
 
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
-
-
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with credentials in URLs (``https://user:pass@host``) stripped, as Flux does
     in its errors, and any of ``secrets`` replaced: a registry's or an engine's error message
     goes into notes and logs."""
-    text = _URL_USERINFO.sub(r"\g<scheme>", text)
+    text = without_userinfo(text)
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
