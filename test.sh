@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 . ./scripts/ensure-venv.sh
 # Real parts the tests use: ssh-keygen and gpg (signatures), sshd (an ssh:// remote), Chromium
 # (the fleet's HTML page, opened headless), the distribution registry and htpasswd (image pulls),
-# nginx (the tip probe's web server).
+# nginx (the tip probe's web server) and fcgiwrap (git http-backend behind it).
 missing=()
 command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 command -v gpg >/dev/null || missing+=(gnupg)
@@ -16,6 +16,7 @@ command -v chromium >/dev/null || missing+=(chromium)
 command -v docker-registry >/dev/null || missing+=(docker-registry)
 command -v htpasswd >/dev/null || missing+=(apache2-utils)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || missing+=(nginx-light)
+command -v fcgiwrap >/dev/null || [ -x /usr/sbin/fcgiwrap ] || missing+=(fcgiwrap)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing ${missing[*]} ..." >&2

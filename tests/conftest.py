@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_port, wait_listening
 
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, SecretsConfig, TrustConfig
@@ -62,12 +63,6 @@ def _port_free(port: int) -> bool:
             return True
         except OSError:
             return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def free_port_bases(count: int) -> list[int]:
@@ -275,13 +270,8 @@ def git_daemon(tmp_path: Path, deployment: Deployment) -> Iterator[str]:
          "--enable=receive-pack", f"--port={port}", "--listen=127.0.0.1", str(deployment.bare.parent)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-
-    def up() -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
     try:
-        wait_for(up, 10, "git daemon")
+        wait_listening(port, "git daemon", proc)
         yield f"git://127.0.0.1:{port}/{deployment.bare.name}"
     finally:
         proc.terminate()
@@ -358,15 +348,8 @@ def ssh_remote(tmp_path: Path, deployment: Deployment) -> Iterator[tuple[str, st
     )
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE, text=True)
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"sshd exited: {proc.stderr.read() if proc.stderr else ''}")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
     try:
-        wait_for(up, 10, "sshd")
+        wait_listening(port, "sshd", proc)
         command = (f"ssh -i {d / 'client_key'} -p {port} -o StrictHostKeyChecking=no "
                    "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR")
         yield f"ssh://{user}@127.0.0.1:{port}{deployment.bare}", command

@@ -35,7 +35,6 @@ import pwd
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -46,6 +45,7 @@ from typing import NoReturn
 
 import pytest
 from needs import unavailable
+from ports import free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_SCRIPT = ROOT / "scripts" / "gitolite-server.sh"
@@ -56,12 +56,6 @@ ADMIN_CONF = "repo gitolite-admin\n    RW+ = admin\n\ninclude \"repos/*.conf\"\n
 def _perl_quote(name: str) -> str:
     """A gitolite name as a literal in a refex (only '.' and '+' of its characters are special)."""
     return re.sub(r"([.+])", r"\\\1", name)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -240,16 +234,7 @@ def gitolite(tmp_path: Path) -> Iterator[Gitolite]:
         )
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 10
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"sshd exited: {proc.stderr.read() if proc.stderr else ''}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", server.port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                raise AssertionError("timed out waiting for sshd")
-            time.sleep(0.02)
+        wait_listening(server.port, "sshd", proc)
         yield server
     finally:
         if proc is not None:

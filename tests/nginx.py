@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from ports import wait_listening
 
 
 class Nginx:
@@ -55,7 +56,7 @@ http {{
 """)
         self.proc = subprocess.Popen([self.binary, "-c", str(conf), "-p", str(self.work)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_listening(self.proc, self.port, "nginx")
+        wait_listening(self.port, "nginx", self.proc)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -87,18 +88,3 @@ http {{
             if request.endswith(f" /{path} HTTP/1.1"):
                 out.append(int(rest.split()[0]))
         return out
-
-
-def wait_listening(proc: subprocess.Popen[bytes], port: int, what: str, seconds: float = 10) -> None:
-    """Until ``proc`` accepts connections on the loopback ``port``; RuntimeError (with what it
-    said on a piped stderr) if it exits first or does not listen within ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise RuntimeError(f"{what} exited: {err.strip()}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise RuntimeError(f"{what} did not listen within {seconds:g} s")

@@ -15,7 +15,8 @@ History::
 from __future__ import annotations
 
 import base64
-import socket
+import os
+import shutil
 import subprocess
 import urllib.error
 import urllib.request
@@ -23,8 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Deployment, SigningKey, free_port, git, wait_for
+from conftest import ROOT, Deployment, SigningKey, git, wait_for
+from needs import unavailable
 from nginx import Nginx
+from ports import free_port, wait_listening
 from test_cli import as_json, cli
 
 from reconciler.agent import Agent
@@ -49,12 +52,7 @@ class Daemon:
             ["git", "daemon", "--reuseaddr", f"--base-path={self.base}", "--export-all", "--enable=receive-pack",
              f"--port={self.port}", "--listen=127.0.0.1", str(self.base)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def up() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", self.port)) == 0
-
-        wait_for(up, 10, "git daemon")
+        wait_listening(self.port, "git daemon", self.proc)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -259,8 +257,14 @@ def nodes_http(tmp_path: Path, deployment: Deployment) -> Iterator[Callable[[str
     """The primary over smart HTTP as an operator serves it to the nodes: a real nginx with
     ``contrib/git-server/nginx-node-notes.conf`` (its site paths set), fcgiwrap running the real
     `git http-backend`, one login per node. Gives a node's remote URL, its password in it."""
+    server = Nginx(tmp_path / "www", tmp_path / "nginx", free_port())
+    if not server.available:
+        unavailable("nginx", f"{server.binary} not found")
+    fcgiwrap = shutil.which("fcgiwrap") or "/usr/sbin/fcgiwrap"
+    if not os.access(fcgiwrap, os.X_OK):
+        unavailable("fcgiwrap", f"{fcgiwrap} not found (apt-get install fcgiwrap)")
     sock = tmp_path / "fcgiwrap.sock"
-    fcgi = subprocess.Popen(["fcgiwrap", "-s", f"unix:{sock}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    fcgi = subprocess.Popen([fcgiwrap, "-s", f"unix:{sock}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_for(sock.exists, 10, "fcgiwrap")
     logins = tmp_path / "nodes.htpasswd"
     for node in ("cmp1", "ctl1"):
@@ -272,7 +276,7 @@ def nodes_http(tmp_path: Path, deployment: Deployment) -> Iterator[Callable[[str
                           ("/usr/lib/git-core", git("--exec-path").strip())):
         assert default in site, default
         site = site.replace(default, str(ours))
-    server = Nginx(tmp_path / "www", tmp_path / "nginx", free_port(), extra=site)
+    server.extra = site
     (tmp_path / "www").mkdir()
     server.start()
     try:
