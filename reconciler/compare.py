@@ -154,8 +154,9 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
         return side_a[key], side_b[key]
 
     for a, b in zip(la, lb, strict=True):
+        same = a == b  # most lines: each is read once, for both files
         stripped = a.strip()
-        other = stripped if a == b else b.strip()
+        other = stripped if same else b.strip()
         if not stripped or not other:
             if stripped or other:
                 return None  # a blank line (the end of a value) against a line that is not
@@ -168,12 +169,12 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
                 continue
             return None
         indent = _indent(a, first)
-        other_indent = indent if a == b else _indent(b, other[0])
+        other_indent = indent if same else _indent(b, other[0])
         more, other_more = bool(key) and indent > key_indent, bool(key) and other_indent > key_indent
         if more != other_more:
             return None  # a continuation against a line that is not
         if more:
-            if key not in side_a and a == b:
+            if key not in side_a and same:
                 shared[key][-1] += "\n" + stripped
             else:
                 values_a, values_b = apart(key)
@@ -181,18 +182,20 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
                 values_b[-1] += "\n" + other
             continue
         section = _section(stripped)
-        if section is not None or _section(other) is not None:
-            if section is None or _section(other) != section:
+        other_section = section if same else _section(other)
+        if section is not None or other_section is not None:
+            if section is None or other_section != section:
                 return None
             key, prefix = "", "" if section == TOP else f"{section}."
             continue
-        option, other_option = _option(stripped), _option(other)
+        option = _option(stripped)
+        other_option = option if same else _option(other)
         if option is None or other_option is None:
             return None  # not an option: ``_ini`` says which file does not parse
         if option[0] != other_option[0] or indent != other_indent:
             return None
         key, key_indent = prefix + option[0], indent
-        if key not in side_a and a == b:
+        if key not in side_a and same:
             shared.setdefault(key, []).append(option[1])
         else:
             values_a, values_b = apart(key)
