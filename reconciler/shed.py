@@ -70,7 +70,7 @@ class Carry:
     secrets: tuple[tuple[str, str], ...] = ()  # (value, name): the redactor's values
     pulled_ahead: tuple[str, ...] = ()
     sheds: int = 0  # how many times this daemon re-executed itself, this one included
-    started_mb: float = 0.0  # RSS of the first interpreter after its start, for the log
+    started_mb: float = 0.0  # RSS of the first interpreter after its start: what growth is measured from
     signal_fds: tuple[int, int] | None = None  # the wakeup pipe (read, write): ``Signals``
 
 

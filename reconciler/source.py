@@ -591,7 +591,15 @@ def commit_time(mirror: Path, commit: str) -> int | None:
 
 
 def _local_git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """git on local repositories only (no remote, no credentials): its result, never raised.
-    C locale: ``git_cause`` and ``note`` read git's English."""
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})
+    """git on local repositories only (no remote, no credentials): its result, never raised
+    (a git that does not answer in time, or a directory that is gone, is a failed result whose
+    words say so). C locale: ``git_cause`` and ``note`` read git's English."""
+    argv = ["git", *args]
+    try:
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT,
+                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, -signal.SIGKILL, "", f"fatal: git did not answer within "
+                                           f"{GIT_TIMEOUT:.0f} s")
+    except OSError as exc:
+        return subprocess.CompletedProcess(argv, 128, "", f"fatal: cannot run git in {cwd}: {exc.strerror}")

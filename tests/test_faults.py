@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -157,28 +158,38 @@ def _daemon_config(deployment: Deployment, tmp_path: Path, merge_key: SigningKey
     return config
 
 
+@contextlib.contextmanager
+def _daemon(config: Path) -> Iterator[None]:
+    """`reconciler agent --config` running; stopped with SIGTERM at the end, which it must take
+    cleanly (exit 0, no traceback)."""
+    daemon = subprocess.Popen(_cli("agent", "--config", str(config)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        yield
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        _, stderr = daemon.communicate(timeout=30)
+    assert daemon.returncode == 0 and "Traceback" not in stderr, stderr
+
+
+def _kvm_applied(deployment: Deployment, seconds: float) -> None:
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    c2 = deployment.commit("kvm everywhere")
+    wait_for(lambda: (deployment.note("cmp2", c2) or {}).get("state") == "applied", seconds, "note of c2")
+
+
 def test_daemon_applies_new_commits_and_restarts_a_killed_service(
     deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path, merge_key: SigningKey
 ) -> None:
     config = _daemon_config(deployment, tmp_path, merge_key, interval=1)
-    daemon = subprocess.Popen(_cli("agent", "--config", str(config)), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
     agent = agents("cmp2", deployment.url)  # for reading state, and cleanup
-    try:
+    with _daemon(config):
         wait_for(lambda: (deployment.note("cmp2") or {}).get("state") == "applied", 30, "first note")
         victim = pids(agent)["node-exporter"]
         assert victim
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: pids(agent).get("node-exporter") not in (None, victim), 15, "supervisor restart")
-
-        deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
-        c2 = deployment.commit("kvm everywhere")
-        wait_for(lambda: (deployment.note("cmp2", c2) or {}).get("state") == "applied", 30, "note of c2")
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        _, stderr = daemon.communicate(timeout=30)
-    assert daemon.returncode == 0, stderr
-    assert "Traceback" not in stderr
+        _kvm_applied(deployment, 30)
     # The daemon exits; the services it started keep running.
     assert all(pids(agent).values())
 
@@ -202,16 +213,8 @@ def test_a_daemon_killed_as_it_re_executes_leaves_a_node_the_next_start_finishes
 
     # The next start: the lock is free, nothing is left to do, the services run on untouched;
     # and it goes on to apply the next commit.
-    daemon = subprocess.Popen(_cli("agent", "--config", str(config)), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
-        c2 = deployment.commit("kvm everywhere")
-        wait_for(lambda: (deployment.note("cmp2", c2) or {}).get("state") == "applied", 60, "note of c2")
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        _, stderr = daemon.communicate(timeout=30)
-    assert daemon.returncode == 0 and "Traceback" not in stderr, stderr
+    with _daemon(config):
+        _kvm_applied(deployment, 60)
     now = pids(agent)
     assert now["node-exporter"] == left["node-exporter"]  # not touched by the kvm change
     assert all(now.values())

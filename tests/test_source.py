@@ -258,3 +258,21 @@ def test_a_mirror_that_cannot_even_be_opened_is_started_again(
     assert "cannot be opened" in caplog.text
     assert result.exit_code == 0 and result.commit == c1 and result.fetched
     assert (again.reporter.read(c1) or {}).get("state") == "applied"  # recovered from the remote
+
+
+def test_a_local_git_that_hangs_or_a_mirror_that_is_gone_is_a_failed_result_not_an_exception(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deployment: Deployment
+) -> None:
+    # The metrics read a commit's time with git after a pass; a hung git (a stalled disk) must
+    # not end the pass with a traceback. A real git, stopped by a hook that never returns.
+    mirror = tmp_path / "mirror.git"
+    git("clone", "-q", "--bare", str(deployment.bare), str(mirror))
+    head = git("--git-dir", str(mirror), "rev-parse", "HEAD").strip()
+    assert source_module.commit_time(mirror, head) is not None
+    monkeypatch.setattr(source_module, "GIT_TIMEOUT", 1.0)
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "core.fsmonitor")  # run by git status: a hook that hangs
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "sleep 30 #")
+    hung = source_module._local_git(deployment.work, "status")
+    assert hung.returncode != 0 and "did not answer within 1 s" in hung.stderr
+    assert source_module.commit_time(tmp_path / "gone.git", head) is None
