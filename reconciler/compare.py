@@ -136,27 +136,42 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
     parser (an option of the same name at the same indent, a continuation, a comment, a blank,
     the same section), so both files have the same keys and only those lines' values differ.
     None when the shapes differ, or a line is not INI: then each file is parsed whole (``_ini``).
-    A one-value change to a rendered config, most of a fleet diff's, is half the parsing."""
+    A one-value change to a rendered config, most of a fleet diff's, is half the parsing.
+
+    A key's values are built from the same lines in both files, each value from an option line
+    and its continuations (none of which holds a line break), so they differ exactly when one of
+    those lines reads differently: an equal line only moves the parser along."""
     la, lb = old.splitlines(), new.splitlines()
     if len(la) != len(lb):
         return None
-    shared: dict[str, list[str]] = {}
-    # Keys a differing line touched: their values per file from then on (both start as shared).
-    side_a: dict[str, list[str]] = {}
-    side_b: dict[str, list[str]] = {}
+    changed: set[str] = set()
     prefix, key, key_indent = "", "", 0
-
-    def apart(key: str) -> tuple[list[str], list[str]]:
-        """The key's values per file, from the shared ones the first time a differing line
-        touches it."""
-        if key not in side_a:
-            side_a[key], side_b[key] = list(shared.get(key, ())), list(shared.get(key, ()))
-        return side_a[key], side_b[key]
-
     for a, b in zip(la, lb, strict=True):
-        same = a == b  # most lines: each is read once, for both files
-        stripped = a.strip()
-        other = stripped if same else b.strip()
+        if a == b:  # most lines: what ``_ini`` does with it, inline, nothing kept
+            stripped = a.strip()
+            if not stripped:
+                key = ""  # a blank line ends a value
+                continue
+            first = stripped[0]
+            if first == "#" or first == ";":
+                continue
+            indent = len(a) - len(a.lstrip()) if a[0] != first else 0
+            if key and indent > key_indent:
+                continue
+            if first == "[" and "]" in stripped:
+                section = stripped[1:stripped.rindex("]")].strip()
+                key, prefix = "", "" if section == TOP else f"{section}."
+                continue
+            eq = stripped.find("=")
+            cut = stripped.find(":", 0, eq) if eq >= 0 else stripped.find(":")
+            if cut < 0:
+                cut = eq
+            name = stripped[:cut].rstrip()
+            if cut < 0 or not name:
+                return None  # not an option: ``_ini`` says which file does not parse
+            key, key_indent = prefix + name, indent
+            continue
+        stripped, other = a.strip(), b.strip()
         if not stripped or not other:
             if stripped or other:
                 return None  # a blank line (the end of a value) against a line that is not
@@ -168,40 +183,29 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
             if comment and other_comment:
                 continue
             return None
-        indent = _indent(a, first)
-        other_indent = indent if same else _indent(b, other[0])
+        indent, other_indent = _indent(a, first), _indent(b, other[0])
         more, other_more = bool(key) and indent > key_indent, bool(key) and other_indent > key_indent
         if more != other_more:
             return None  # a continuation against a line that is not
         if more:
-            if key not in side_a and same:
-                shared[key][-1] += "\n" + stripped
-            else:
-                values_a, values_b = apart(key)
-                values_a[-1] += "\n" + stripped
-                values_b[-1] += "\n" + other
+            if stripped != other:
+                changed.add(key)
             continue
-        section = _section(stripped)
-        other_section = section if same else _section(other)
+        section, other_section = _section(stripped), _section(other)
         if section is not None or other_section is not None:
             if section is None or other_section != section:
                 return None
             key, prefix = "", "" if section == TOP else f"{section}."
             continue
-        option = _option(stripped)
-        other_option = option if same else _option(other)
+        option, other_option = _option(stripped), _option(other)
         if option is None or other_option is None:
-            return None  # not an option: ``_ini`` says which file does not parse
+            return None
         if option[0] != other_option[0] or indent != other_indent:
             return None
         key, key_indent = prefix + option[0], indent
-        if key not in side_a and same:
-            shared.setdefault(key, []).append(option[1])
-        else:
-            values_a, values_b = apart(key)
-            values_a.append(option[1])
-            values_b.append(other_option[1])
-    return sorted(k for k, v in side_a.items() if v != side_b[k])
+        if option[1] != other_option[1]:
+            changed.add(key)
+    return sorted(changed)
 
 
 def flatten(path: str, content: bytes) -> Mapping[str, object] | None:
