@@ -159,8 +159,8 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
             if key and indent > key_indent:
                 continue
             if first == "[" and "]" in stripped:
-                section = stripped[1:stripped.rindex("]")].strip()
-                key, prefix = "", "" if section == TOP else f"{section}."
+                opened = stripped[1:stripped.rindex("]")].strip()
+                key, prefix = "", "" if opened == TOP else f"{opened}."
                 continue
             eq = stripped.find("=")
             cut = stripped.find(":", 0, eq) if eq >= 0 else stripped.find(":")

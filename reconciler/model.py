@@ -29,6 +29,9 @@ def canonical_json(obj: Any) -> bytes:
     return _CANONICAL.encode(obj).encode()
 
 
+_STRING = json.encoder.encode_basestring  # how ``_CANONICAL`` writes a string
+
+
 @dataclass(frozen=True)
 class Revision:
     """A commit of the deployment repo as the source found it: nothing about it is trusted yet."""
@@ -222,10 +225,24 @@ class DesiredService:
         # first read before Python 3.12, twice per service in a 30,000-service diff.
         kept: dict[str, str] | None = self.__dict__.get("_parts")
         if kept is None:
-            kept = {f"file:{f.path}": f"{f.mode:o}:{f.sha256}" for f in self.files}
-            kept.update(_spec_parts(self.runtime, self.health))
-            self.__dict__["_parts"] = kept
+            kept = self._parts()[0]
         return kept
+
+    def _parts(self) -> tuple[dict[str, str], bytes]:
+        """The fingerprint, and its canonical JSON (what the slice's hash is of), both kept.
+        The JSON is written from the files' entries and the spec's members, encoded once per
+        distinct spec (``_spec_of``): every "file:" key sorts before the spec's keys."""
+        files = sorted([(f"file:{f.path}", f"{f.mode:o}:{f.sha256}") for f in self.files])
+        spec, members = _spec_of(self.runtime, self.health)
+        parts = dict(files)
+        parts.update(spec)
+        if members is None:
+            text = canonical_json(parts)
+        else:
+            text = ("{" + ",".join([f"{_STRING(k)}:{_STRING(v)}" for k, v in files]) + ("," if files else "")
+                    + members + "}").encode()
+        self.__dict__["_parts"], self.__dict__["_json"] = parts, text
+        return parts, text
 
     @property
     def config_hash(self) -> str:
@@ -242,7 +259,8 @@ class DesiredService:
         """Content hash of the service's slice: what decides whether it must change."""
         kept: str | None = self.__dict__.get("_hash")
         if kept is None:
-            kept = self.__dict__["_hash"] = sha256_hex(canonical_json(self._fingerprint))
+            text: bytes | None = self.__dict__.get("_json")
+            kept = self.__dict__["_hash"] = sha256_hex(text if text is not None else self._parts()[1])
         return kept
 
     def to_dict(self) -> dict[str, Any]:
@@ -254,6 +272,26 @@ class DesiredService:
             "health": self.health.to_dict(),
             "depends_on": list(self.depends_on),
         }
+
+
+# (id(runtime), id(health)) -> both (kept alive, so their ids are not reused), their parts, and
+# those parts as members of a canonical JSON object (None: a key would not sort after "file:").
+_SPEC_BY_ID: dict[tuple[int, int], tuple[Runtime, Health, dict[str, str], str | None]] = {}
+
+
+def _spec_of(runtime: Runtime, health: Health) -> tuple[dict[str, str], str | None]:
+    """A runtime and health check built once per service definition are the same objects on
+    every node: found by identity, not by hashing every field of both."""
+    hit = _SPEC_BY_ID.get((id(runtime), id(health)))
+    if hit is not None and hit[0] is runtime and hit[1] is health:
+        return hit[2], hit[3]
+    if len(_SPEC_BY_ID) > 4096:
+        _SPEC_BY_ID.clear()
+    parts = _spec_parts(runtime, health)
+    members = (",".join([f"{_STRING(k)}:{_STRING(v)}" for k, v in sorted(parts.items())])
+               if all(k > "file;" for k in parts) else None)
+    _SPEC_BY_ID[(id(runtime), id(health))] = (runtime, health, parts, members)
+    return parts, members
 
 
 @functools.lru_cache(maxsize=4096)
@@ -346,6 +384,11 @@ class Action:
     staged: bool = False  # held back by apply: manual until an operator's `reconciler apply`
     waiting: str = ""  # held back on purpose: by what (which window and when it opens, whose slots)
     held_by: str = ""  # the reason code of that hold: WINDOW or BUDGET
+
+    def without_desired(self) -> Action:
+        """The same step without the rendered service it carries (what a review keeps)."""
+        return Action(self.kind, self.service, self.reason, None, self.driver, self.sync, self.staged, self.waiting,
+                      self.held_by)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"service": self.service, "action": str(self.kind), "reason": self.reason}

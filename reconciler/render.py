@@ -342,33 +342,33 @@ class NodeShare:
     attached: bool
     groups: Mapping[str, list[str]]
     hostvars: Mapping[str, Mapping[str, Any]]
+    # The node's variables with what the render sets for the node itself over them: a service's
+    # context is its defaults, this, and its own name and version.
+    view: Mapping[str, Any]
 
 
 def node_share(repo: DeploymentRepo, node: str) -> NodeShare:
     placement = repo.planes[node]
     groups, hostvars = repo.peers(node)
-    return NodeShare(repo.node_vars(node), frozenset(repo.services_of(node)), secret_view(repo, node),
-                     placement.release, placement.pending, placement.attached, groups, hostvars)
+    variables, secrets = repo.node_vars(node), secret_view(repo, node)
+    view = {**variables, "node": node, "release": placement.release, "pending_release": placement.pending,
+            "groups": groups, "hostvars": hostvars, "secrets": secrets}
+    return NodeShare(variables, frozenset(repo.services_of(node)), secrets, placement.release, placement.pending,
+                     placement.attached, groups, hostvars, view)
 
 
-def context(repo: DeploymentRepo, node: str, svc: ServiceDef,
-            pinned: Mapping[str, Any] | None = None, share: NodeShare | None = None) -> dict[str, Any]:
-    """``pinned``: variables an upgrade step holds at a value on this node (over everything)."""
+def context(repo: DeploymentRepo, node: str, svc: ServiceDef, pinned: Mapping[str, Any] | None = None,
+            share: NodeShare | None = None, under: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``pinned``: variables an upgrade step holds at a value on this node (over everything but
+    the render's own names). ``under``: names everything else is over (the sandbox's globals)."""
     share = share or node_share(repo, node)
-    ctx: dict[str, Any] = dict(svc.defaults)
-    ctx.update(share.vars)
-    ctx.update(pinned or {})
-    ctx.update(
-        node=node,
-        service=svc.name,
-        service_version=svc.version,
-        release=share.release,
-        pending_release=share.pending,
-        groups=share.groups,
-        hostvars=share.hostvars,
-        secrets=share.secrets,
-    )
-    return ctx
+    if pinned:
+        return {**(under or {}), **svc.defaults, **share.vars, **pinned, **{k: share.view[k] for k in _NODE_OWN},
+                "service": svc.name, "service_version": svc.version}
+    return {**(under or {}), **svc.defaults, **share.view, "service": svc.name, "service_version": svc.version}
+
+
+_NODE_OWN = ("node", "release", "pending_release", "groups", "hostvars", "secrets")
 
 
 @dataclass(frozen=True)
@@ -413,7 +413,7 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     compiled = _compiled(svc)
     env = compiled.env
     share = share or node_share(repo, node)
-    ctx = {**env.globals, **context(repo, node, svc, pinned, share)}
+    ctx = context(repo, node, svc, pinned, share, env.globals)
     budget = budget or Budget(repo.limits)
     secrets: SecretView = ctx["secrets"]
 

@@ -13,7 +13,7 @@ import multiprocessing
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .controlplane import CutoverStep, cutover_steps
@@ -250,7 +250,7 @@ def _diff_node(r: _Review, node: str) -> NodeDiff:
     plan = make_plan(db, as_applied(da))
     # A review keeps what it prints: not every rendered file of every action (a worker would
     # send them all back).
-    plan = Plan(plan.node, plan.commit, tuple(replace(a, desired=None) for a in plan.actions))
+    plan = Plan(plan.node, plan.commit, tuple(a.without_desired() for a in plan.actions))
     return NodeDiff(node, plan, tuple(file_diffs(node, da, db)), steps)
 
 
