@@ -144,39 +144,34 @@ def _template_where(tb: TracebackType | None, templates: Mapping[str, str]) -> t
     return where
 
 
-def _generate(tpl: jinja2.Template, ctx: Mapping[str, Any]) -> Generator[str, None, None]:
-    """``Template.generate`` on a context shared as it is: ``ctx`` already holds the
-    environment's globals (``render_service`` merges them once per service), so no copy of
-    them and of every variable is made per file and per runtime string."""
+def _stream(tpl: jinja2.Template, ctx: Mapping[str, Any], budget: Budget, what: str) -> str:
+    """Render while counting: output past a limit stops the template where it is, so a loop
+    that prints gigabytes fails after ``file_bytes``, not after allocating them. ``ctx`` already
+    holds the environment's globals (``render_service`` merges them once per service): it is
+    the template's context as it is, no copy of them and of every variable per file."""
     # Built directly, without the template's globals: Jinja only lists their names (a set built
     # from a ChainMap, a tenth of a fleet's render time) for a template imported as a module,
     # and an import builds a context of its own.
     context = jinja2.runtime.Context(tpl.environment, cast(dict[str, Any], ctx), tpl.name, tpl.blocks)
-    try:
-        yield from tpl.root_render_func(context)
-    except Exception:
-        # Rewrites the traceback so template frames carry the template's file and line.
-        yield tpl.environment.handle_exception()
-
-
-def _stream(tpl: jinja2.Template, ctx: Mapping[str, Any], budget: Budget, what: str) -> str:
-    """Render while counting: output past a limit stops the template where it is, so a loop
-    that prints gigabytes fails after ``file_bytes``, not after allocating them."""
     chunks: list[str] = []
     size, counted = 0, 0
     # Output is often one character per chunk: count it here, and let the budget judge it only
     # every so many bytes or once this file passes its limit.
     batch = min(64 * 1024, budget.limits.file_bytes)
-    gen = _generate(tpl, ctx)
-    for chunk in gen:
-        size += len(chunk)
-        if size - counted >= batch or size > budget.limits.file_bytes:
-            over = budget.output(size - counted, size, what)
-            counted = size
-            if over is not None:
-                # Thrown into the template, so the error carries the line that was printing.
-                gen.throw(RenderLimit(over))
-        chunks.append(chunk)
+    gen = cast(Generator[str, None, None], tpl.root_render_func(context))  # a compiled template is a generator
+    try:
+        for chunk in gen:
+            size += len(chunk)
+            if size - counted >= batch or size > budget.limits.file_bytes:
+                over = budget.output(size - counted, size, what)
+                counted = size
+                if over is not None:
+                    # Thrown into the template, so the error carries the line that was printing.
+                    gen.throw(RenderLimit(over))
+            chunks.append(chunk)
+    except Exception:
+        # Rewrites the traceback so template frames carry the template's file and line.
+        tpl.environment.handle_exception()
     over = budget.output(size - counted, size, what)
     if over is not None:
         raise RenderLimit(over)

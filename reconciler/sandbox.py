@@ -19,7 +19,6 @@ A limit passed raises ``RenderLimit`` inside the template, so the error carries 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import sys
@@ -81,13 +80,21 @@ class Budget:
 _BUDGET: ContextVar[Budget | None] = ContextVar("render_budget", default=None)
 
 
-@contextlib.contextmanager
-def budget_in_use(budget: Budget) -> Iterator[None]:
-    token = _BUDGET.set(budget)
-    try:
-        yield
-    finally:
-        _BUDGET.reset(token)
+class budget_in_use:  # noqa: N801 (used as a function: ``with budget_in_use(budget):``)
+    """The budget every hook of the sandbox draws on while a template runs. A class, not a
+    generator under ``contextlib.contextmanager``: entered once per rendered file, 60,000
+    times in a fleet diff, where the generator's machinery was a fortieth of the time."""
+
+    __slots__ = ("budget", "token")
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+
+    def __enter__(self) -> None:
+        self.token = _BUDGET.set(self.budget)
+
+    def __exit__(self, *exc: object) -> None:
+        _BUDGET.reset(self.token)
 
 
 # Widths and precisions in printf-style ("%-10.3s", "%*d") and format-style ("{:>{w}}") strings.
