@@ -130,6 +130,27 @@ def _ini(text: str) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in values.items()}
 
 
+_BLANK, _COMMENT, _SECTION, _OPTION, _OTHER = "blank", "comment", "section", "option", "other"
+# A line's text -> how ``_ini`` reads it: (kind, indent, the section's key prefix or the option's
+# name). The lines a template renders alike on every node are read once in a fleet diff.
+_READ: dict[str, tuple[str, int, str]] = {}
+
+
+def _read(line: str) -> tuple[str, int, str]:
+    stripped = line.strip()
+    if not stripped:
+        return _BLANK, 0, ""
+    first = stripped[0]
+    if first == "#" or first == ";":
+        return _COMMENT, 0, ""
+    indent = _indent(line, first)
+    section = _section(stripped)
+    if section is not None:
+        return _SECTION, indent, "" if section == TOP else f"{section}."
+    option = _option(stripped)
+    return (_OTHER, indent, "") if option is None else (_OPTION, indent, option[0])
+
+
 def _ini_changes(old: str, new: str) -> list[str] | None:
     """The keys whose values differ between two INI files of the same shape, read in one pass
     for both: line for line, each pair of differing lines is the same kind of line for the
@@ -147,29 +168,23 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
     changed: set[str] = set()
     prefix, key, key_indent = "", "", 0
     for a, b in zip(la, lb, strict=True):
-        if a == b:  # most lines: what ``_ini`` does with it, inline, nothing kept
-            stripped = a.strip()
-            if not stripped:
+        if a == b:  # most lines: how ``_ini`` reads it moves the parser along, nothing kept
+            seen = _READ.get(a)
+            if seen is None:
+                if len(_READ) >= 1 << 15:
+                    _READ.clear()
+                seen = _READ[a] = _read(a)
+            kind, indent, word = seen
+            if kind == _BLANK:
                 key = ""  # a blank line ends a value
+            elif kind == _COMMENT or (key and indent > key_indent):
                 continue
-            first = stripped[0]
-            if first == "#" or first == ";":
-                continue
-            indent = len(a) - len(a.lstrip()) if a[0] != first else 0
-            if key and indent > key_indent:
-                continue
-            if first == "[" and "]" in stripped:
-                opened = stripped[1:stripped.rindex("]")].strip()
-                key, prefix = "", "" if opened == TOP else f"{opened}."
-                continue
-            eq = stripped.find("=")
-            cut = stripped.find(":", 0, eq) if eq >= 0 else stripped.find(":")
-            if cut < 0:
-                cut = eq
-            name = stripped[:cut].rstrip()
-            if cut < 0 or not name:
+            elif kind == _SECTION:
+                key, prefix = "", word
+            elif kind == _OPTION:
+                key, key_indent = prefix + word, indent
+            else:
                 return None  # not an option: ``_ini`` says which file does not parse
-            key, key_indent = prefix + name, indent
             continue
         stripped, other = a.strip(), b.strip()
         if not stripped or not other:
