@@ -17,14 +17,19 @@ from collections.abc import Iterator, Sequence
 Opcode = tuple[str, int, int, int, int]
 
 
-def _opcodes(a: Sequence[str], b: Sequence[str]) -> list[Opcode]:
+def _ends(a: Sequence[str], b: Sequence[str]) -> tuple[int, int, int]:
+    """How many lines both files start with, and where the lines both end with start in each."""
     head, limit = 0, min(len(a), len(b))
     while head < limit and a[head] == b[head]:
         head += 1
     tail = 0
     while tail < limit - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
         tail += 1
-    a_end, b_end = len(a) - tail, len(b) - tail
+    return head, len(a) - tail, len(b) - tail
+
+
+def _opcodes(a: Sequence[str], b: Sequence[str], ends: tuple[int, int, int]) -> list[Opcode]:
+    head, a_end, b_end = ends
     codes: list[Opcode] = [("equal", 0, head, 0, head)] if head else []
     if head < a_end and head < b_end:
         old, new = a[head:a_end], b[head:b_end]
@@ -37,7 +42,7 @@ def _opcodes(a: Sequence[str], b: Sequence[str]) -> list[Opcode]:
         codes.append(("delete", head, a_end, head, head))
     elif head < b_end:
         codes.append(("insert", head, head, head, b_end))
-    if tail:
+    if a_end < len(a):
         codes.append(("equal", a_end, len(a), b_end, len(b)))
     return codes
 
@@ -77,8 +82,24 @@ def _span(start: int, stop: int) -> str:
 
 def unified(a: Sequence[str], b: Sequence[str], fromfile: str, tofile: str, n: int = 3) -> str:
     """The unified diff of two files' lines (each with its line end), "" when they are the same."""
+    ends = head, a_end, b_end = _ends(a, b)
+    if head == a_end and head == b_end:
+        return ""
+    old, new = a[head:a_end], b[head:b_end]
+    if not old or not new or set(old).isdisjoint(new):
+        # One changed region (most of a fleet's rendered changes): one hunk, its context the n
+        # lines on either side, as the general case below would group it.
+        start, stop_a, stop_b = max(0, head - n), min(len(a), a_end + n), min(len(b), b_end + n)
+        return "".join([f"--- {fromfile}\n", f"+++ {tofile}\n",
+                        f"@@ -{_span(start, stop_a)} +{_span(start, stop_b)} @@\n",
+                        *[" " + line for line in a[start:head]], *["-" + line for line in old],
+                        *["+" + line for line in new], *[" " + line for line in a[a_end:stop_a]]])
+    return _grouped(a, b, fromfile, tofile, n, _opcodes(a, b, ends))
+
+
+def _grouped(a: Sequence[str], b: Sequence[str], fromfile: str, tofile: str, n: int, codes: list[Opcode]) -> str:
     out: list[str] = []
-    for group in _hunks(_opcodes(a, b), n):
+    for group in _hunks(codes, n):
         if not out:
             out += [f"--- {fromfile}\n", f"+++ {tofile}\n"]
         first, last = group[0], group[-1]

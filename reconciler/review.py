@@ -20,7 +20,7 @@ from .controlplane import CutoverStep, cutover_steps
 from .errors import BadInput, ReconcilerError
 from .inputs import Inputs
 from .linediff import unified
-from .model import ActionKind, Desired, Observed, ObservedService, Plan
+from .model import ActionKind, Desired, FileSpec, Observed, ObservedService, Plan
 from .plan import plan as make_plan
 from .render import render_node
 from .repo import DeploymentRepo, load_repo
@@ -131,10 +131,14 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
     out = []
     before, after = a.by_name(), b.by_name()
     for name in sorted(set(before) | set(after)):
-        fa = {f.path: f for f in before[name].files} if name in before else {}
-        fb = {f.path: f for f in after[name].files} if name in after else {}
-        for path in sorted(set(fa) | set(fb)):
-            old, new = fa.get(path), fb.get(path)
+        files_a = before[name].files if name in before else ()
+        files_b = after[name].files if name in after else ()
+        if len(files_a) == 1 and len(files_b) == 1 and files_a[0].path == files_b[0].path:  # most services
+            pairs: list[tuple[str, FileSpec | None, FileSpec | None]] = [(files_a[0].path, files_a[0], files_b[0])]
+        else:
+            fa, fb = {f.path: f for f in files_a}, {f.path: f for f in files_b}
+            pairs = [(path, fa.get(path), fb.get(path)) for path in sorted(set(fa) | set(fb))]
+        for path, old, new in pairs:
             if old is not None and new is not None and old.content == new.content and old.mode == new.mode:
                 continue
             la = _text(old.content) if old else []

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.linediff import unified
+from reconciler.linediff import _ends, _grouped, _opcodes, unified
 
 # Few distinct lines, so files repeat lines and share runs: the cases where a diff can go wrong.
 LINES = st.lists(st.sampled_from(["a\n", "b\n", "c\n", "\n", "[x]\n", "k = 1\n"]), max_size=30)
@@ -85,3 +85,13 @@ def test_a_file_added_or_removed_diffs_exactly_as_difflib() -> None:
     for old, new in (([], lines), (lines, [])):
         assert unified(old, new, "a/f", "b/f") == "".join(difflib.unified_diff(old, new, "a/f", "b/f"))
     assert "@@ -0,0 +1,2 @@" in unified([], lines, "a/f", "b/f")
+
+
+@settings(max_examples=400, deadline=None)
+@given(LINES, LINES, LINES, st.integers(0, 4))
+def test_one_changed_region_is_the_hunk_the_general_grouping_makes(head: list[str], tail: list[str], middle: list[str],
+                                                                   context: int) -> None:
+    old, new = head + middle + tail, head + [f"new {line}" for line in middle[: len(middle) // 2]] + tail
+    ends = _ends(old, new)
+    assert unified(old, new, "a/f", "b/f", context) == _grouped(old, new, "a/f", "b/f", context,
+                                                                _opcodes(old, new, ends))
