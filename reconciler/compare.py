@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -151,7 +151,7 @@ def _read(line: str) -> tuple[str, int, str]:
     return (_OTHER, indent, "") if option is None else (_OPTION, indent, option[0])
 
 
-def _ini_changes(old: str, new: str) -> list[str] | None:
+def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
     """The keys whose values differ between two INI files of the same shape, read in one pass
     for both: line for line, each pair of differing lines is the same kind of line for the
     parser (an option of the same name at the same indent, a continuation, a comment, a blank,
@@ -161,8 +161,9 @@ def _ini_changes(old: str, new: str) -> list[str] | None:
 
     A key's values are built from the same lines in both files, each value from an option line
     and its continuations (none of which holds a line break), so they differ exactly when one of
-    those lines reads differently: an equal line only moves the parser along."""
-    la, lb = old.splitlines(), new.splitlines()
+    those lines reads differently: an equal line only moves the parser along. ``la``, ``lb``:
+    the files' lines, with their line ends or without (a line that differs only there reads the
+    same)."""
     if len(la) != len(lb):
         return None
     changed: set[str] = set()
@@ -256,7 +257,7 @@ def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
         if a is None or b is None:
             out.append(Domain(path, None, "added" if a is None else "removed"))
             continue
-        keys = _changes(path, a.content, b.content)
+        keys = _changes(path, a.content, b.content, (a.lines, b.lines))
         if keys is None:
             out.append(Domain(path, None, "changed"))
             continue
@@ -267,14 +268,16 @@ def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
     return out
 
 
-def _changes(path: str, old: bytes, new: bytes) -> list[tuple[str, str]] | None:
+def _changes(path: str, old: bytes, new: bytes,
+             lines: tuple[Sequence[str] | None, Sequence[str] | None] | None = None) -> list[tuple[str, str]] | None:
     """(key, added | removed | changed) of each key whose values differ, in key order; None
-    when a file is not a structured config or does not parse."""
+    when a file is not a structured config or does not parse. ``lines``: both files' lines
+    where the caller has them (None: not UTF-8)."""
     if _format(path) == "ini":
-        try:
-            same_shape = _ini_changes(old.decode("utf-8"), new.decode("utf-8"))
-        except UnicodeDecodeError:
+        la, lb = lines if lines is not None else (_lines(old), _lines(new))
+        if la is None or lb is None:
             return None
+        same_shape = _ini_changes(la, lb)
         if same_shape is not None:
             return [(key, "changed") for key in same_shape]
     fa, fb = flatten(path, old), flatten(path, new)
@@ -282,6 +285,13 @@ def _changes(path: str, old: bytes, new: bytes) -> list[tuple[str, str]] | None:
         return None
     return [(key, "added" if key not in fa else "removed" if key not in fb else "changed")
             for key in sorted(set(fa) | set(fb)) if fa.get(key) != fb.get(key)]
+
+
+def _lines(content: bytes) -> list[str] | None:
+    try:
+        return content.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        return None
 
 
 def action_for(domain: Domain, rules: Iterable[Rule], default: ActionKind = DEFAULT) -> tuple[ActionKind, bool]:

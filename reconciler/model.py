@@ -78,6 +78,20 @@ class FileSpec:
     key: bytes = field(default=b"", repr=False)
 
     @property
+    def lines(self) -> list[str] | None:
+        """The content's lines, each with its line end, kept (a plan's comparison and a review's
+        diff both read them; not to be changed); None when it is not UTF-8."""
+        try:
+            kept: list[str] | None = self.__dict__["_lines"]
+        except KeyError:
+            try:
+                kept = self.content.decode("utf-8").splitlines(keepends=True)
+            except UnicodeDecodeError:
+                kept = None
+            self.__dict__["_lines"] = kept
+        return kept
+
+    @property
     def sha256(self) -> str:
         """The content's hash: SHA-256, or HMAC-SHA256 under ``key`` for a keyed secret file."""
         if self.key:

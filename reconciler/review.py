@@ -120,13 +120,6 @@ def as_applied(desired: Desired) -> Observed:
         for s in desired.services))
 
 
-def _text(content: bytes) -> list[str] | None:
-    try:
-        return content.decode("utf-8").splitlines(keepends=True)
-    except UnicodeDecodeError:
-        return None
-
-
 def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
     out = []
     before, after = a.by_name(), b.by_name()
@@ -141,8 +134,8 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
         for path, old, new in pairs:
             if old is not None and new is not None and old.content == new.content and old.mode == new.mode:
                 continue
-            la = _text(old.content) if old else []
-            lb = _text(new.content) if new else []
+            la = old.lines if old else []
+            lb = new.lines if new else []
             if (old is not None and old.secret) or (new is not None and new.secret):
                 # Never the content of a file that holds a secret: that it changed, and short hashes.
                 text = (f"<secret changed> {node}/{name}/{path}: sha256 {old.sha256[:12] if old else '(none)'}"
