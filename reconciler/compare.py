@@ -306,6 +306,24 @@ def action_for(domain: Domain, rules: Iterable[Rule], default: ActionKind = DEFA
     return default, False
 
 
+# (id(rules), file, key, default) -> the rules (kept alive, so the id is not reused) and what
+# ``action_for`` says: a service's rules are one tuple on every node, and its changed keys are
+# mostly the same ones, so a fleet diff matches each against the globs once.
+_JUDGED: dict[tuple[int, str, str | None, ActionKind], tuple[tuple[Rule, ...], tuple[ActionKind, bool]]] = {}
+
+
+def _judged(domain: Domain, rules: tuple[Rule, ...], default: ActionKind) -> tuple[ActionKind, bool]:
+    key = (id(rules), domain.file, domain.key, default)
+    hit = _JUDGED.get(key)
+    if hit is not None and hit[0] is rules:
+        return hit[1]
+    if len(_JUDGED) >= 1 << 14:
+        _JUDGED.clear()
+    said = action_for(domain, rules, default)
+    _JUDGED[key] = (rules, said)
+    return said
+
+
 def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[FileSpec],
            rules: Iterable[Rule], default: ActionKind = DEFAULT) -> tuple[ActionKind, str]:
     """The action for a service whose ``changed_parts`` (runtime, networks, health, file) differ.
@@ -314,7 +332,7 @@ def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[
     rules = tuple(rules)
     judged: list[tuple[Domain, ActionKind, bool]] = []
     if "file" in parts:
-        judged = [(d, *action_for(d, rules, default)) for d in domains(old, new)]
+        judged = [(d, *_judged(d, rules, default)) for d in domains(old, new)]
     if "runtime" in parts:
         files = ", ".join(f"{d.label} {d.what}" + (f" in {d.file}" if d.key else "") for d, _, _ in judged)
         return ActionKind.RECREATE, "runtime changed (image, command, ports...)" + (f"; {files}" if files else "")
