@@ -350,7 +350,9 @@ def main() -> None:
         cells = []
         for cores in args.cores:
             by_reads = {how: rollout_s(n, r, cores, args.apply_s, probed=True, reads=how) for how in READS}
-            cells.append(f"C={cores}: {_secs(by_reads['sentinel'])} with the probe and sentinels "
+            own = rollout_s(n, r, cores, args.apply_s, probed=True, push="push own ms")
+            cells.append(f"C={cores}: {_secs(by_reads['sentinel'])} with the probe and sentinels, "
+                         f"{_secs(own)} with node-shell's pushes "
                          f"({_secs(rollout_s(n, r, cores, args.apply_s, probed=False))} polling git; "
                          f"{_secs(by_reads['batch'])} reading the batch before, {_secs(by_reads['every'])} every node "
                          f"before, every poll)")
@@ -376,21 +378,22 @@ def _waiting_ms(r: dict[str, float], n: int, how: str, j: int, k: int, interval:
 
 
 def rollout_s(n: int, r: dict[str, float], cores: int, apply_s: float, probed: bool,
-              waves: int = 10, interval: float = 10.0, reads: str = "sentinel") -> float:
+              waves: int = 10, interval: float = 10.0, reads: str = "sentinel", push: str = "push ms") -> float:
     """Seconds from merge to the last node's note: each wave notices its predecessors within a
     poll, applies, and pushes (``NOTES_PER_NODE``), and reads every node before it once,
     while every node keeps polling (``probed``: with the probe, and its sentinel's notes tip
     from the hook's files) and the waiting ones read as ``reads`` says once a poll. A wave
     takes interval + apply, or longer when that work needs more than the server's cores in
     that time (inf: it never catches up). Reads may go to read mirrors: C is then their cores
-    and the primary's together."""
+    and the primary's together. ``push``: what a note push costs ("push own ms": from a node's
+    key behind contrib/git-server/node-shell)."""
     total = 0.0
     per_wave = n / waves
     poll_ms = r["probe ms"] + interval / CHECK_EVERY * r["poll ms"] if probed else r["poll ms"]
     for k in range(1, waves + 1):
         waiting = sum(_waiting_ms(r, n, reads, j, k, interval, probed) for j in range(k + 1, waves + 1)) * per_wave
         rate = (n * poll_ms + waiting) / 1000 / interval  # CPU-s per second
-        work = per_wave * (NOTES_PER_NODE * r["push ms"] + (_read_ms(r, n, (k - 1) * per_wave) if reads != "every" else 0)) / 1000
+        work = per_wave * (NOTES_PER_NODE * r[push] + (_read_ms(r, n, (k - 1) * per_wave) if reads != "every" else 0)) / 1000
         if rate >= cores:
             return float("inf")
         total += max(interval + apply_s, work / (cores - rate))
