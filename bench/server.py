@@ -50,7 +50,8 @@ from reconciler.probe import read_tips
 from reconciler.rollout import WHOLE_READ_EVERY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from nginx import Nginx, wait_listening  # noqa: E402  (the tests' own nginx, so the bench serves what they check)
+from nginx import Nginx  # noqa: E402  (the tests' own nginx, so the bench serves what they check)
+from ports import wait_listening  # noqa: E402
 
 HOOK = Path(__file__).resolve().parent.parent / "contrib" / "git-server" / "post-receive-tips"
 NODE_SHELL = HOOK.parent / "node-shell"
@@ -112,7 +113,7 @@ class Daemon:
             ["git", "daemon", "--reuseaddr", f"--base-path={base}", "--export-all", "--enable=receive-pack",
              f"--port={self.port}", "--listen=127.0.0.1", str(base)], stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env={**ENV, **(env or {})})
-        wait_listening(self.proc, self.port, "git daemon")
+        wait_listening(self.port, "git daemon", self.proc)
 
     def stop(self) -> None:
         self.proc.terminate()
