@@ -20,6 +20,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from .errors import BadInput
+from .memo import ByIdentity
 from .model import ActionKind, FileSpec, Rule, rank
 from .yamlfile import safe_load
 
@@ -95,6 +96,39 @@ def _option(stripped: str) -> tuple[str, str] | None:
     return (name, stripped[cut + 1:].lstrip()) if cut >= 0 and name else None
 
 
+_BLANK, _COMMENT, _SECTION, _OPTION, _OTHER = "blank", "comment", "section", "option", "other"
+
+
+# How the INI parser reads one line on its own (whether it continues a value depends on the
+# lines before it: its indent against the key's): (kind: one of the five above, _OTHER being
+# not INI unless a continuation; indent; word: a section's key prefix, "section." or "" for TOP,
+# or an option's name; value: an option's value; text: the line stripped, what a continuation
+# adds to its key's value). A plain tuple: read for every line of a fleet diff.
+_Line = tuple[str, int, str, str, str]
+
+
+def _read(line: str) -> _Line:
+    stripped = line.strip()
+    if not stripped:
+        return _BLANK, 0, "", "", ""
+    first = stripped[0]
+    if first == "#" or first == ";":
+        return _COMMENT, 0, "", "", stripped
+    indent = _indent(line, first)
+    section = _section(stripped)
+    if section is not None:
+        return _SECTION, indent, "" if section == TOP else f"{section}.", "", stripped
+    option = _option(stripped)
+    if option is None:
+        return _OTHER, indent, "", "", stripped
+    return _OPTION, indent, option[0], option[1], stripped
+
+
+# A line's text -> how it reads: the lines a template renders alike on every node are read
+# once in a fleet diff.
+_READ: dict[str, _Line] = {}
+
+
 def _ini(text: str) -> dict[str, tuple[str, ...]]:
     """``section.key`` -> every value it has, in order, the way oslo.config reads a
     file: a key may repeat (multi-valued options such as ``transport_url``) and so may a section
@@ -105,50 +139,25 @@ def _ini(text: str) -> dict[str, tuple[str, ...]]:
     values: dict[str, list[str]] = {}
     prefix, key, key_indent = "", "", 0  # prefix: "section." ("" before any section header)
     for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped:
+        kind, indent, word, value, stripped = _read(line)
+        if kind == _BLANK:
             key = ""  # a blank line ends a value
+        elif kind == _COMMENT:
             continue
-        first = stripped[0]
-        if first == "#" or first == ";":
-            continue
-        indent = _indent(line, first)
-        if key and indent > key_indent:
+        elif key and indent > key_indent:
             values[key][-1] += "\n" + stripped
-        elif (section := _section(stripped)) is not None:
-            key, prefix = "", "" if section == TOP else f"{section}."
-        else:
-            option = _option(stripped)
-            if option is None:
-                raise ValueError(f"not an option: {stripped!r}")
-            key, key_indent = prefix + option[0], indent
+        elif kind == _SECTION:
+            key, prefix = "", word
+        elif kind == _OPTION:
+            key, key_indent = prefix + word, indent
             kept = values.get(key)
             if kept is None:
-                values[key] = [option[1]]
+                values[key] = [value]
             else:
-                kept.append(option[1])
+                kept.append(value)
+        else:
+            raise ValueError(f"not an option: {stripped!r}")
     return {k: tuple(v) for k, v in values.items()}
-
-
-_BLANK, _COMMENT, _SECTION, _OPTION, _OTHER = "blank", "comment", "section", "option", "other"
-# A line's text -> how ``_ini`` reads it: (kind, indent, the section's key prefix or the option's
-# name). The lines a template renders alike on every node are read once in a fleet diff.
-_READ: dict[str, tuple[str, int, str]] = {}
-
-
-def _read(line: str) -> tuple[str, int, str]:
-    stripped = line.strip()
-    if not stripped:
-        return _BLANK, 0, ""
-    first = stripped[0]
-    if first == "#" or first == ";":
-        return _COMMENT, 0, ""
-    indent = _indent(line, first)
-    section = _section(stripped)
-    if section is not None:
-        return _SECTION, indent, "" if section == TOP else f"{section}."
-    option = _option(stripped)
-    return (_OTHER, indent, "") if option is None else (_OPTION, indent, option[0])
 
 
 def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
@@ -169,13 +178,13 @@ def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
     changed: set[str] = set()
     prefix, key, key_indent = "", "", 0
     for a, b in zip(la, lb, strict=True):
-        if a == b:  # most lines: how ``_ini`` reads it moves the parser along, nothing kept
+        if a == b:  # most lines: read once per text, moving the parser along, nothing kept
             seen = _READ.get(a)
             if seen is None:
                 if len(_READ) >= 1 << 15:
                     _READ.clear()
                 seen = _READ[a] = _read(a)
-            kind, indent, word = seen
+            kind, indent, word, _, _ = seen
             if kind == _BLANK:
                 key = ""  # a blank line ends a value
             elif kind == _COMMENT or (key and indent > key_indent):
@@ -187,40 +196,31 @@ def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
             else:
                 return None  # not an option: ``_ini`` says which file does not parse
             continue
-        stripped, other = a.strip(), b.strip()
-        if not stripped or not other:
-            if stripped or other:
-                return None  # a blank line (the end of a value) against a line that is not
-            key = ""
+        # Neither read kept: a line that differs is often this node's own.
+        kind, indent, word, value, text = _read(a)
+        other_kind, other_indent, other_word, other_value, other_text = _read(b)
+        if kind in (_BLANK, _COMMENT) or other_kind in (_BLANK, _COMMENT):
+            if kind != other_kind:
+                return None  # a blank line (the end of a value) or a comment against a line that is not
+            if kind == _BLANK:
+                key = ""
             continue
-        first = stripped[0]
-        comment, other_comment = first in "#;", other[0] in "#;"
-        if comment or other_comment:
-            if comment and other_comment:
-                continue
-            return None
-        indent, other_indent = _indent(a, first), _indent(b, other[0])
         more, other_more = bool(key) and indent > key_indent, bool(key) and other_indent > key_indent
         if more != other_more:
             return None  # a continuation against a line that is not
         if more:
-            if stripped != other:
+            if text != other_text:
                 changed.add(key)
-            continue
-        section, other_section = _section(stripped), _section(other)
-        if section is not None or other_section is not None:
-            if section is None or other_section != section:
-                return None
-            key, prefix = "", "" if section == TOP else f"{section}."
-            continue
-        option, other_option = _option(stripped), _option(other)
-        if option is None or other_option is None:
-            return None
-        if option[0] != other_option[0] or indent != other_indent:
-            return None
-        key, key_indent = prefix + option[0], indent
-        if option[1] != other_option[1]:
-            changed.add(key)
+        elif kind != other_kind or kind == _OTHER or word != other_word:
+            return None  # another section, another option, or a line that is not INI
+        elif kind == _SECTION:
+            key, prefix = "", word
+        elif indent != other_indent:
+            return None  # the same option at another indent: what continues it differs
+        else:
+            key, key_indent = prefix + word, indent
+            if value != other_value:
+                changed.add(key)
     return sorted(changed)
 
 
@@ -257,7 +257,7 @@ def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
         if a is None or b is None:
             out.append(Domain(path, None, "added" if a is None else "removed"))
             continue
-        keys = _changes(path, a.content, b.content, (a.lines, b.lines))
+        keys = _changes(a, b)
         if keys is None:
             out.append(Domain(path, None, "changed"))
             continue
@@ -268,30 +268,21 @@ def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
     return out
 
 
-def _changes(path: str, old: bytes, new: bytes,
-             lines: tuple[Sequence[str] | None, Sequence[str] | None] | None = None) -> list[tuple[str, str]] | None:
-    """(key, added | removed | changed) of each key whose values differ, in key order; None
-    when a file is not a structured config or does not parse. ``lines``: both files' lines
-    where the caller has them (None: not UTF-8)."""
-    if _format(path) == "ini":
-        la, lb = lines if lines is not None else (_lines(old), _lines(new))
+def _changes(a: FileSpec, b: FileSpec) -> list[tuple[str, str]] | None:
+    """(key, added | removed | changed) of each key whose values differ between two versions of
+    a file, in key order; None when it is not a structured config or does not parse."""
+    if _format(a.path) == "ini":
+        la, lb = a.lines, b.lines
         if la is None or lb is None:
-            return None
+            return None  # not UTF-8
         same_shape = _ini_changes(la, lb)
         if same_shape is not None:
             return [(key, "changed") for key in same_shape]
-    fa, fb = flatten(path, old), flatten(path, new)
+    fa, fb = flatten(a.path, a.content), flatten(b.path, b.content)
     if fa is None or fb is None:
         return None
     return [(key, "added" if key not in fa else "removed" if key not in fb else "changed")
             for key in sorted(set(fa) | set(fb)) if fa.get(key) != fb.get(key)]
-
-
-def _lines(content: bytes) -> list[str] | None:
-    try:
-        return content.decode("utf-8").splitlines()
-    except UnicodeDecodeError:
-        return None
 
 
 def action_for(domain: Domain, rules: Iterable[Rule], default: ActionKind = DEFAULT) -> tuple[ActionKind, bool]:
@@ -306,22 +297,16 @@ def action_for(domain: Domain, rules: Iterable[Rule], default: ActionKind = DEFA
     return default, False
 
 
-# (id(rules), file, key, default) -> the rules (kept alive, so the id is not reused) and what
-# ``action_for`` says: a service's rules are one tuple on every node, and its changed keys are
-# mostly the same ones, so a fleet diff matches each against the globs once.
-_JUDGED: dict[tuple[int, str, str | None, ActionKind], tuple[tuple[Rule, ...], tuple[ActionKind, bool]]] = {}
+# What ``action_for`` says of a changed key, by (rules, file, key, default): a service's rules
+# are one tuple on every node and its changed keys mostly the same ones, so a fleet diff
+# matches each against the globs once.
+_JUDGED: ByIdentity[tuple[ActionKind, bool]] = ByIdentity(1 << 14)
 
 
 def _judged(domain: Domain, rules: tuple[Rule, ...], default: ActionKind) -> tuple[ActionKind, bool]:
     key = (id(rules), domain.file, domain.key, default)
-    hit = _JUDGED.get(key)
-    if hit is not None and hit[0] is rules:
-        return hit[1]
-    if len(_JUDGED) >= 1 << 14:
-        _JUDGED.clear()
-    said = action_for(domain, rules, default)
-    _JUDGED[key] = (rules, said)
-    return said
+    said = _JUDGED.get(key)
+    return said if said is not None else _JUDGED.put(key, action_for(domain, rules, default), rules)
 
 
 def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[FileSpec],

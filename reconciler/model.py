@@ -9,10 +9,12 @@ import functools
 import hashlib
 import hmac
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from .memo import ByIdentity
 
 
 def sha256_hex(data: bytes) -> str:
@@ -30,6 +32,11 @@ def canonical_json(obj: Any) -> bytes:
 
 
 _STRING = json.encoder.encode_basestring  # how ``_CANONICAL`` writes a string
+
+
+def _members(pairs: Iterable[tuple[str, str]]) -> str:
+    """Sorted string pairs as ``canonical_json`` writes the members of an object."""
+    return ",".join([f"{_STRING(k)}:{_STRING(v)}" for k, v in pairs])
 
 
 @dataclass(frozen=True)
@@ -253,8 +260,7 @@ class DesiredService:
         if members is None:
             text = canonical_json(parts)
         else:
-            text = ("{" + ",".join([f"{_STRING(k)}:{_STRING(v)}" for k, v in files]) + ("," if files else "")
-                    + members + "}").encode()
+            text = ("{" + _members(files) + ("," if files else "") + members + "}").encode()
         self.__dict__["_parts"], self.__dict__["_json"] = parts, text
         return parts, text
 
@@ -288,24 +294,21 @@ class DesiredService:
         }
 
 
-# (id(runtime), id(health)) -> both (kept alive, so their ids are not reused), their parts, and
-# those parts as members of a canonical JSON object (None: a key would not sort after "file:").
-_SPEC_BY_ID: dict[tuple[int, int], tuple[Runtime, Health, dict[str, str], str | None]] = {}
+# A spec's parts, and those parts as members of a canonical JSON object (None: a key would not
+# sort after "file:"), by the identity of its runtime and health check.
+_SPEC_BY_ID: ByIdentity[tuple[dict[str, str], str | None]] = ByIdentity(4096)
 
 
 def _spec_of(runtime: Runtime, health: Health) -> tuple[dict[str, str], str | None]:
     """A runtime and health check built once per service definition are the same objects on
     every node: found by identity, not by hashing every field of both."""
-    hit = _SPEC_BY_ID.get((id(runtime), id(health)))
-    if hit is not None and hit[0] is runtime and hit[1] is health:
-        return hit[2], hit[3]
-    if len(_SPEC_BY_ID) > 4096:
-        _SPEC_BY_ID.clear()
+    key = (id(runtime), id(health))
+    hit = _SPEC_BY_ID.get(key)
+    if hit is not None:
+        return hit
     parts = _spec_parts(runtime, health)
-    members = (",".join([f"{_STRING(k)}:{_STRING(v)}" for k, v in sorted(parts.items())])
-               if all(k > "file;" for k in parts) else None)
-    _SPEC_BY_ID[(id(runtime), id(health))] = (runtime, health, parts, members)
-    return parts, members
+    members = _members(sorted(parts.items())) if all(k > "file;" for k in parts) else None
+    return _SPEC_BY_ID.put(key, (parts, members), runtime, health)
 
 
 @functools.lru_cache(maxsize=4096)

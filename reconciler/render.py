@@ -48,6 +48,7 @@ import jinja2.sandbox
 
 from .errors import RenderError, RenderLimit
 from .limits import Limits
+from .memo import ByIdentity
 from .model import MIN_HEALTHY, ActionKind, Desired, DesiredService, FileSpec, Health, Reload, Runtime
 from .repo import DeploymentRepo, ServiceDef
 from .sandbox import Budget, Sandbox, budget_in_use
@@ -118,19 +119,14 @@ def _environment(templates: Mapping[str, str], base: str) -> Sandbox:
     )
 
 
-_INLINE: dict[tuple[int, str], tuple[jinja2.Environment, jinja2.Template]] = {}
+_INLINE: ByIdentity[jinja2.Template] = ByIdentity(65536)
 
 
 def _inline_template(env: jinja2.Environment, text: str) -> jinja2.Template:
     """Inline strings (commands, ports, health targets) compiled once per environment."""
-    hit = _INLINE.get((id(env), text))
-    if hit is not None and hit[0] is env:
-        return hit[1]
-    if len(_INLINE) > 65536:
-        _INLINE.clear()
-    tpl = env.from_string(text)
-    _INLINE[(id(env), text)] = (env, tpl)
-    return tpl
+    key = (id(env), text)
+    tpl = _INLINE.get(key)
+    return tpl if tpl is not None else _INLINE.put(key, env.from_string(text), env)
 
 
 def _template_where(tb: TracebackType | None, templates: Mapping[str, str]) -> tuple[str, int] | None:
@@ -337,19 +333,26 @@ class NodeShare:
     attached: bool
     groups: Mapping[str, list[str]]
     hostvars: Mapping[str, Mapping[str, Any]]
-    # The node's variables with what the render sets for the node itself over them: a service's
-    # context is its defaults, this, and its own name and version.
-    view: Mapping[str, Any]
+    node: str
+
+    @functools.cached_property
+    def own(self) -> Mapping[str, Any]:
+        """What the render sets for the node itself, over every variable."""
+        return {"node": self.node, "release": self.release, "pending_release": self.pending, "groups": self.groups,
+                "hostvars": self.hostvars, "secrets": self.secrets}
+
+    @functools.cached_property
+    def view(self) -> Mapping[str, Any]:
+        """The node's variables and ``own`` over them: a service's context is its defaults,
+        this, and its own name and version."""
+        return {**self.vars, **self.own}
 
 
 def node_share(repo: DeploymentRepo, node: str) -> NodeShare:
     placement = repo.planes[node]
     groups, hostvars = repo.peers(node)
-    variables, secrets = repo.node_vars(node), secret_view(repo, node)
-    view = {**variables, "node": node, "release": placement.release, "pending_release": placement.pending,
-            "groups": groups, "hostvars": hostvars, "secrets": secrets}
-    return NodeShare(variables, frozenset(repo.services_of(node)), secrets, placement.release, placement.pending,
-                     placement.attached, groups, hostvars, view)
+    return NodeShare(repo.node_vars(node), frozenset(repo.services_of(node)), secret_view(repo, node),
+                     placement.release, placement.pending, placement.attached, groups, hostvars, node)
 
 
 def context(repo: DeploymentRepo, node: str, svc: ServiceDef, pinned: Mapping[str, Any] | None = None,
@@ -358,12 +361,9 @@ def context(repo: DeploymentRepo, node: str, svc: ServiceDef, pinned: Mapping[st
     the render's own names). ``under``: names everything else is over (the sandbox's globals)."""
     share = share or node_share(repo, node)
     if pinned:
-        return {**(under or {}), **svc.defaults, **share.vars, **pinned, **{k: share.view[k] for k in _NODE_OWN},
-                "service": svc.name, "service_version": svc.version}
+        return {**(under or {}), **svc.defaults, **share.vars, **pinned, **share.own, "service": svc.name,
+                "service_version": svc.version}
     return {**(under or {}), **svc.defaults, **share.view, "service": svc.name, "service_version": svc.version}
-
-
-_NODE_OWN = ("node", "release", "pending_release", "groups", "hostvars", "secrets")
 
 
 @dataclass(frozen=True)
@@ -374,23 +374,19 @@ class _Compiled:
     is a template (``_Run``; at 30 services a node, building the runtime per node was a third
     of a fleet diff's render time, for specs that mostly read no variable at all)."""
 
-    svc: ServiceDef  # kept alive, so its id is not reused while the entry stands
     env: Sandbox
     runs: dict[tuple[Any, ...], _Run]
 
 
-_COMPILED_SERVICES: dict[int, _Compiled] = {}
+_COMPILED_SERVICES: ByIdentity[_Compiled] = ByIdentity(4096)
 
 
 def _compiled(svc: ServiceDef) -> _Compiled:
     """The service definition's entry, keyed by identity."""
     hit = _COMPILED_SERVICES.get(id(svc))
-    if hit is not None and hit.svc is svc:
-        return hit
-    if len(_COMPILED_SERVICES) > 4096:
-        _COMPILED_SERVICES.clear()
-    hit = _Compiled(svc, _environment(svc.templates, svc.template_path("").rstrip("/")), {})
-    _COMPILED_SERVICES[id(svc)] = hit
+    if hit is None:
+        hit = _COMPILED_SERVICES.put(id(svc), _Compiled(_environment(svc.templates, svc.template_path("").rstrip("/")),
+                                                         {}), svc)
     return hit
 
 

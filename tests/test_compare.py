@@ -112,7 +112,7 @@ def test_two_ini_files_of_one_shape_read_in_one_pass_differ_in_the_keys_a_whole_
     whole = None if fa is None or fb is None else [
         (k, "added" if k not in fa else "removed" if k not in fb else "changed")
         for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
-    assert _changes("f.conf", old, new) == whole
+    assert _changes(FileSpec("f.conf", 0o644, old), FileSpec("f.conf", 0o644, new)) == whole
     one_pass = _ini_changes(old.decode().splitlines(True), new.decode().splitlines(True))
     if one_pass is not None:  # taken, and the same answer
         assert whole is not None and one_pass == [k for k, _ in whole]
@@ -131,4 +131,4 @@ def test_two_ini_files_of_one_shape_read_in_one_pass_differ_in_the_keys_a_whole_
 ])
 def test_files_of_another_shape_are_each_parsed_whole(old: bytes, new: bytes, keys: list[tuple[str, str]]) -> None:
     assert _ini_changes(old.decode().splitlines(True), new.decode().splitlines(True)) is None
-    assert _changes("f.conf", old, new) == keys
+    assert _changes(FileSpec("f.conf", 0o644, old), FileSpec("f.conf", 0o644, new)) == keys

@@ -43,3 +43,26 @@ def test_a_review_keeps_every_part_of_an_action_but_the_rendered_service() -> No
     kept = action.without_desired()
     assert kept.desired is None
     assert dataclasses.replace(kept, desired=svc) == action
+
+
+def test_a_value_kept_by_identity_keeps_its_object_so_its_id_names_no_other() -> None:
+    import gc
+    import weakref
+
+    from reconciler.memo import ByIdentity
+
+    class Rules:
+        pass
+
+    kept: ByIdentity[str] = ByIdentity(limit=2)
+    rules = Rules()
+    alive = weakref.ref(rules)
+    key = (id(rules), "svc.conf")
+    kept.put(key, "judged", rules)
+    del rules
+    gc.collect()
+    assert alive() is not None and kept.get(key) == "judged"  # its id cannot be reused meanwhile
+    kept.put("b", "x")
+    kept.put("c", "y")  # past the limit: the table starts over, and lets the object go
+    gc.collect()
+    assert kept.get(key) is None and alive() is None and kept.get("c") == "y"
