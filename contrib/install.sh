@@ -13,6 +13,7 @@
 #   /var/lib/reconciler/                the state dir (0711)
 #   /etc/systemd/system/reconciler-agent.service (+ .d/host-driver.conf): enabled, not started
 #     the first time; on a re-run (an upgrade) replaced, and restarted when it was running
+#     (stopped while the code is replaced)
 # Missing python3-venv, git or ca-certificates are installed with apt-get.
 set -eu
 
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --wheels) [ $# -ge 2 ] || die "--wheels needs a directory"; wheels=$2; shift 2 ;;
         --host-driver) host_driver=1; shift ;;
-        -h | --help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,18s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) [ -z "$package" ] || die "one package at most (got $package and $1)"; package=$1; shift ;;
     esac
@@ -72,6 +73,21 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
     die "the agent needs Python >= 3.11; python3 here is $(python3 --version 2>&1)"
 
 # --- 2. the agent, in its own venv ----------------------------------------------------------
+# A running agent is stopped while its code is replaced: pip removes the old files before it
+# writes the new ones, and an agent that imports or re-executes itself in between dies half-way
+# through a pass (systemd's auto-restart then finds no unit to restart it as "running"). Its
+# services keep running (KillMode=process); whatever ends the script starts it again.
+running=""
+if [ -d /run/systemd/system ]; then
+    case $(systemctl is-active "$UNIT" 2>/dev/null || true) in
+        active | activating | reloading) running=1 ;;
+    esac
+fi
+if [ -n "$running" ]; then
+    say "stopping $UNIT while its code is replaced (its services keep running) ..."
+    systemctl stop "$UNIT"
+    trap 'systemctl start "$UNIT" && say "$UNIT started again"' EXIT
+fi
 if ! "$VENV/bin/python" -c '' 2>/dev/null; then # absent, or left behind by a removed python3
     say "creating the venv $VENV ..."
     python3 -m venv --clear "$VENV"
@@ -113,8 +129,9 @@ if [ ! -d /run/systemd/system ]; then
 fi
 systemctl daemon-reload
 systemctl enable --quiet "$UNIT"
-if systemctl is-active --quiet "$UNIT"; then
-    systemctl restart "$UNIT" # its services keep running (KillMode=process)
+if [ -n "$running" ]; then
+    trap - EXIT
+    systemctl start "$UNIT"
     say "$version installed; $UNIT restarted"
 else
     say "$version installed; next: set node and remote in $ETC/agent.yaml, the trust root in $ETC/trust/,"

@@ -250,15 +250,22 @@ def test_the_readme_installs_a_working_agent_on_a_fresh_debian_node(
 
     # Upgrade: the same install again. The unit restarts, its service keeps running, the
     # settings the operator wrote stay.
+    # The agent is stopped while pip replaces its code, so it never runs half an install
+    # (it once died importing a module pip had just removed, and systemd's auto-restart left the
+    # unit unstarted).
     before = node.main_pid()
-    node.ok(install, timeout=600)
+    upgrade = node.sh(install, timeout=600)
+    assert upgrade.returncode == 0, upgrade.stderr[-2000:]
+    assert f"stopping {UNIT} while its code is replaced" in upgrade.stderr
+    assert upgrade.stderr.rstrip().endswith(f"installed; {UNIT} restarted"), upgrade.stderr[-500:]
     assert node.ok("cat /etc/reconciler/agent.yaml") == SETTINGS
     after = node.main_pid()
-    assert after not in (0, before)
+    journal = node.ok(f"journalctl -u {UNIT} --no-pager")
+    assert after not in (0, before), journal[-2000:]
     assert node.ok(f"ps -o user= -p {pid}").strip() == "nobody"
     assert node.ok(page).strip() == "hello from n1"
-    journal = node.ok(f"journalctl -u {UNIT} --no-pager")
     assert "left-over process" not in journal, journal[-2000:]
+    assert "Failed with result" not in journal and "Scheduled restart job" not in journal, journal[-2000:]
 
     # Without CA certificates every command says so in one line (the real Debian paths, moved away).
     node.ok("mv /etc/ssl/certs /etc/ssl/certs.away", cwd="/")
