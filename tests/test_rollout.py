@@ -10,10 +10,11 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from clock import Clock
 from conftest import NODES, Deployment, SigningKey, age_args, git
 
 from reconciler.agent import Agent
@@ -26,16 +27,6 @@ rollout:
     - {name: controllers, group: controllers, batch: 1}
     - {name: computes, nodes: ["cmp*"], batch: "100%"}
 """
-
-
-class Clock:
-    """The agents' clock, moved by hand."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def forget_notes(agent: Agent) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+from clock import Clock
 from conftest import Deployment
 from test_cli import cli
 from test_suspend import running
@@ -38,16 +39,6 @@ rollout:
   waves:
     - {name: first, nodes: [ctl1]}
 """
-
-
-class Clock:
-    """The agents' clock, moved by the test."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def test_a_restart_waits_for_its_window_while_a_reload_goes_through_and_the_rollout_waits_too(
