@@ -88,6 +88,30 @@ def possible() -> bool:
     return hasattr(os, "memfd_create") and rss_mb() is not None
 
 
+CODE = os.path.dirname(os.path.abspath(__file__))  # the package a fresh interpreter imports
+
+
+def code_files(root: str = CODE) -> frozenset[tuple[str, int, int, int]]:
+    """What identifies the agent's code on disk: (path, size, mtime, inode) of each module.
+    A re-execution runs what is installed now; an upgrade (pip writes new files) changes this."""
+    out: set[tuple[str, int, int, int]] = set()
+    dirs = [root]
+    while dirs:
+        try:
+            entries = list(os.scandir(dirs.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name != "__pycache__":
+                    dirs.append(entry.path)
+            elif entry.name.endswith(".py"):
+                with contextlib.suppress(OSError):
+                    st = entry.stat()
+                    out.add((entry.path, st.st_size, st.st_mtime_ns, st.st_ino))
+    return frozenset(out)
+
+
 def hand_over(carry: Carry, argv: list[str] | None = None) -> NoReturn:
     """Re-execute this interpreter with ``carry``; returns only by raising ``ShedFailed``, with
     nothing changed (the descriptors are private again, the environment as it was)."""

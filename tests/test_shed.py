@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,11 +40,14 @@ def _files(pid: int) -> list[str]:
 class Daemon:
     """``reconciler agent --config`` as a real process, its log in a file."""
 
-    def __init__(self, config: Path, log: Path) -> None:
+    def __init__(self, config: Path, log: Path, code: Path | None = None) -> None:
+        """``code``: a directory holding the ``reconciler`` package to run (the checkout's when None)."""
         self.log = log
         self.out = open(log, "w")  # noqa: SIM115  (closed in stop)
+        env = {**os.environ, "PYTHONPATH": str(code)} if code is not None else None
         self.proc = subprocess.Popen([sys.executable, "-m", "reconciler", "agent", "--config", str(config)],
-                                     stdout=self.out, stderr=subprocess.STDOUT)
+                                     stdout=self.out, stderr=subprocess.STDOUT, env=env,
+                                     cwd=log.parent if code is not None else None)
 
     def lines(self, text: str) -> list[str]:
         return [line for line in self.log.read_text().splitlines() if text in line]
@@ -57,11 +61,11 @@ class Daemon:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Callable[[Path], Daemon]]:
+def daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
-    def start(config: Path) -> Daemon:
-        started.append(Daemon(config, tmp_path / f"daemon{len(started)}.log"))
+    def start(config: Path, code: Path | None = None) -> Daemon:
+        started.append(Daemon(config, tmp_path / f"daemon{len(started)}.log", code))
         return started[-1]
 
     yield start
@@ -89,7 +93,7 @@ def _scrape(port: int) -> str:
 
 def test_an_agent_that_applied_a_change_gives_back_its_memory_and_keeps_its_pid_lock_and_port(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
-    daemon: Callable[[Path], Daemon],
+    daemon: Callable[..., Daemon],
 ) -> None:
     cmp1 = agents("cmp1", deployment.url)
     cmp1.close()
@@ -141,20 +145,20 @@ def test_an_agent_that_applied_a_change_gives_back_its_memory_and_keeps_its_pid_
 
 
 def _settled(deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
-             daemon: Callable[[Path], Daemon], **more: object) -> tuple[Daemon, Path]:
+             daemon: Callable[..., Daemon], code: Path | None = None, **more: object) -> tuple[Daemon, Path]:
     """A daemon started on a node that had converged already, after its first quiet poll."""
     cmp1 = agents("cmp1", deployment.url)
     assert cmp1.reconcile_once().exit_code == 0
     cmp1.close()
     config = _config(tmp_path, cmp1, merge_key, **more)
-    agent = daemon(config)
+    agent = daemon(config, code)
     wait_for(lambda: bool(agent.lines("unchanged")), 30, "the first quiet poll")
     return agent, config
 
 
 def test_a_settled_agent_that_applied_nothing_never_re_executes(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
-    daemon: Callable[[Path], Daemon],
+    daemon: Callable[..., Daemon],
 ) -> None:
     agent, _ = _settled(deployment, agents, merge_key, tmp_path, daemon)
     time.sleep(3)  # six more quiet polls
@@ -164,7 +168,7 @@ def test_a_settled_agent_that_applied_nothing_never_re_executes(
 
 def test_a_settled_agent_serving_metrics_stays_light_and_a_failing_remote_does_not_make_it_re_execute(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
-    daemon: Callable[[Path], Daemon],
+    daemon: Callable[..., Daemon],
 ) -> None:
     # Metrics record each poll's head and its commit time; reading that time through the
     # mirror's pygit2 grew a quiet agent by 11 MB, and the next error pass then re-executed it.
@@ -190,7 +194,7 @@ def test_a_settled_agent_serving_metrics_stays_light_and_a_failing_remote_does_n
 
 def test_a_config_file_changed_under_a_running_agent_keeps_it_from_re_executing(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
-    daemon: Callable[[Path], Daemon],
+    daemon: Callable[..., Daemon],
 ) -> None:
     agent, config = _settled(deployment, agents, merge_key, tmp_path, daemon)
     # An operator edits the file and has not restarted the agent: a fresh interpreter would
@@ -203,6 +207,29 @@ def test_a_config_file_changed_under_a_running_agent_keeps_it_from_re_executing(
     time.sleep(2)
     assert agent.lines("agent re-executed") == []
     assert len(agent.lines("not re-executing")) == 1 and "config file differs" in agent.lines("not re-executing")[0]
+    assert agent.stop() == 0
+
+
+def test_code_upgraded_under_a_running_agent_keeps_it_from_re_executing_into_it(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path,
+    daemon: Callable[..., Daemon],
+) -> None:
+    # The agent runs from an installed copy of the package; pip upgrades it under the running
+    # agent and nobody restarts it. A re-execution would switch to the new code unasked (with the
+    # old one's hand-over), so the agent keeps its memory and says to restart it.
+    code = tmp_path / "installed"
+    shutil.copytree(Path(shed.__file__).parent, code / "reconciler", ignore=shutil.ignore_patterns("__pycache__"))
+    agent, _ = _settled(deployment, agents, merge_key, tmp_path, daemon, code)
+    upgraded = code / "reconciler" / "render.py"
+    upgraded.write_text(upgraded.read_text() + "\n# the next release\n")
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    head = deployment.commit("kvm")
+    wait_for(lambda: (deployment.note("cmp1", head) or {}).get("state") == "applied", 60, "the apply")
+    wait_for(lambda: bool(agent.lines("not re-executing")), 30, "the agent to say why it keeps its memory")
+    time.sleep(2)
+    assert agent.lines("agent re-executed") == []
+    [said] = agent.lines("not re-executing")
+    assert f"agent's code in {code / 'reconciler'} changed since it started" in said and "restart it" in said
     assert agent.stop() == 0
 
 
