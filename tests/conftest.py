@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ports import free_port, wait_listening
+from ports import free_port as free_port  # re-exported: tests import it from here
+from ports import wait_listening
 
 from reconciler.agent import Agent
 from reconciler.config import AgentConfig, SecretsConfig, TrustConfig

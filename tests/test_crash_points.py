@@ -23,7 +23,7 @@ import json
 import os
 import traceback
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,7 +136,7 @@ def count_points(node: Node, operation: Callable[[Agent], object] | None, log: P
 
 
 @pytest.fixture
-def node(tmp_path: Path, merge_key: SigningKey) -> Node:
+def node(tmp_path: Path, merge_key: SigningKey) -> Iterator[Node]:
     ports = {"web": free_port(), "api": free_port()}
     web = {"value": "a", "level": "info", "mode": "plain"}
     files = {

@@ -10,6 +10,7 @@ import secrets
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import docker
 import pytest
@@ -102,7 +103,8 @@ def started_at(c: docker.models.containers.Container) -> str:
 
 def fetch(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/index.html", timeout=5) as resp:
-        return resp.read().decode()
+        body: bytes = resp.read()
+        return body.decode()
 
 
 def actions(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -369,7 +371,7 @@ upgrade:
     result = node.reconcile_once()
 
     assert result.exit_code == 0, result.report
-    steps = {s["step"]: s for s in (dock.note(dock.node, c2) or {})["upgrade"]}  # type: ignore[union-attr]
+    steps = {s["step"]: s for s in cast(list[dict[str, str]], (dock.note(dock.node, c2) or {})["upgrade"])}
     assert [steps[s]["status"] for s in ("stop", "migrate", "start")] == ["done", "done", "done"]
     output = steps["migrate"]["detail"]
     assert output.startswith("image 2\n") and "threads = 8" in output  # in the new image, with the new files

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import docker
 import docker.errors
@@ -109,7 +110,20 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           env={**os.environ, **(env or {})})
 
 
-def engine_events(client: docker.DockerClient, since: float) -> list[dict[str, object]]:
+class EventActor(TypedDict):
+    ID: str
+
+
+class EngineEvent(TypedDict):
+    """One event of the engine's (the API's EventMessage, decoded): the fields these tests read."""
+
+    Type: str
+    Action: str
+    Actor: EventActor
+    timeNano: int
+
+
+def engine_events(client: docker.DockerClient, since: float) -> list[EngineEvent]:
     """What the engine did since then, in its own order and clock (ns)."""
     # Bounds to the microsecond (the API takes "1700000000.123456"): a later bound would wait for it.
     return sorted(client.events(since=f"{since:.6f}", until=f"{time.time():.6f}", decode=True),

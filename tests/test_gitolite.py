@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 from conftest import NODES, Deployment, git
+from gitolite_fixtures import Gitolite
 
 from reconciler.agent import Agent, drivers_for
 from reconciler.observe import observe
@@ -25,27 +27,27 @@ def pids(agent: Agent) -> dict[str, int | None]:
     return {o.name: o.pid for o in observe(agent.cfg.node, drivers_for(agent.cfg, None)).services}
 
 
-def push_as(gl: object, key: object, work: object, refspec: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "push", gl.url("cloud"), refspec], cwd=work, capture_output=True,  # type: ignore[attr-defined]
-                          text=True, env={"GIT_SSH_COMMAND": gl.ssh_command(key), "PATH": "/usr/bin:/bin"})  # type: ignore[attr-defined]
+def push_as(gl: Gitolite, key: Path, work: Path, refspec: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "push", gl.url("cloud"), refspec], cwd=work, capture_output=True,
+                          text=True, env={"GIT_SSH_COMMAND": gl.ssh_command(key), "PATH": "/usr/bin:/bin"})
 
 
 def test_rollout_through_gitolite_with_per_node_note_refs(
-    deployment: Deployment, agents: Callable[..., Agent], gitolite: object
+    deployment: Deployment, agents: Callable[..., Agent], gitolite: Gitolite
 ) -> None:
     gl = gitolite
-    keys = {n: gl.add_user(n) for n in [*NODES, "merge"]}  # type: ignore[attr-defined]
-    gl.configure("cloud", list(NODES))  # type: ignore[attr-defined]
+    keys = {n: gl.add_user(n) for n in [*NODES, "merge"]}
+    gl.configure("cloud", list(NODES))
     deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + ROLLOUT)
     deployment.commit("waves", push=False)
     assert push_as(gl, keys["merge"], deployment.work, "HEAD:refs/heads/main").returncode == 0
-    url = gl.url("cloud")  # type: ignore[attr-defined]
-    fleet = {n: agents(n, url, ssh_command=gl.ssh_command(keys[n])) for n in NODES}  # type: ignore[attr-defined]
+    url = gl.url("cloud")
+    fleet = {n: agents(n, url, ssh_command=gl.ssh_command(keys[n])) for n in NODES}
 
     for node in ("ctl1", "ctl2", "ctl3", "cmp1", "cmp2"):
         result = fleet[node].reconcile_once()
         assert result.exit_code == 0 and result.pushed, (node, result.waiting)
-    bare = gl.bare_path("cloud")  # type: ignore[attr-defined]
+    bare = gl.bare_path("cloud")
     refs = git("--git-dir", str(bare), "for-each-ref", "--format=%(refname)").split()
     assert sorted(r for r in refs if r.startswith("refs/notes/")) == [f"refs/notes/reconciler/{n}" for n in NODES]
 

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from conftest import Deployment, SigningKey, age_args, wait_for
@@ -95,7 +95,7 @@ def test_a_rollback_on_a_node_whose_head_failed_keeps_the_failure_and_the_fleet_
     note = deployment.note("ctl1", bad) or {}
     assert note["state"] == "failed"  # the failure stays in the note: the fleet gate reads it
     assert note.get("pins") == {"identity": c1}
-    assert any("rollback of identity" in e for e in note.get("events", []))  # type: ignore[union-attr]
+    assert any("rollback of identity" in e for e in cast(list[str], note.get("events", [])))
     again = fleet["ctl2"].reconcile_once()
     assert again.report is not None and again.report.state == "halted"
     assert ttl(deployment, "ctl2") == 900  # ctl2 never started the bad commit
@@ -392,7 +392,7 @@ def test_on_failure_node_puts_back_every_service_the_failed_run_changed(
     assert {p.name: p.read_text() for p in db_conf.iterdir()} == before  # db runs its old slice again
     note = deployment.note("ctl1", bad) or {}
     assert note["state"] == "failed"
-    assert any(e.startswith("on_failure node: db put back to") for e in note.get("events", [])), note  # type: ignore[union-attr]
+    assert any(e.startswith("on_failure node: db put back to") for e in cast(list[str], note.get("events", []))), note
     assert ttl(deployment, "ctl1") == 3600
 
 

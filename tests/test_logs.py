@@ -9,8 +9,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import IO
 
 from conftest import Deployment, SigningKey
 from test_cli import node_args
@@ -116,10 +117,11 @@ def test_the_agents_own_log_for_the_journal_and_for_log_shippers(
 ) -> None:
     """Under systemd (stderr is the journal's stream) no timestamps, a syslog priority prefix
     per line; `--log-format json` one object a line. Each node's first pass, which logs."""
-    def first_pass(node: str, *options: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    def first_pass(node: str, *options: str, stdout: int | IO[str] | None = None, stderr: int | IO[str] | None = None,
+                   env: Mapping[str, str] | None = None, capture_output: bool = False) -> subprocess.CompletedProcess[str]:
         args = node_args(agents(node, deployment.url), merge_key)
         return subprocess.run([sys.executable, "-m", "reconciler", "-v", *options, "agent", "--once", *args],
-                              text=True, timeout=120, **kw)  # type: ignore[call-overload]
+                              text=True, timeout=120, stdout=stdout, stderr=stderr, env=env, capture_output=capture_output)
 
     err = tmp_path / "stderr"
     with err.open("w") as f:

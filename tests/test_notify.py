@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 import yaml
@@ -47,8 +48,14 @@ class Receiver:
         return [(h, b) for h, b, status in self.requests if status == 200]
 
 
+class StartReceiver(Protocol):
+    """The ``receiver`` fixture: starts a ``Receiver`` that refuses the first ``fail`` requests."""
+
+    def __call__(self, fail: int) -> Receiver: ...
+
+
 @pytest.fixture
-def receiver() -> Iterator[Callable[[int], Receiver]]:
+def receiver() -> Iterator[StartReceiver]:
     servers: list[ThreadingHTTPServer] = []
 
     def start(fail: int) -> Receiver:
@@ -94,7 +101,7 @@ def break_identity(deployment: Deployment) -> str:
 
 
 def test_a_failed_commit_is_sent_once_signed_after_two_refused_deliveries(
-    deployment: Deployment, agents: Callable[..., Agent], receiver: Callable[[int], Receiver],
+    deployment: Deployment, agents: Callable[..., Agent], receiver: StartReceiver,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path,
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, SECRET)
@@ -141,7 +148,7 @@ def test_a_failed_commit_is_sent_once_signed_after_two_refused_deliveries(
 
 
 def test_an_unreachable_webhook_costs_one_retry_budget_and_one_log_line(
-    deployment: Deployment, agents: Callable[..., Agent], receiver: Callable[[int], Receiver],
+    deployment: Deployment, agents: Callable[..., Agent], receiver: StartReceiver,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, SECRET)
@@ -163,7 +170,7 @@ def test_an_unreachable_webhook_costs_one_retry_budget_and_one_log_line(
 
 
 def test_an_unsigned_commit_is_reported_as_refused(
-    deployment: Deployment, agents: Callable[..., Agent], receiver: Callable[[int], Receiver],
+    deployment: Deployment, agents: Callable[..., Agent], receiver: StartReceiver,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, SECRET)
@@ -184,7 +191,7 @@ def test_an_unsigned_commit_is_reported_as_refused(
 
 
 def test_apprise_delivers_through_its_json_target(
-    deployment: Deployment, agents: Callable[..., Agent], receiver: Callable[[int], Receiver],
+    deployment: Deployment, agents: Callable[..., Agent], receiver: StartReceiver,
 ) -> None:
     hook = receiver(fail=0)
     target = hook.url.replace("http://", "json://")
@@ -239,7 +246,7 @@ def test_bad_notify_settings_are_one_line_errors(tmp_path: Path, notify: dict[st
 
 
 def test_a_hand_edit_under_drift_report_is_sent_once_and_counted(
-    deployment: Deployment, agents: Callable[..., Agent], receiver: Callable[[int], Receiver],
+    deployment: Deployment, agents: Callable[..., Agent], receiver: StartReceiver,
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     from conftest import free_port
@@ -276,7 +283,7 @@ def test_a_hand_edit_under_drift_report_is_sent_once_and_counted(
 
 
 def test_a_node_halted_by_a_failure_elsewhere_says_so(
-    deployment: Deployment, agents: Callable[..., Agent], receiver: Callable[[int], Receiver],
+    deployment: Deployment, agents: Callable[..., Agent], receiver: StartReceiver,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, SECRET)

@@ -89,7 +89,7 @@ def test_render_out_writes_without_an_fsync_per_file_and_the_agents_writes_keep_
         synced.append(fd)
         real(fd)
 
-    monkeypatch.setattr(atomic.os, "fsync", counting)
+    monkeypatch.setattr("reconciler.atomic.os.fsync", counting)
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["render", "--repo", str(EXAMPLE), "--all", "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -196,12 +196,14 @@ def write_fleet(root: Path, fleet: dict[str, object]) -> None:
 
 
 EDITS = st.sampled_from(["repo var", "group var", "node var", "template", "lib", "membership", "default", "none"])
+# One drawn edit: kind (EDITS), node index, variable (VARS), value (VALUES), template (TEMPLATES).
+Edit = tuple[str, int, str, int | str | dict[str, int], str]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fleets(), st.lists(st.tuples(EDITS, st.integers(0, 3), st.sampled_from(VARS), VALUES, TEMPLATES),
                           min_size=1, max_size=3))
-def test_property_the_skipping_diff_is_the_full_diff(fleet: dict[str, object], edits: list[tuple]) -> None:
+def test_property_the_skipping_diff_is_the_full_diff(fleet: dict[str, object], edits: list[Edit]) -> None:
     import copy
 
     after = copy.deepcopy(fleet)

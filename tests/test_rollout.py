@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from clock import Clock
 from conftest import NODES, Deployment, SigningKey, age_args, git
@@ -222,7 +222,7 @@ def test_manual_rollback_with_the_remote_down_pins_until_the_branch_moves(
     result = node.reconcile_once()
     assert result.exit_code == 0 and "workers = 4" in live.read_text()
     note = deployment.note("ctl1", c3) or {}
-    assert "pins" not in note and any("pin of identity" in e for e in note.get("events", []))  # type: ignore[union-attr]
+    assert "pins" not in note and any("pin of identity" in e for e in cast(list[str], note.get("events", [])))
 
     # unpin: the next run brings the service back to the head without waiting for a new commit.
     node.rollback("identity", to=c1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.rollout import FleetView, Note, begun, decide, early, plan_rollout, sentinel
+from reconciler.rollout import FleetView, Note, Rollout, begun, decide, early, plan_rollout, sentinel
 
 NODES = [f"cmp{i}" for i in range(1, 9)] + ["ctl1", "ctl2", "ctl3"]
 GROUPS = {"controllers": ["ctl1", "ctl2", "ctl3"], "computes": [f"cmp{i}" for i in range(1, 9)]}
@@ -13,7 +13,7 @@ SETTINGS = {"rollout": {"waves": [
 ]}}
 
 
-def plan():  # type: ignore[no-untyped-def]
+def plan() -> Rollout:
     return plan_rollout(SETTINGS, NODES, lambda g: GROUPS[g])
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pyrage
 import pytest
@@ -30,7 +31,7 @@ from reconciler.config import SecretsConfig
 from reconciler.errors import BadInput
 from reconciler.redact import Redactor
 from reconciler.render import render_node, secret_view
-from reconciler.repo import load_repo
+from reconciler.repo import DeploymentRepo, load_repo
 from reconciler.review import diff_repos, markdown, validate_tree
 from reconciler.secrets import Opened, SecretUnreadable, identities, open_files, unlock
 from reconciler.tree import open_tree
@@ -87,7 +88,7 @@ def add_secret(deployment: Deployment, key_files: dict[str, Path], value: str = 
     return deployment.commit("db password encrypted to the controllers' keys")
 
 
-def unlocked(deployment: Deployment, key: Path) -> object:
+def unlocked(deployment: Deployment, key: Path) -> tuple[DeploymentRepo, dict[str, Opened]]:
     """The repo at HEAD with the files ``key`` opens, as the agent holding it renders it."""
     repo = load_repo(open_tree(deployment.work, "HEAD"))
     return repo, open_files(repo.secret_files, identities(key.read_text(), str(key)))
@@ -134,7 +135,7 @@ def test_a_file_that_prints_a_secret_is_written_0600_and_diffed_as_changed_only(
     repo, values = unlocked(deployment, k["ctl1"])
     from dataclasses import replace
 
-    on_node = render_node(replace(repo, unlocked=values), "ctl1", c2).by_name()  # type: ignore[type-var]
+    on_node = render_node(replace(repo, unlocked=values), "ctl1", c2).by_name()
     db_files = {f.path: f for f in on_node["db"].files}
 
     assert db_files["db-auth.conf"].secret and db_files["db-auth.conf"].mode == 0o600
@@ -142,7 +143,7 @@ def test_a_file_that_prints_a_secret_is_written_0600_and_diffed_as_changed_only(
     assert not db_files["db.conf"].secret and db_files["db.conf"].mode == 0o644
     assert not db_files["db.py"].secret and db_files["db.py"].mode == 0o755
     # A reviewer has no key: the same file, marked, with no value in it.
-    review = {f.path: f for f in render_node(repo, "ctl1", c2).by_name()["identity"].files}  # type: ignore[arg-type]
+    review = {f.path: f for f in render_node(repo, "ctl1", c2).by_name()["identity"].files}
     assert review["db-auth.conf"].secret and b"<secret db_password " in review["db-auth.conf"].content
     assert not review["identity.conf"].secret
 
@@ -228,7 +229,7 @@ def test_canary_the_password_is_nowhere_but_in_0600_files_and_a_node_dropped_as_
     assert note is not None and note.get("reason") == "SECRET_UNREADABLE"
     # ctl2 is still a recipient after the rotation: it decrypts the re-encrypted file.
     _, on_ctl2 = unlocked(deployment, k["ctl2"])
-    assert {p: f.values for p, f in on_ctl2.items()} == {"secrets/controllers.yaml": {"db_password": CANARY}}  # type: ignore[attr-defined]
+    assert {p: f.values for p, f in on_ctl2.items()} == {"secrets/controllers.yaml": {"db_password": CANARY}}
 
 
 def test_validate_with_a_key_finds_the_password_pasted_in_plain_text_and_never_prints_it(
@@ -356,7 +357,7 @@ files:
     assert run["report"]["error"].endswith("exit 3: migrating with\ndb password: <secret db_password>")
     note = deployment.note("ctl1", c3)
     assert note is not None and note["reason"] == "UPGRADE_FAILED"
-    step = next(s for s in note["upgrade"] if s["step"] == "migrate")  # type: ignore[union-attr]
+    step = next(s for s in cast(list[dict[str, str]], note["upgrade"]) if s["step"] == "migrate")
     assert step["status"] == "failed" and "db password: <secret db_password>" in step["detail"]
     for text in (proc.stdout, proc.stderr, json.dumps(note)):
         assert CANARY not in text
@@ -376,11 +377,11 @@ def test_no_hash_the_node_or_a_review_shows_can_confirm_a_guessed_password(
     ctl1 = agents("ctl1", deployment.url, secrets=SecretsConfig(k["ctl1"]))
     assert ctl1.reconcile_once().exit_code == 0
     repo, opened = unlocked(deployment, k["ctl1"])
-    on_node = render_node(replace(repo, unlocked=opened), "ctl1", c2).by_name()["db"]  # type: ignore[arg-type]
+    on_node = render_node(replace(repo, unlocked=opened), "ctl1", c2).by_name()["db"]
     # What anyone who reads the repo computes for a guess (here the right one): every file of the
     # slice as the template makes it, hashed with plain SHA-256 as other files are.
-    plain = {p: Opened(f.values, b"") for p, f in opened.items()}  # type: ignore[attr-defined]
-    guessed = render_node(replace(repo, unlocked=plain), "ctl1", c2).by_name()["db"]  # type: ignore[arg-type]
+    plain = {p: Opened(f.values, b"") for p, f in opened.items()}
+    guessed = render_node(replace(repo, unlocked=plain), "ctl1", c2).by_name()["db"]
     node_files, guessed_files = ({f.path: f for f in s.files} for s in (on_node, guessed))
     assert node_files["db-auth.conf"].content == guessed_files["db-auth.conf"].content  # the guess is right
 
@@ -397,7 +398,7 @@ def test_no_hash_the_node_or_a_review_shows_can_confirm_a_guessed_password(
     # A reviewer's diff and render hash the file with markers in it, never with the value.
     shown = markdown(diff_repos(load_repo(open_tree(deployment.work, c1)), c1,
                                 load_repo(open_tree(deployment.work, c2)), c2), c1, c2)
-    review = {f.path: f for f in render_node(repo, "ctl1", c2).by_name()["db"].files}  # type: ignore[attr-defined]
+    review = {f.path: f for f in render_node(repo, "ctl1", c2).by_name()["db"].files}
     assert f"-> {review['db-auth.conf'].sha256[:12]}" in shown
     assert guessed_files["db-auth.conf"].sha256[:12] not in shown and CANARY.encode() not in review["db-auth.conf"].content
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import browser
 from browser import hex_colour
@@ -441,7 +441,8 @@ post_upgrade:
         assert '"hypervisor": "kvm"' in live(fleet[node], "compute-agent")  # the rest of the commit: taken
         note = deployment.note(node, c1) or {}
         assert note.get("upgrade") is None  # no step ran or was even noted here
-        assert any(e.startswith("not in stage controlplane: node-exporter kept as at ") for e in note["events"])
+        assert any(e.startswith("not in stage controlplane: node-exporter kept as at ")
+                   for e in cast(list[str], note["events"]))
     assert counter.read_text() == "ctl1\n"  # once, among the controllers
     assert not (tmp_path / "post.log").exists(), "the post step ran while the computes still run version 1"
     c1_steps = steps_of(deployment, c1)
@@ -585,7 +586,7 @@ def test_the_branch_moving_mid_upgrade_finishes_the_upgrade_first_and_skips_no_m
         assert [steps[node][("compute-agent", s)]["status"] for s in ("pin-rpc", "stop", "start")] == \
             ["done", "done", "done"], node
         # it never saw c2 before c3 landed: it ran c2 first, and said so
-        events = (deployment.note(node, c2) or {}).get("events", [])
+        events = cast(list[str], (deployment.note(node, c2) or {}).get("events", []))
         assert f"head {c3[:12]} is past this upgrade, which this node owed: run first" in events, events
     assert steps_of(deployment, c3) == {n: {} for n in NODES}  # the head itself upgrades nothing
     for node in CONTROLLERS:
