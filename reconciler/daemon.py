@@ -214,14 +214,13 @@ class Shedding:
     ``GROWTH_MB``. A fresh interpreter has done no work, so it never sheds on its first quiet
     polls, whatever they load: no loop of re-executions."""
 
-    def __init__(self, agent: Agent, reload: Callable[[], AgentConfig] | None, code: str | None = shed.CODE) -> None:
+    def __init__(self, agent: Agent, reload: Callable[[], AgentConfig] | None) -> None:
         self.agent = agent
         self.reload = reload
         self.start_mb = shed.rss_mb()
         self.worked = False
         self.off = not shed.possible()
-        self.code = shed.code_files(code) if code is not None else None
-        self.code_root = code
+        self.code = shed.code_files()  # what this interpreter started from
 
     def after(self, result: RunResult | None) -> bool:
         quiet = result is not None and result.error is None and result.report is None and not (
@@ -254,11 +253,11 @@ class Shedding:
         """A fresh interpreter imports the code installed now: when it is not what this one
         started from (an upgrade that did not restart the unit), keep running; the operator's
         restart runs the new code, not a re-execution the operator did not ask for."""
-        if self.code is None or self.code_root is None or shed.code_files(self.code_root) == self.code:
+        if shed.code_files() == self.code:
             return True
         self.agent.say_once(("shed", "code"), logging.WARNING, "%s: not re-executing to give back memory: the "
                             "agent's code in %s changed since it started (an upgrade without a restart); restart "
-                            "it to run the new code", self.agent.cfg.node, self.code_root)
+                            "it to run the new code", self.agent.cfg.node, shed.CODE)
         return False
 
 
