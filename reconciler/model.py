@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from .memo import ByIdentity
 
@@ -68,6 +68,9 @@ class VerifiedRevision:
         return {**self.revision.to_dict(), "signer": dict(self.signer) if self.signer else None}
 
 
+_UNREAD = object()  # what a kept attribute that may be None reads before it is computed
+
+
 @dataclass(frozen=True)
 class FileSpec:
     """One rendered file of a service: a path relative to the service's config dir."""
@@ -88,15 +91,15 @@ class FileSpec:
     def lines(self) -> list[str] | None:
         """The content's lines, each with its line end, kept (a plan's comparison and a review's
         diff both read them; not to be changed); None when it is not UTF-8."""
-        try:
-            kept: list[str] | None = self.__dict__["_lines"]
-        except KeyError:
+        # Looked up, not caught: a KeyError raised on every file's first read costs twice the lookup.
+        kept: list[str] | None | object = self.__dict__.get("_lines", _UNREAD)
+        if kept is _UNREAD:
             try:
                 kept = self.content.decode("utf-8").splitlines(keepends=True)
             except UnicodeDecodeError:
                 kept = None
             self.__dict__["_lines"] = kept
-        return kept
+        return cast("list[str] | None", kept)
 
     @property
     def sha256(self) -> str:
