@@ -225,10 +225,12 @@ class DeploymentRepo:
                     problems.append(Problem(svc.file, svc.lines.get("runtime"),
                                             f"node {node} runs {name} with {driver}: only a host service "
                                             "(driver: host) can ask for a reboot"))
-                absolute = [f.path for f in svc.files if f.path.startswith("/")]
-                if (driver == "host") != (len(absolute) == len(svc.files)) and svc.files:
-                    problems.append(Problem(svc.file, svc.files[0].line,
-                                            f"node {node} runs {name} with {driver}: file paths must be "
+                # Each path on its own: one absolute path among relative ones would be written
+                # outside the service's config dir.
+                wrong = [f for f in svc.files if f.path.startswith("/") != (driver == "host")]
+                if wrong:
+                    problems.append(Problem(svc.file, wrong[0].line,
+                                            f"node {node} runs {name} with {driver}: file path {wrong[0].path!r} must be "
                                             + ("absolute" if driver == "host" else "relative to its config dir")))
                 if driver == "docker" and not svc.container.get("image"):
                     problems.append(Problem(svc.file, svc.lines.get("runtime"),

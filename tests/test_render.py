@@ -105,3 +105,25 @@ def test_render_out_writes_without_an_fsync_per_file_and_the_agents_writes_keep_
     assert not [p for p in out.rglob("*") if p.name.startswith(atomic.TEMP_PREFIX)]
     atomic.atomic_write(tmp_path / "state-file", b"x")
     assert len(synced) == 2  # the file and its directory
+
+
+def test_render_out_writes_a_host_service_s_absolute_paths_under_out(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from reconciler.cli import cli
+
+    repo = tmp_path / "repo"
+    files = {"reconciler.yaml": "format: 1\nname: hosts\n",
+             "inventory.yaml": "groups:\n  hv: {services: [host]}\nnodes:\n  hv1: {groups: [hv]}\n",
+             "services/host/service.yaml": f"driver: host\nfiles:\n  - {{path: {tmp_path}/etc/sysctl.conf, "
+                                           "template: s.j2}\n",
+             "services/host/templates/s.j2": "vm.swappiness = 10\n"}
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["render", "--repo", str(repo), "--all", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    # The path the node writes, as a reviewer's root running this would have overwritten it.
+    assert not (tmp_path / "etc").exists()
+    assert (out / "hv1" / "host" / str(tmp_path).lstrip("/") / "etc/sysctl.conf").read_text() == "vm.swappiness = 10\n"

@@ -183,3 +183,11 @@ def test_only_a_host_service_may_ask_for_a_reboot(tmp_path: Path) -> None:
                            + "on_change:\n  - {file: api.conf, action: reboot}\n"})
     assert problem(repo) == ("services/api/service.yaml:1: node n1 runs api with process: only a host service "
                              "(driver: host) can ask for a reboot (and 1 more problem)")
+
+
+def test_one_absolute_file_path_among_relative_ones_is_refused(tmp_path: Path) -> None:
+    # Written to the node's disk at that path, or by `render --out` outside OUT.
+    repo = make(tmp_path, {"services/api/service.yaml": SMALL["services/api/service.yaml"]
+                           + "  - path: /tmp/elsewhere.conf\n    template: api.conf.j2\n"})
+    assert problem(repo) == ("services/api/service.yaml:6: node n1 runs api with process: file path "
+                             "'/tmp/elsewhere.conf' must be relative to its config dir (and 1 more problem)")

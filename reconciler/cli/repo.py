@@ -135,7 +135,9 @@ def _write_slice(root: Path, desired: Desired) -> None:
     for s in desired.services:
         base = root / desired.node / s.name
         for f in s.files:
-            atomic_write(base / f.path, f.content, f.mode, durable=False)
+            # A host service's paths are absolute (/etc/...): under OUT as well, never at that
+            # path on the reviewer's machine. The repo's checks leave no "..", "." or "//" in one.
+            atomic_write(base / f.path.lstrip("/"), f.content, f.mode, durable=False)
         spec = {"runtime": s.runtime.to_dict(), "health": s.health.to_dict(), "hash": s.hash,
                 "depends_on": list(s.depends_on)}
         atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode(),
