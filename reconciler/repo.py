@@ -229,9 +229,9 @@ class DeploymentRepo:
                 # outside the service's config dir.
                 wrong = [f for f in svc.files if f.path.startswith("/") != (driver == "host")]
                 if wrong:
-                    problems.append(Problem(svc.file, wrong[0].line,
-                                            f"node {node} runs {name} with {driver}: file path {wrong[0].path!r} must be "
-                                            + ("absolute" if driver == "host" else "relative to its config dir")))
+                    where = "absolute" if driver == "host" else "relative to its config dir"
+                    problems.append(Problem(svc.file, wrong[0].line, f"node {node} runs {name} with {driver}: "
+                                            f"file path {wrong[0].path!r} must be {where}"))
                 if driver == "docker" and not svc.container.get("image"):
                     problems.append(Problem(svc.file, svc.lines.get("runtime"),
                                             f"node {node} runs {name} with docker: runtime needs an image"))
