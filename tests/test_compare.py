@@ -119,6 +119,21 @@ def test_two_ini_files_of_one_shape_read_in_one_pass_differ_in_the_keys_a_whole_
 
 
 @pytest.mark.parametrize(("old", "new", "keys"), [
+    # A rendered config with one value changed, most of a fleet diff's files.
+    (NOVA.format(first="a", second="b") + "[api]\nworkers = 4\n",
+     NOVA.format(first="a", second="b") + "[api]\nworkers = 8\n", ["api.workers"]),
+    # A continuation line changed, a comment and a blank line alike on both sides.
+    ("[s]\n# c\nk = 1\n    x\n\nj = 2\n", "[s]\n# c\nk = 1\n    y\n\nj = 2\n", ["s.k"]),
+    # Only a comment changed: same keys, same values.
+    ("k = 1\n# old\n", "k = 1\n# new\n", []),
+])
+def test_files_of_one_shape_are_compared_in_one_pass(old: str, new: str, keys: list[str]) -> None:
+    assert _ini_changes(old.splitlines(True), new.splitlines(True)) == keys
+    assert _changes(FileSpec("f.conf", 0o644, old.encode()), FileSpec("f.conf", 0o644, new.encode())) == [
+        (k, "changed") for k in keys]
+
+
+@pytest.mark.parametrize(("old", "new", "keys"), [
     # "k" at another indent: the next line continues it in one file and is an option in the other.
     (b"[s]\nk = 1\n  j = 2\n", b"[s]\n  k = 1\n  j = 2\n", [("s.j", "added"), ("s.k", "changed")]),
     # A continuation line in one file, an option in the other.

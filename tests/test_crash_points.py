@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -129,6 +130,14 @@ def in_child(node: Node, operation: Callable[[Agent], object] | None, env: dict[
     return status
 
 
+def killed_at(node: Node, operation: Callable[[Agent], object] | None, n: int, points: list[str]) -> None:
+    """Run the operation with a fault at side effect ``n``: the child must die there, by SIGKILL.
+    A run that ends by itself (fewer side effects than were counted) tested no crash."""
+    status = in_child(node, operation, {"RECONCILER_FAULT_AT": str(n)})
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
+        f"not killed before side effect {n} of {len(points)} ({points[n - 1]}): wait status {status}")
+
+
 def count_points(node: Node, operation: Callable[[Agent], object] | None, log: Path) -> list[str]:
     log.unlink(missing_ok=True)
     assert in_child(node, operation, {"RECONCILER_FAULT_LOG": str(log)}) == 0
@@ -190,8 +199,7 @@ def test_killed_at_every_side_effect_of_a_change_the_next_run_finishes_it(
     assert any(p.split()[1] == "note" for p in points) and any(p.split()[1] == "db" for p in points), points
     for n in range(1, len(points) + 1):
         head = node.change(kind)
-        status = in_child(node, None, {"RECONCILER_FAULT_AT": str(n)})
-        assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, (n, status)
+        killed_at(node, None, n, points)
         node.run()
         try:
             assert_recovered(node, head)
@@ -218,7 +226,7 @@ def test_killed_at_every_side_effect_of_a_rollback_and_an_unpin(node: Node, tmp_
     node.run()
     assert_recovered(node, head)
     for n in range(1, len(points) + 1):
-        in_child(node, rollback, {"RECONCILER_FAULT_AT": str(n)})
+        killed_at(node, rollback, n, points)
         node.run()
         pinned = node.run(lambda a: [p.service for p in a.ledger.pins()])
         try:  # the rollback happened whole, or not at all: either way a consistent node
@@ -236,7 +244,7 @@ def test_killed_at_every_side_effect_of_a_rollback_and_an_unpin(node: Node, tmp_
     for n in range(1, len(unpin_points) + 1):
         node.run(rollback)
         node.run()
-        in_child(node, unpin, {"RECONCILER_FAULT_AT": str(n)})
+        killed_at(node, unpin, n, unpin_points)
         node.run()
         pinned = node.run(lambda a: [p.service for p in a.ledger.pins()])
         try:

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import pytest
 from conftest import Deployment, SigningKey, age_args, wait_for
+from needs import unavailable
 
 from reconciler.agent import Agent
 
@@ -322,7 +323,7 @@ def _fill(path: Path, leave: int) -> Path:
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs: a state dir whose disk can really fill up."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root (CI runs as root)")
+        unavailable("root", "mounting a small filesystem needs root (CI runs as root)")
     mount = tmp_path / "disk"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)

@@ -7,15 +7,19 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 import yaml
 from conftest import EXAMPLE, Deployment, git
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from reconciler import render
 from reconciler.errors import ReconcilerError
 from reconciler.inputs import Inputs, same
-from reconciler.repo import DeploymentRepo, load_repo
+from reconciler.model import DesiredService
+from reconciler.repo import DeploymentRepo, ServiceDef, load_repo
 from reconciler.review import diff_repos, markdown
 from reconciler.tree import DirTree, open_tree
 
@@ -24,13 +28,25 @@ CONTROLLERS = {"ctl1", "ctl2", "ctl3"}
 
 
 def same_diff(ra: DeploymentRepo, rb: DeploymentRepo, a: str = A, b: str = B) -> dict[str, frozenset[str]]:
-    """Assert the skipping diff is the full one; return what it rendered per node."""
-    quick = diff_repos(ra, a, rb, b)
+    """Assert the skipping diff is the full one; return what it rendered per node (the services
+    render_service was called for, at either commit)."""
+    calls: dict[str, set[str]] = {n: set() for n in set(ra.nodes) | set(rb.nodes)}
+    real = render.render_service
+
+    def recording(repo: DeploymentRepo, node: str, svc: ServiceDef, *args: Any, **kwargs: Any) -> DesiredService:
+        calls[node].add(svc.name)
+        return real(repo, node, svc, *args, **kwargs)
+
+    with patch.object(render, "render_service", recording):
+        quick = diff_repos(ra, a, rb, b, jobs=1)
     full = diff_repos(ra, a, rb, b, every_service=True)
     assert [d.to_dict() for d in quick] == [d.to_dict() for d in full]
     assert [d.plan.to_dict() for d in quick] == [d.plan.to_dict() for d in full]
     assert markdown(quick, a, b, groups=rb.group_members) == markdown(full, a, b, groups=rb.group_members)
-    rendered = {n: Inputs(ra, rb).changed(n) for n in sorted(set(ra.nodes) | set(rb.nodes))}
+    rendered = {n: frozenset(calls[n]) for n in sorted(calls)}
+    assert rendered == {n: Inputs(ra, rb).changed(n) & (set(ra.services_of(n) if n in ra.nodes else ())
+                                                        | set(rb.services_of(n) if n in rb.nodes else ()))
+                        for n in rendered}
     # Whatever changes on a node was rendered there (a stand-in never shows a change).
     for d in full:
         touched = {a.service for a in d.plan.changes} | {f.service for f in d.files}

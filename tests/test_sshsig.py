@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from needs import unavailable
 
 from reconciler.errors import BadInput
 from reconciler.sshsig import (
@@ -36,7 +37,12 @@ from reconciler.sshsig import (
     verify,
 )
 
-pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH ssh-keygen")
+
+@pytest.fixture(autouse=True, scope="module")
+def _ssh_keygen() -> None:
+    if shutil.which("ssh-keygen") is None:
+        unavailable("ssh-keygen", "these tests compare with OpenSSH's own signatures")
+
 
 PAYLOAD = b"tree 4b825dc642cb6eb9a060e54bf8d69288fbee4904\nauthor A <a@example.org> 1700000000 +0000\n\nchange\n"
 ALICE = "alice@example.org"

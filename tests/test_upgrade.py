@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import traceback
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -93,18 +95,27 @@ def fleet_at_version_1(deployment: Deployment, agents: Callable[..., Agent]) -> 
 
 def pass_in_child(agent: Agent, env: dict[str, str], again: Callable[[], Agent]) -> Agent:
     """One pass of ``agent``'s node in a forked child with ``env`` (RECONCILER_FAULT_AT kills it
-    at that side effect; RECONCILER_FAULT_LOG numbers them); the node's agent afresh after it."""
+    at that side effect; RECONCILER_FAULT_LOG numbers them); the node's agent afresh after it.
+    A child told to die must die by SIGKILL (a pass that ended first tested no crash); one that
+    only counts must finish."""
     agent.close()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
-        os.environ.update(env)
-        faults.reset()
-        child = Agent(agent.cfg, progress=False)
+        code = 0
         try:
-            child.reconcile_once()
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+            os.environ.update(env)
+            faults.reset()
+            Agent(agent.cfg, progress=False).reconcile_once()
+        except BaseException:
+            traceback.print_exc()
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if "RECONCILER_FAULT_AT" in env:
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
+            f"not killed at side effect {env['RECONCILER_FAULT_AT']}: wait status {status}")
+    else:
+        assert status == 0, f"the counting pass failed: wait status {status}"
     return again()
 
 
