@@ -5,7 +5,6 @@ These never come from the deployment repo: the node decides where it pulls from 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, fields
@@ -219,6 +218,7 @@ class AgentConfig:
 def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     """Settings from ``path`` (if any), then non-None ``overrides``; clear errors for each problem."""
     values: dict[str, Any] = {}
+    lines: dict[str, int | None] = {}  # the line each top-level setting is on in the file
     overrides = dict(overrides)
     file = str(path) if path else "command line"
     if path is not None:
@@ -230,12 +230,13 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         if doc.data is not None and not isinstance(doc.data, dict):
             raise ConfigError("agent config must be a mapping", file=str(path), line=1)
         known = {f.name for f in fields(AgentConfig)}
-        for key, value in (doc.data or {}).items():
-            key = str(key).replace("-", "_")
+        for written, value in (doc.data or {}).items():
+            key = str(written).replace("-", "_")
             if key not in known:
                 raise ConfigError(f"unknown setting {key!r} (known: {', '.join(sorted(known))})",
-                                  file=str(path), line=doc.line((key,)))
+                                  file=str(path), line=doc.line((written,)))
             values[key] = value
+            lines[key] = doc.line((written,))
     host_values = values.pop("host", None) or {}
     if isinstance(host_values, dict):
         host_values = {str(k).replace("-", "_"): v for k, v in host_values.items()}
@@ -264,7 +265,12 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     notify = _notify(values.pop("notify", None), file)
     remotes = _remotes(values.pop("remotes", None), file)
     docker = _docker(values.pop("docker", None), file)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values.update(given)
+
+    def number(key: str, default: float, *, zero: bool = False, most: float = WEEK) -> float:
+        at = ("command line", None) if key in given else (file, lines.get(key))
+        return _number(values.get(key, default), key, *at, zero=zero, most=most)
     if remotes and not values.get("remote"):
         values["remote"] = next((r.url for r in remotes if r.writes), remotes[0].url)
     for required in ("node", "remote"):
@@ -284,10 +290,10 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
             remote=_remote(str(values["remote"])),
             branch=str(values.get("branch", "main")),
             state_dir=Path(str(values.get("state_dir", "/var/lib/reconciler"))).expanduser(),
-            interval=float(values.get("interval", 60.0)),
-            jitter=float(values.get("jitter", 10.0)),
-            supervise_interval=float(values.get("supervise_interval", 2.0)),
-            min_free_mb=float(values.get("min_free_mb", 16.0)),
+            interval=number("interval", 60.0),
+            jitter=number("jitter", 10.0, zero=True),
+            supervise_interval=number("supervise_interval", 2.0),
+            min_free_mb=number("min_free_mb", 16.0, zero=True, most=float(1 << 40)),
             ssh_command=values.get("ssh_command"),
             trust=TrustConfig(
                 allowed_signers=_path(trust_values.get("allowed_signers")),
@@ -314,10 +320,27 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         raise ConfigError(f"bad setting: {exc}", file=file) from exc
     if cfg.trust.policy not in POLICIES:
         raise ConfigError(f"trust policy {cfg.trust.policy!r} is not one of {', '.join(POLICIES)}", file=file)
-    numbers = (cfg.interval, cfg.jitter, cfg.supervise_interval, cfg.min_free_mb)
-    if not all(math.isfinite(n) for n in numbers) or cfg.interval <= 0 or cfg.jitter < 0 or cfg.supervise_interval <= 0:
-        raise ConfigError("interval and supervise_interval must be > 0, jitter >= 0", file=file)
     return cfg
+
+
+# The longest wait a setting in seconds may ask for: a scheduler handed a time past the end of
+# its clock (1e29 s) dies in its thread, and the node stops polling without a word.
+WEEK = 7 * 24 * 3600.0
+
+
+def _number(value: Any, key: str, file: str, line: int | None, *, zero: bool, most: float) -> float:
+    """A setting in seconds (or MB): a number (a string of one, as a flag gives it), not a
+    boolean, > 0 (>= 0 with ``zero``) and at most ``most``."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: {value!r} is not a number", file=file, line=line) from None
+    if not (number >= 0 if zero else number > 0) or not number <= most:
+        raise ConfigError(f"{key}: {value!r} must be {'>= 0' if zero else '> 0'} and at most {most:g}",
+                          file=file, line=line)
+    return number
 
 
 def _mapping(value: Any, what: str, keys: tuple[str, ...], file: str) -> dict[str, Any]:
@@ -469,9 +492,9 @@ def _probe(item: dict[str, Any], i: int, role: str, file: str) -> tuple[str | No
     if role == "write":
         raise ConfigError(f"remotes[{i}]: a probe is for a remote that is read (role: read or both)", file=file)
     every = item.get("check_every", RemoteConfig.check_every)
-    if isinstance(every, bool) or not isinstance(every, int | float) or not every > 0:
-        raise ConfigError(f"remotes[{i}]: check_every must be a number of seconds above 0, not {every!r}",
-                          file=file)
+    if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every <= WEEK:
+        raise ConfigError(f"remotes[{i}]: check_every must be a number of seconds above 0 and at most {WEEK:g}, "
+                          f"not {every!r}", file=file)
     return str(probe), float(every)
 
 

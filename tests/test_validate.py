@@ -191,3 +191,21 @@ def test_one_absolute_file_path_among_relative_ones_is_refused(tmp_path: Path) -
                            + "  - path: /tmp/elsewhere.conf\n    template: api.conf.j2\n"})
     assert problem(repo) == ("services/api/service.yaml:6: node n1 runs api with process: file path "
                              "'/tmp/elsewhere.conf' must be relative to its config dir (and 1 more problem)")
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("interval: fast", "interval: 'fast' is not a number"),
+    ("jitter: true", "jitter: True is not a number"),
+    ("interval: 0", "interval: 0 must be > 0 and at most 604800"),
+    ("jitter: -1", "jitter: -1 must be >= 0 and at most 604800"),
+    # A scheduler asked to wait past the end of its clock died in its thread: no more polls.
+    ("supervise_interval: 99999999999999999999999999999",
+     "supervise_interval: 99999999999999999999999999999 must be > 0 and at most 604800"),
+    ("interval: .nan", "interval: nan must be > 0 and at most 604800"),
+])
+def test_a_number_setting_out_of_range_names_its_line(tmp_path: Path, setting: str, message: str) -> None:
+    cfg_file = tmp_path / "agent.yaml"
+    cfg_file.write_text(f"node: n1\nremote: /srv/cloud.git\n{setting}\n")
+    proc = cli("status", "--config", str(cfg_file))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"error: {cfg_file}:3: {message} [BAD_CONFIG]"
