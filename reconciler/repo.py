@@ -548,13 +548,17 @@ def _check_dependencies(services: Mapping[str, ServiceDef]) -> list[Problem]:
             if dep not in services:
                 problems.append(Problem(svc.file, svc.lines.get("depends_on"), f"depends_on: unknown service {dep!r}"))
         graph[svc.name] = {d for d in svc.depends_on if d in services}
+    return problems + _cycle(services, graph, "depends_on", "dependency cycle")
+
+
+def _cycle(services: Mapping[str, ServiceDef], graph: Mapping[str, set[str]], key: str, what: str) -> list[Problem]:
+    """A cycle in ``graph`` (service -> those it waits on), at the first service's ``key``."""
     try:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
-        cycle = " -> ".join(exc.args[1])
         first = services[exc.args[1][0]]
-        problems.append(Problem(first.file, first.lines.get("depends_on"), f"dependency cycle: {cycle}"))
-    return problems
+        return [Problem(first.file, first.lines.get(key), f"{what}: {' -> '.join(exc.args[1])}")]
+    return []
 
 
 def _check_upgrades(services: Mapping[str, ServiceDef], post: tuple[PostStep, ...], groups: Mapping[str, GroupDef],
@@ -568,6 +572,9 @@ def _check_upgrades(services: Mapping[str, ServiceDef], post: tuple[PostStep, ..
         if svc.upgrade and not svc.version and not svc.container.get("image"):
             problems.append(Problem(svc.file, svc.lines.get("upgrade"),
                                     "upgrade steps need a `version` (or a runtime image) whose change runs them"))
+    # Each upgrade would wait at its first step for the other to finish: neither would start.
+    problems += _cycle(services, {s.name: {a for a in s.upgrade_after if a in services} for s in services.values()},
+                       "upgrade_after", "upgrade_after cycle")
     for i, p in enumerate(post):
         line = settings.line(("post_upgrade", i)) if settings is not None else None
         for name in (*p.after, *p.services):

@@ -121,6 +121,16 @@ def test_dependency_cycle_names_its_members(tmp_path: Path) -> None:
     assert "dependency cycle: api -> api" in problem(repo)
 
 
+def test_upgrades_that_wait_on_each_other_are_refused(tmp_path: Path) -> None:
+    # Each would hold its first step until the other was upgraded everywhere: neither starts.
+    repo = make(tmp_path, {
+        "inventory.yaml": SMALL["inventory.yaml"].replace("[api]", "[api, db]"),
+        "services/api/service.yaml": SMALL["services/api/service.yaml"] + "upgrade_after: [db]\n",
+        "services/db/service.yaml": "runtime:\n  command: [db]\nupgrade_after: [api]\n",
+    })
+    assert problem(repo) == "services/api/service.yaml:6: upgrade_after cycle: api -> db -> api"
+
+
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     repo = make(tmp_path, {"inventory.yaml": SMALL["inventory.yaml"].replace("[api]", "[api, nova]").replace("groups: [web]\n    vars: {port: 2}", "groups: [db]\n    vars: {port: 2}"),
         "services/api/service.yaml": "runtime:\n  command: []\n"})
