@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import graphlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -436,6 +437,8 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
     post = parse_post(settings.data.get("post_upgrade", ())) if settings is not None else ()
     problems.extend(_check_upgrades(services, post, groups, nodes, settings))
     stages = _stages(settings, groups, nodes, problems) if settings is not None else {}
+    if settings is not None:
+        _check_waves(settings, groups, nodes, problems)
     windows = _windows(settings, groups, nodes, problems) if settings is not None else ()
     budgets = _budgets(settings, groups, nodes, problems) if settings is not None else ()
     if problems:
@@ -514,6 +517,26 @@ def _stages(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[st
         problems.append(Problem("reconciler.yaml", settings.line(("rollout", "stage")),
                                 f"rollout.stage {wanted!r} is not a stage (stages: {known})"))
     return out
+
+
+def _check_waves(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],
+                 problems: list[Problem]) -> None:
+    """A wave that names no node would be dropped from the rollout without a word, and a batch
+    of 0 read as 1: each is a typo the operator should hear of before the commit goes out."""
+    for i, wave in enumerate((settings.data.get("rollout") or {}).get("waves") or ()):
+        line = settings.line(("rollout", "waves", i))
+        name = wave.get("name", f"wave{i + 1}")
+        if "group" in wave and wave["group"] not in groups:
+            problems.append(Problem("reconciler.yaml", line, f"rollout wave {name!r}: unknown group {wave['group']!r}"))
+        for pattern in wave.get("nodes", ()):
+            if not any(fnmatchcase(n, str(pattern)) for n in nodes):
+                problems.append(Problem("reconciler.yaml", line, f"rollout wave {name!r}: {pattern!r} names no node"))
+        batch = str(wave.get("batch", "1"))
+        digits = re.fullmatch(r"([0-9]+)(%?)", batch)  # anything else, the schema's check reports
+        if digits and not (0 < int(digits[1]) <= 100 if digits[2] else int(digits[1]) >= 1):
+            problems.append(Problem("reconciler.yaml", settings.line(("rollout", "waves", i, "batch")),
+                                    f"rollout wave {name!r}: batch {batch!r} must be at least 1 node, or a "
+                                    "percentage above 0 and at most 100"))
 
 
 def _windows(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],

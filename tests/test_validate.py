@@ -219,3 +219,17 @@ def test_a_number_setting_out_of_range_names_its_line(tmp_path: Path, setting: s
     proc = cli("status", "--config", str(cfg_file))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"error: {cfg_file}:3: {message} [BAD_CONFIG]"
+
+
+@pytest.mark.parametrize(("wave", "message"), [
+    ("{name: canary, group: canaries}", "rollout wave 'canary': unknown group 'canaries'"),
+    ("{name: canary, nodes: [n9]}", "rollout wave 'canary': 'n9' names no node"),
+    ("{name: canary, nodes: [n1], batch: 0}",
+     "rollout wave 'canary': batch '0' must be at least 1 node, or a percentage above 0 and at most 100"),
+    ("{name: canary, nodes: [n1], batch: '250%'}",
+     "rollout wave 'canary': batch '250%' must be at least 1 node, or a percentage above 0 and at most 100"),
+])
+def test_a_rollout_wave_that_would_be_dropped_or_bent_is_refused(tmp_path: Path, wave: str, message: str) -> None:
+    # Before: the wave went without a word (its nodes joined the last one), a batch of 0 became 1.
+    repo = make(tmp_path, {"reconciler.yaml": f"format: 1\nname: small\nrollout:\n  waves:\n    - {wave}\n"})
+    assert problem(repo) == f"reconciler.yaml:5: {message}"
