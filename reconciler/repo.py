@@ -346,6 +346,12 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
                 problems.append(Problem(file, line, f"source {src!r} not found at {rel}"))
         default_mode = 0o755 if src is not None and src.endswith((".py", ".sh")) else 0o644
         files.append(FileDecl(f["path"], _mode(f.get("mode"), default_mode), tpl, src, line))
+    for i, rule in enumerate(data.get("on_change", [])):
+        # A rule for no file is a typo that never applies: the change it meant takes the default.
+        if isinstance(rule, dict) and "file" in rule and files and not any(
+                fnmatchcase(f.path, str(rule["file"])) for f in files):
+            problems.append(Problem(file, doc.line(("on_change", i)), f"on_change/{i}: {rule['file']!r} matches no "
+                                    f"file of this service ({', '.join(f.path for f in files)})"))
     runtime = data.get("runtime", {})
     steps = parse_steps(data.get("upgrade", ()))
     for i, message in check_steps(steps):

@@ -233,3 +233,11 @@ def test_a_rollout_wave_that_would_be_dropped_or_bent_is_refused(tmp_path: Path,
     # Before: the wave went without a word (its nodes joined the last one), a batch of 0 became 1.
     repo = make(tmp_path, {"reconciler.yaml": f"format: 1\nname: small\nrollout:\n  waves:\n    - {wave}\n"})
     assert problem(repo) == f"reconciler.yaml:5: {message}"
+
+
+def test_an_on_change_rule_for_no_file_of_the_service_is_refused(tmp_path: Path) -> None:
+    # Before: accepted, and the change it meant to reload restarted the service ("no rule").
+    repo = make(tmp_path, {"services/api/service.yaml": SMALL["services/api/service.yaml"]
+                           + "on_change:\n  - {file: api.cnf, action: reload}\n"})
+    assert problem(repo) == ("services/api/service.yaml:7: on_change/0: 'api.cnf' matches no file of this "
+                             "service (api.conf)")
