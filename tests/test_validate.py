@@ -241,3 +241,18 @@ def test_an_on_change_rule_for_no_file_of_the_service_is_refused(tmp_path: Path)
                            + "on_change:\n  - {file: api.cnf, action: reload}\n"})
     assert problem(repo) == ("services/api/service.yaml:7: on_change/0: 'api.cnf' matches no file of this "
                              "service (api.conf)")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    # An infinite health timeout waited forever on a service that never came up.
+    ("health:\n  tcp: 127.0.0.1:1\n  timeout: .inf\n", "services/api/service.yaml:8: health/timeout: inf is greater "
+                                                       "than the maximum of 86400"),
+    # Not a name a process can be given in its environment.
+    ("  env: {'A B': x}\n", "services/api/service.yaml:3: runtime/env: 'A B' does not match "
+                            "'^[A-Za-z_][A-Za-z0-9_]*$'"),
+])
+def test_a_health_timeout_without_end_and_an_environment_name_with_a_space_are_refused(
+        tmp_path: Path, extra: str, message: str) -> None:
+    text = SMALL["services/api/service.yaml"]
+    text = text.replace("files:", extra.rstrip("\n") + "\nfiles:") if extra.startswith("  env") else text + extra
+    assert problem(make(tmp_path, {"services/api/service.yaml": text})) == message
