@@ -256,3 +256,9 @@ def test_a_health_timeout_without_end_and_an_environment_name_with_a_space_are_r
     text = SMALL["services/api/service.yaml"]
     text = text.replace("files:", extra.rstrip("\n") + "\nfiles:") if extra.startswith("  env") else text + extra
     assert problem(make(tmp_path, {"services/api/service.yaml": text})) == message
+
+
+def test_render_with_both_node_and_all_says_which_to_give(tmp_path: Path) -> None:
+    proc = cli("render", "--repo", str(make(tmp_path)), "--node", "n1", "--all")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: give --node NODE or --all, not both [BAD_INPUT]"

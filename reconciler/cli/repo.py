@@ -102,14 +102,14 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
     Exit codes:
       0  rendered
       1  --out could not be written (DISK_FULL)
-      2  bad input: neither --node nor --all, an unknown node, a problem in the repo
+      2  bad input: neither --node nor --all (or both), an unknown node, a problem in the repo
     """
     from ..render import render_node
     from ..repo import load_repo
     from ..tree import open_tree
 
-    if not nodes and not all_nodes:
-        raise BadInput("give --node NODE or --all")
+    if not nodes and not all_nodes or nodes and all_nodes:
+        raise BadInput("give --node NODE or --all" + (", not both" if nodes else ""))
     tree = open_tree(repo_dir, rev)
     repo = load_repo(tree)
     names = sorted(repo.nodes) if all_nodes else list(nodes)
