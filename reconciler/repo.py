@@ -387,6 +387,7 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
             "depends_on": doc.line(("depends_on",)),
             "upgrade_after": doc.line(("upgrade_after",)),
             "upgrade": doc.line(("upgrade",)),
+            "defaults": doc.line(("defaults",)),
         },
     )
 
@@ -438,6 +439,8 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
                                    str(n.get("pending_release", "")), str(n.get("mode", "")),
                                    inventory.line(("nodes", nname)))
 
+    if inventory is not None:
+        problems.extend(_check_var_names(inventory, services))
     secret_files = _secret_files(tree, limits, problems)
     problems.extend(_check_dependencies(services))
     post = parse_post(settings.data.get("post_upgrade", ())) if settings is not None else ()
@@ -567,6 +570,26 @@ def _budgets(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[s
         else:
             out.append(b)
     return tuple(out)
+
+
+# The names a render gives every template (render.py builds them); a variable of one of these
+# names would be shadowed by the render's own value without a word.
+RENDER_NAMES = frozenset({"node", "release", "pending_release", "groups", "hostvars", "secrets", "service",
+                          "service_version"})
+
+
+def _check_var_names(inventory: YamlDoc, services: Mapping[str, ServiceDef]) -> list[Problem]:
+    inv = inventory.data
+    places: list[tuple[str, int | None, str, Mapping[str, Any]]] = [
+        ("inventory.yaml", inventory.line(("vars",)), "vars", inv.get("vars") or {})]
+    places += [("inventory.yaml", inventory.line(("groups", g, "vars")), f"group {g!r}: vars", d.get("vars") or {})
+               for g, d in inv["groups"].items()]
+    places += [("inventory.yaml", inventory.line(("nodes", n, "vars")), f"node {n!r}: vars", d.get("vars") or {})
+               for n, d in inv["nodes"].items()]
+    places += [(svc.file, svc.lines.get("defaults"), "defaults", svc.defaults) for svc in services.values()]
+    return [Problem(file, line, f"{what}: {name!r} is a name the render gives every template "
+                                f"({', '.join(sorted(RENDER_NAMES))}): rename the variable")
+            for file, line, what, values in places for name in sorted(set(values) & RENDER_NAMES)]
 
 
 def _check_dependencies(services: Mapping[str, ServiceDef]) -> list[Problem]:

@@ -13,7 +13,7 @@ import pytest
 
 from reconciler.errors import BadInput, RenderError, UnknownNode
 from reconciler.render import render_node
-from reconciler.repo import load_repo
+from reconciler.repo import RENDER_NAMES, load_repo
 from reconciler.tree import DirTree
 from reconciler.yamlfile import RepoProblems
 
@@ -262,3 +262,17 @@ def test_render_with_both_node_and_all_says_which_to_give(tmp_path: Path) -> Non
     proc = cli("render", "--repo", str(make(tmp_path)), "--node", "n1", "--all")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: give --node NODE or --all, not both [BAD_INPUT]"
+
+
+def test_a_variable_named_like_one_the_render_gives_is_refused(tmp_path: Path) -> None:
+    # Before: {{ node }} in a template still said the node's name, and the variable was lost.
+    from reconciler.render import context
+
+    loaded = load_repo(DirTree(make(tmp_path / "ok")))
+    given = context(loaded, "n1", loaded.services["api"])
+    assert set(given) >= RENDER_NAMES and given["node"] == "n1"  # the names the check knows are the render's
+    repo = make(tmp_path, {"inventory.yaml": SMALL["inventory.yaml"].replace("vars: {port: 1}",
+                                                                             "vars: {port: 1, node: web1}")})
+    assert problem(repo) == ("inventory.yaml:9: node 'n1': vars: 'node' is a name the render gives every template "
+                             "(groups, hostvars, node, pending_release, release, secrets, service, "
+                             "service_version): rename the variable")
