@@ -32,8 +32,8 @@ class Tree(Protocol):
     label: str
 
     def read(self, path: str, max_bytes: int | None = None) -> bytes:
-        """The file's bytes. FileNotFoundError if missing (or a directory); ``RepoLimit`` past
-        ``max_bytes``; ``RepoSymlink`` for a link on the way; ``BadInput`` for anything else
+        """The file's bytes. FileNotFoundError if missing; ``RepoLimit`` past ``max_bytes``;
+        ``RepoSymlink`` for a link on the way; ``BadInput`` for a directory or anything else
         that is not a regular file."""
         ...
 
@@ -52,6 +52,11 @@ class Tree(Protocol):
 
 def _symlink(path: str, target: str) -> RepoSymlink:
     return RepoSymlink(f"a symlink (to {target!r}): not allowed in a deployment repo", file=path)
+
+
+def _a_directory(path: str) -> BadInput:
+    # Not "missing": the operator sees the path exists and would look for a typo that is not there.
+    return BadInput("a directory, not a file", file=path)
 
 
 def _too_large(path: str, max_bytes: int) -> RepoLimit:
@@ -106,8 +111,10 @@ class GitTree:
 
     def read(self, path: str, max_bytes: int | None = None) -> bytes:
         obj = self._entry(path)
-        if obj is None or isinstance(obj, pygit2.Tree):
+        if obj is None:
             raise FileNotFoundError(path)
+        if isinstance(obj, pygit2.Tree):
+            raise _a_directory(path)
         if not isinstance(obj, pygit2.Blob):
             raise BadInput("not a regular file (a submodule?)", file=path)
         with reading(self._repo):
@@ -181,12 +188,17 @@ class DirTree:
 
     def read(self, path: str, max_bytes: int | None = None) -> bytes:
         fd = self._open(path, directory=False)
-        with os.fdopen(fd, "rb") as f:
+        # Checked before fdopen, which raises IsADirectoryError for a directory and leaves the fd open.
+        try:
             mode = os.fstat(fd).st_mode
             if stat.S_ISDIR(mode):
-                raise FileNotFoundError(path)
+                raise _a_directory(path)
             if not stat.S_ISREG(mode):
                 raise BadInput("not a regular file", file=path)
+        except BaseException:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "rb") as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
         if max_bytes is not None and len(data) > max_bytes:
             raise _too_large(path, max_bytes)

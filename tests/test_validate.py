@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import git
 
 from reconciler.errors import BadInput, RenderError, UnknownNode
 from reconciler.render import render_node
@@ -276,3 +277,30 @@ def test_a_variable_named_like_one_the_render_gives_is_refused(tmp_path: Path) -
     assert problem(repo) == ("inventory.yaml:9: node 'n1': vars: 'node' is a name the render gives every template "
                              "(groups, hostvars, node, pending_release, release, secrets, service, "
                              "service_version): rename the variable")
+
+
+@pytest.mark.parametrize("rel", ["inventory.yaml", "reconciler.yaml", "services/api/service.yaml",
+                                 "services/api/files/api.py"])
+def test_a_directory_where_a_file_belongs_is_named_not_a_traceback(tmp_path: Path, rel: str) -> None:
+    repo = make(tmp_path, {"services/api/service.yaml": SMALL["services/api/service.yaml"]
+                           + "  - path: api.py\n    source: api.py\n",
+                           "services/api/files/api.py": "print(1)\n"})
+    (repo / rel).unlink()
+    (repo / rel).mkdir()  # `mkdir inventory.yaml` by a slip of the shell
+    for command in (["validate"], ["render", "--all"]):
+        proc = cli(*command, "--repo", str(repo))
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"error: {rel}: a directory, not a file [INVALID_REPO]"
+
+
+def test_a_committed_directory_where_a_file_belongs_is_named_too(tmp_path: Path) -> None:
+    repo = make(tmp_path)
+    (repo / "inventory.yaml").unlink()
+    (repo / "inventory.yaml").mkdir()
+    (repo / "inventory.yaml/hosts").write_text("n1\n")  # git keeps no empty directory
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "inventory as a folder", cwd=repo)
+    proc = cli("validate", "--repo", str(repo), "--rev", "HEAD")
+    assert (proc.returncode, proc.stderr.strip()) == (2, "inventory.yaml: a directory, not a file")
