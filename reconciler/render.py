@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import re
 import signal
+import sys
 from collections.abc import Callable, Container, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -224,6 +225,11 @@ def _render(
         raise type(exc)(f"node {node}, service {service}: {text}", file=where, line=at) from exc
     except Exception as exc:  # any error a template's expression raises (1/0, bad filter arg)
         where, at = _template_where(exc.__traceback__, sources) or (name or file, None if name else line)
+        if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+            # Python's own bound on printing an int ({{ 10 ** 5000 }}); its advice, to raise it
+            # with sys.set_int_max_str_digits, is not the operator's to follow.
+            raise RenderLimit(f"node {node}, service {service}: a number of more than "
+                              f"{sys.get_int_max_str_digits()} digits (render limit)", file=where, line=at) from exc
         raise RenderError(f"node {node}: {type(exc).__name__}: {exc}", file=where, line=at) from exc
 
 

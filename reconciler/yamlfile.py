@@ -166,7 +166,13 @@ def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | N
             _check_expansion(node, max_nodes, file)
             if lines is not None:
                 _walk(node, (), lines, file, set())
-            return loader.construct_document(node)
+            try:
+                return loader.construct_document(node)
+            except ValueError as exc:
+                located = _unconstructable(loader, node, file)
+                if located is None:
+                    raise
+                raise located from exc
         finally:
             loader.dispose()  # type: ignore[no-untyped-call]
     except UnicodeDecodeError as exc:
@@ -180,6 +186,29 @@ def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | N
         raise BadInput(f"invalid YAML: {exc}", file=file) from exc
     except RecursionError as exc:
         raise BadInput("YAML nested too deeply", file=file) from exc
+
+
+def _unconstructable(loader: yaml.SafeLoader | yaml.CSafeLoader, root: yaml.Node, file: str) -> BadInput | None:
+    """The first scalar, in document order, whose value Python cannot build (an integer past
+    ``sys.get_int_max_str_digits``, a date like 2026-13-01), as a located error. Searched for
+    only once construction failed: the constructor raises a bare ValueError that says neither."""
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if not isinstance(node, yaml.ScalarNode):
+            stack.extend(reversed(_children(node)))
+            continue
+        build = loader.yaml_constructors.get(node.tag)
+        try:
+            if build is not None:
+                build(loader, node)
+        except ValueError as exc:
+            what = "number too large" if node.tag == "tag:yaml.org,2002:int" else f"{node.value[:40]!r}: {exc}"
+            return BadInput(what, file=file, line=node.start_mark.line + 1)
+    return None
 
 
 def load_yaml(text: bytes, file: str, max_nodes: int = LIMITS.yaml_nodes) -> YamlDoc:

@@ -18,7 +18,7 @@ import pytest
 from conftest import SigningKey, git, small_deployment
 
 from reconciler.agent import Agent
-from reconciler.errors import RenderLimit, RepoLimit, YamlLimit
+from reconciler.errors import BadInput, RenderLimit, RepoLimit, YamlLimit
 from reconciler.limits import Limits
 from reconciler.render import render_node
 from reconciler.repo import load_repo
@@ -233,3 +233,27 @@ def test_join_in_the_sandbox_prints_what_jinjas_join_prints(template: str) -> No
     values = {"names": ["n1", "n2", "n3"], "mixed": [1, "z", None, 2.5], "pair": ("p", "q"),
               "hosts": [{"n": "h1"}, {"n": 2}]}
     assert Sandbox().from_string(template).render(values) == jinja2.Environment().from_string(template).render(values)
+
+
+def test_a_number_too_large_for_python_to_read_is_located(tmp_path: Path) -> None:
+    huge = "9" * 5000  # Python refuses int() of more than 4300 digits
+    repo = make(tmp_path, {"inventory.yaml": ONE_NODE["inventory.yaml"] + f"vars:\n  token_ttl: {huge}\n"})
+    for command in (["validate"], ["render", "--all"]):
+        proc = subprocess.run([sys.executable, "-m", "reconciler", *command, "--repo", str(repo)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "error: inventory.yaml:8: number too large [INVALID_REPO]"
+    # libyaml's parser for small files, the counting one for large: both say where.
+    for max_nodes in (10**6, 100):
+        with pytest.raises(BadInput, match=r"^big.yaml:2: number too large$"):
+            load_yaml(f"a: 1\nb: [{huge}]\n".encode(), "big.yaml", max_nodes)
+    with pytest.raises(BadInput, match=r"^dates.yaml:1: '2026-13-01': month must be in 1..12$"):
+        load_yaml(b"born: 2026-13-01\n", "dates.yaml")
+
+
+def test_a_template_that_prints_a_number_python_will_not_print_is_a_render_limit(tmp_path: Path) -> None:
+    with pytest.raises(RenderLimit) as info:
+        render(tmp_path, "port = 1\n{{ 10 ** 5000 }}\n", Limits())
+    assert str(info.value) == ("services/api/templates/api.conf.j2:2: node n1, service api: a number of more than "
+                               "4300 digits (render limit)")
