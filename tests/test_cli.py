@@ -9,6 +9,7 @@ History used by the node scenarios (canary ctl1, then the rest)::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLE, Deployment, SigningKey, age_args
+from conftest import EXAMPLE, Deployment, SigningKey, age_args, git
 
 from reconciler.agent import Agent
 from reconciler.errors import ConfigError
@@ -218,3 +219,52 @@ def test_an_installed_node_reads_etc_reconciler_agent_yaml_when_no_config_is_nam
     monkeypatch.setattr(common, "DEFAULT_CONFIG", tmp_path / "absent.yaml")
     with pytest.raises(ConfigError, match="missing setting 'node'"):
         common.agent_config(opts)
+
+
+# ---------------------------------------------------------------------------- output paths
+
+
+@pytest.mark.parametrize(("setup", "out", "message"), [
+    (lambda t: (t / "out").write_text("a file"), "out", "--out {t}/out: not a directory"),
+    (lambda t: None, "/dev/null/out", "--out /dev/null/out: /dev/null is not a directory"),
+    (lambda t: (t / "out/ctl1/db/db.conf").mkdir(parents=True), "out",
+     "--out {t}/out: ctl1/db/db.conf: a directory, not a file"),
+    (lambda t: ((t / "out").mkdir(), (t / "out/ctl1").write_text("")), "out", "--out {t}/out: ctl1 is not a directory"),
+], ids=["out-is-a-file", "out-under-a-device", "a-directory-at-a-file", "a-file-at-a-node"])
+def test_render_out_that_cannot_be_written_names_the_path_and_exits_2(
+    tmp_path: Path, setup: Callable[[Path], object], out: str, message: str
+) -> None:
+    setup(tmp_path)
+    out_dir = out if out.startswith("/") else str(tmp_path / out)
+    proc = cli("render", "--repo", str(EXAMPLE), "--all", "--out", out_dir)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"error: {message.format(t=tmp_path)} [BAD_INPUT]\n"
+
+
+def test_a_report_or_page_that_cannot_be_written_names_the_path_and_exits_2(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    repo = str(tmp_path / "ci")
+    git("clone", "-q", deployment.url, repo)  # what a CI job reviews and draws the rollout from
+    for report, message in ((tmp_path, f"{tmp_path}: a directory, not a file"),
+                            (Path("/dev/null/full.md"), "/dev/null/full.md: /dev/null is not a directory")):
+        proc = cli("diff", "--repo", repo, "HEAD", "HEAD", "-o", "markdown", "--report-file", str(report))
+        assert (proc.returncode, proc.stderr) == (2, f"error: --report-file {message} [BAD_INPUT]\n")
+        assert proc.stdout == ""  # no comment without its artifact
+        proc = cli("status", "--fleet", "--repo", repo, "--html", str(report))
+        assert (proc.returncode, proc.stderr) == (2, f"error: --html {message} [BAD_INPUT]\n")
+
+
+def test_a_full_disk_under_out_stays_disk_full_and_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.cli import common
+    from reconciler.errors import DiskFull
+
+    def no_room(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+    monkeypatch.setattr(Path, "mkdir", no_room)  # room may come: not the user's mistake
+    with pytest.raises(DiskFull, match=rf"^cannot write --out {tmp_path}: no space left on device") as info:
+        common.output_dir("--out", tmp_path)
+    assert info.value.exit_code == 1
+    with pytest.raises(DiskFull, match=rf"^cannot write --out {tmp_path}: n1/api/a.conf: no space left on device"):
+        common.write_output("--out", tmp_path, b"x", below="n1/api/a.conf")

@@ -193,3 +193,12 @@ def test_gerrit_gets_a_huge_diff_cut_to_its_limit_with_the_artifact_link(
     assert len(message.encode()) <= 16000 < len(report.read_text().encode())
     assert message.rstrip().endswith("the full report is at https://zuul.example.org/b/9/diff.md")
     assert PASSWORD not in forge.bodies()
+
+
+def test_a_report_file_that_cannot_be_written_stops_the_bot_before_it_posts(
+    deployment: Deployment, forge: Forge, tmp_path: Path
+) -> None:
+    base, head = change(deployment)
+    proc = post(deployment, forge, "github", base, head, "--report-file", str(tmp_path))
+    assert (proc.returncode, proc.stderr) == (2, f"error: --report-file {tmp_path}: a directory, not a file [BAD_INPUT]\n")
+    assert forge.requests == []  # no comment pointing at an artifact that was never written

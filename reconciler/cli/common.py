@@ -7,6 +7,7 @@ them, with no cycle.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 from collections.abc import Callable
@@ -16,8 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from ..agent import Agent
+from ..atomic import atomic_write
 from ..config import AgentConfig, load_config
-from ..errors import ReconcilerError
+from ..errors import BadInput, DiskFull, ReconcilerError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -88,6 +90,44 @@ def output_option(f: F) -> F:
 
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def output_dir(option: str, path: Path) -> None:
+    """Make the directory an option names (``render --out DIR``), or say in one line why not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _unwritable(option, path, None, path, exc) from exc
+
+
+def write_output(option: str, path: Path, data: bytes, *, below: str | None = None, mode: int = 0o644,
+                 durable: bool = True) -> None:
+    """Write the file an option names (``--report-file FILE``), or the file ``below`` the directory
+    it names (``--out DIR``). A path that cannot be written is the user's input (exit 2), said in
+    one line with the system's reason; a full disk stays ``DiskFull`` (exit 1): room may come."""
+    target = path / below if below else path
+    if target.is_dir():  # os.replace would say "Is a directory" about a temp file's name
+        raise BadInput(f"{option} {path}: {below + ': ' if below else ''}a directory, not a file")
+    try:
+        atomic_write(target, data, mode, durable=durable)
+    except OSError as exc:
+        raise _unwritable(option, path, below, target.parent, exc) from exc
+
+
+def _unwritable(option: str, path: Path, below: str | None, directory: Path, exc: OSError) -> ReconcilerError:
+    """Why ``below`` (or ``path`` itself) could not be written in ``directory``, in the user's terms."""
+    where = f"{option} {path}"
+    if exc.errno == errno.ENOSPC:
+        return DiskFull.at(directory, f"cannot write {where}{': ' + below if below else ''}: no space left on device")
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):  # mkdir -p met a file on the way: name that file
+        blocker = next((p for p in (*reversed(directory.parents), directory) if p.exists() and not p.is_dir()), None)
+        if blocker == path:
+            return BadInput(f"{where}: not a directory")
+        if blocker is not None:
+            name = blocker.relative_to(path) if blocker.is_relative_to(path) else blocker
+            return BadInput(f"{where}: {name} is not a directory")
+    reason = exc.strerror or str(exc)
+    return BadInput(f"{where}: {below + ': ' if below else ''}{reason[:1].lower()}{reason[1:]}")
 
 
 AGENT_KEYS = ("config_file", "node", "remote", "branch", "state_dir",

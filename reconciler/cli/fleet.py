@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import pygit2
 
-from ..atomic import atomic_write
 from ..errors import ReconcilerError
-from .common import Failed, emit_json, err, escape, new_table, node_agent, out, style
+from .common import Failed, emit_json, err, escape, new_table, node_agent, out, style, write_output
 
 if TYPE_CHECKING:
     from ..fleet import CommitInfo, NodeStatus, StepTable
@@ -109,7 +108,7 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
     if html_file is not None:
         page = to_html(statuses, commit, f"{snap.name}: rollout of {commit[:12]}", steps, info=snap.info,
                        refresh=html_refresh)
-        atomic_write(html_file, page.encode())
+        write_output("--html", html_file, page.encode())
     tally = counts(statuses)
     stopped = {k: v for k, v in tally.items() if k in STOPPED}
     if output == "json":

@@ -267,7 +267,8 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
          (with --watch: every node applied it)
       1  with --fleet: a node failed, halted, refused or errored on the commit (the rollout
          is stopped); or the remote did not answer
-      2  bad input: no node in the state dir, bad settings, an unknown --rev, not a clone
+      2  bad input: no node in the state dir, bad settings, an unknown --rev, not a clone,
+         an --html FILE that cannot be written
     """
     if html_refresh is not None and html_file is None:
         raise BadInput("--html-refresh goes with --html")

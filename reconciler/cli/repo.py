@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..atomic import atomic_write
 from ..config import AgentConfig
 from ..errors import BadInput
 from ..model import Desired
-from .common import Failed, emit_json, escape, new_table, out, output_option, style
+from .common import Failed, emit_json, escape, new_table, out, output_dir, output_option, style, write_output
 
 if TYPE_CHECKING:
     from ..review import NodeDiff
@@ -101,8 +100,9 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
     \b
     Exit codes:
       0  rendered
-      1  --out could not be written (DISK_FULL)
-      2  bad input: neither --node nor --all (or both), an unknown node, a problem in the repo
+      1  --out's disk is full (DISK_FULL)
+      2  bad input: neither --node nor --all (or both), an unknown node, a problem in the repo,
+         an --out that cannot be written (a file, a directory where a file goes)
     """
     from ..render import render_node
     from ..repo import load_repo
@@ -115,6 +115,7 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
     names = sorted(repo.nodes) if all_nodes else list(nodes)
     slices = [render_node(repo, n, tree.label) for n in names]
     if out_dir is not None:
+        output_dir("--out", out_dir)
         for d in slices:
             _write_slice(out_dir, d)
     if output == "json":
@@ -133,15 +134,15 @@ def _write_slice(root: Path, desired: Desired) -> None:
     # A review render is not the node's state: no fsync per file (durable=False), only the
     # temp-and-rename that keeps a reader from seeing half a file when --out is rendered again.
     for s in desired.services:
-        base = root / desired.node / s.name
+        base = f"{desired.node}/{s.name}"
         for f in s.files:
             # A host service's paths are absolute (/etc/...): under OUT as well, never at that
             # path on the reviewer's machine. The repo's checks leave no "..", "." or "//" in one.
-            atomic_write(base / f.path.lstrip("/"), f.content, f.mode, durable=False)
+            write_output("--out", root, f.content, below=f"{base}/{f.path.lstrip('/')}", mode=f.mode, durable=False)
         spec = {"runtime": s.runtime.to_dict(), "health": s.health.to_dict(), "hash": s.hash,
                 "depends_on": list(s.depends_on)}
-        atomic_write(base / "service.json", (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode(),
-                     durable=False)
+        write_output("--out", root, (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode(),
+                     below=f"{base}/service.json", durable=False)
 
 
 @click.command()
@@ -182,7 +183,8 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
     Exit codes:
       0  the diff is printed (whatever it changes); with --exit-code: no node changes
       1  with --exit-code: some node changes (an action or a file)
-      2  bad input: not a git repo, an unknown commit or node, a problem in either commit's repo
+      2  bad input: not a git repo, an unknown commit or node, a problem in either commit's repo,
+         a --report-file that cannot be written
     """
     from ..repo import load_repo
     from ..review import cutover, diff_repos, markdown, summary
@@ -202,7 +204,8 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
     elif output == "markdown":
         groups = repo_b.group_members
         if report_file is not None:
-            atomic_write(report_file, markdown(diffs, tree_a.label, tree_b.label, groups=groups, steps=steps).encode())
+            write_output("--report-file", report_file,
+                         markdown(diffs, tree_a.label, tree_b.label, groups=groups, steps=steps).encode())
         click.echo(markdown(diffs, tree_a.label, tree_b.label, groups=groups, max_bytes=max_bytes,
                             artifact_url=artifact_url, steps=steps), nl=False)
     else:

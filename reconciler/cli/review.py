@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..atomic import atomic_write
 from ..errors import BadInput
-from .common import out
+from .common import out, write_output
 
 if TYPE_CHECKING:
     from ..review import Change
@@ -56,7 +55,8 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
     Exit codes:
       0  posted; HEAD validates
       1  posted, and HEAD does not validate (the vote says so); or the forge refused or did not answer
-      2  bad input: missing settings, not a git repo, an unknown commit
+      2  bad input: missing settings, not a git repo, an unknown commit, a --report-file
+         that cannot be written (nothing is posted)
     """
     from ..forge import GERRIT_LIMIT, GITHUB_LIMIT, MARKER, Forge, Gerrit, GitHub, GroupStatus, Review
     from ..review import changes, diff_repos, markdown, validate_tree
@@ -99,7 +99,7 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
         groups = tuple(GroupStatus(g, True, _what(g, m, changed, found)) for g, m in members.items()
                        if set(m) & changed)
     if report_file is not None:
-        atomic_write(report_file, full.encode())
+        write_output("--report-file", report_file, full.encode())
     valid = repo_b is not None and not problems
     for line in the_forge.post(Review(tree_b.label, body, valid, groups)):
         out.print(line)
