@@ -139,26 +139,29 @@ def load_root(allowed_signers: Path | None, gpg_home: Path | None, revoked: Path
               sealers: Path | None = None) -> TrustRoot:
     signers: tuple[sshsig.AllowedSigner, ...] = ()
     if allowed_signers is not None:
-        try:
-            text = allowed_signers.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read allowed signers: {exc.strerror}", file=str(allowed_signers)) from exc
-        signers = sshsig.parse_allowed_signers(text, str(allowed_signers))
+        signers = sshsig.parse_allowed_signers(_read(allowed_signers, "allowed signers"), str(allowed_signers))
+        if not signers and gpg_home is None:
+            # Else the caller's "no trust root: give --allowed-signers" would ask for what was given.
+            raise ConfigError("allowed signers: holds no keys (only blank or comment lines)",
+                              file=str(allowed_signers))
     rev: frozenset[str] = frozenset()
     if revoked is not None:
-        try:
-            rev = parse_revoked(revoked.read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read revocation list: {exc.strerror}", file=str(revoked)) from exc
+        rev = parse_revoked(_read(revoked, "revocation list"))
     if gpg_home is not None and not gpg_home.is_dir():
         raise ConfigError("OpenPGP home is not a directory", file=str(gpg_home))
     seal: frozenset[str] = frozenset()
     if sealers is not None:
-        try:
-            seal = parse_sealers(sealers.read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read sealers: {exc.strerror}", file=str(sealers)) from exc
+        seal = parse_sealers(_read(sealers, "sealers"))
     return TrustRoot(signers, rev, gpg_home, sealers=seal)
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what}: {exc.strerror}", file=str(path)) from exc
+    except UnicodeDecodeError as exc:  # a key in binary form, or the wrong file given
+        raise ConfigError("not UTF-8 text", file=str(path)) from exc
 
 
 # ------------------------------------------------------------------ trailers

@@ -366,6 +366,36 @@ def test_cli_verify_prints_each_commit_and_signer(deployment: Deployment, merge_
     assert (v["principal"], v["fingerprint"], v["format"]) == ("merge@example.org", merge_key.fingerprint, "ssh")
 
 
+@pytest.mark.parametrize(("option", "content", "message"), [
+    ("--allowed-signers", b"merge@example.org ssh-ed25519 \xff\n", "not UTF-8 text"),
+    ("--revoked", b"SHA256:\xff\n", "not UTF-8 text"),
+    ("--allowed-signers", b"# the keys go here\n\n", "allowed signers: holds no keys (only blank or comment lines)"),
+], ids=["binary-signers", "binary-revoked", "empty-signers"])
+def test_a_trust_file_that_cannot_be_used_is_named_with_why(
+    deployment: Deployment, merge_key: SigningKey, tmp_path: Path, option: str, content: bytes, message: str
+) -> None:
+    import sys
+
+    bad = tmp_path / "trust-file"
+    bad.write_bytes(content)
+    given = {"--allowed-signers": str(merge_key.allowed_signers), option: str(bad)}
+    flags = [word for pair in given.items() for word in pair]
+    for where in (["--repo", str(deployment.work)],  # a reviewer's check
+                  ["--node", "ctl1", "--remote", deployment.url, "--state-dir", str(tmp_path / "ctl1")]):
+        proc = subprocess.run([sys.executable, "-m", "reconciler", "verify", *where, *flags, "HEAD"],
+                              capture_output=True, text=True)
+        assert (proc.returncode, proc.stderr) == (2, f"error: {bad}: {message} [BAD_CONFIG]\n")
+
+
+def test_a_sealers_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    from reconciler.errors import ConfigError
+
+    sealers = tmp_path / "sealers"
+    sealers.write_bytes(b"release-bot\xff\n")
+    with pytest.raises(ConfigError, match=f"^{sealers}: not UTF-8 text$"):
+        load_root(None, None, None, sealers)
+
+
 # -------------------------------------------------------------------- branch binding
 def bound(subject: str, branch: str) -> str:
     return f"{subject}\n\nReviewed-on: https://review.example.org/c/cloud/+/4711\nReconciler-Branch: {branch}\n"
