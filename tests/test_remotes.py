@@ -17,7 +17,9 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import stat
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -189,6 +191,29 @@ def test_a_site_with_no_network_converges_from_a_bundle_and_pushes_its_notes_whe
     for commit in (c1, c2):
         note = git("--git-dir", str(unreachable), "notes", "--ref=reconciler/ctl1", "show", commit)
         assert '"state": "applied"' in note
+
+
+def test_bundle_create_refuses_bad_input_in_one_line_with_exit_2_and_writes_nothing(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    head = git("rev-parse", "HEAD", cwd=deployment.work)
+    here = tmp_path / "here"  # where the operator runs it: relative FILEs land here
+    here.mkdir()
+    os.mkfifo(here / "fifo")  # stands for /dev/full: renamed over, the device node became a plain file
+    cases = [
+        (["main", ""], "FILE '': not a file name"),
+        (["nope", "x.bundle"], f"nope: no such branch at {deployment.work.resolve()}"),
+        (["main..main", "x.bundle"], f"main..main: nothing to bundle, main is at main ({head[:12]})"),
+        (["main", "usb/x.bundle"], "usb/x.bundle: usb does not exist"),
+        (["main", "fifo"], "fifo: not a regular file (a bundle would replace it)"),
+        (["--repo", str(here), "main", "x.bundle"],
+         f"{here}: not a git repository (give --repo, a clone of the deployment repo)"),
+    ]
+    for args, message in cases:
+        proc = subprocess.run([sys.executable, "-m", "reconciler", "bundle", "create", "--repo",
+                               str(deployment.work), *args], capture_output=True, text=True, timeout=60, cwd=here)
+        assert (proc.returncode, proc.stderr) == (2, f"error: {message} [BAD_INPUT]\n"), args
+    assert [p.name for p in here.iterdir()] == ["fifo"] and stat.S_ISFIFO((here / "fifo").lstat().st_mode)
 
 
 NODE_SHELL = ROOT / "contrib" / "git-server" / "node-shell"

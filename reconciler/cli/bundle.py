@@ -28,13 +28,13 @@ def bundle() -> None:
 
 @bundle.command("create")
 @click.argument("revisions", metavar="[SINCE..]BRANCH")
-@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="A clone of the deployment repo.")
 @click.option("--remote", help="Take the branch and the nodes' notes from this remote of --repo (a name or a "
                                "URL) instead of the clone's own refs.")
 @output_option
-def create(revisions: str, file: Path, repo_dir: Path, remote: str | None, output: str) -> None:
+def create(revisions: str, file: str, repo_dir: Path, remote: str | None, output: str) -> None:
     """Write BRANCH past SINCE (a commit the site has; none: the whole history) and every
     node's notes into FILE, for a site's agents to read as a remote.
 
@@ -48,7 +48,8 @@ def create(revisions: str, file: Path, repo_dir: Path, remote: str | None, outpu
     Exit codes:
       0  written
       1  the remote did not answer
-      2  bad input: not a clone, an unknown branch or commit, SINCE not an ancestor of BRANCH
+      2  bad input: not a clone, an unknown branch or commit, SINCE not an ancestor of BRANCH,
+         nothing past SINCE; FILE not a file name, in a missing directory or not a regular file
     """
     import pygit2
 
@@ -57,14 +58,16 @@ def create(revisions: str, file: Path, repo_dir: Path, remote: str | None, outpu
     since, _, branch = revisions.rpartition("..")
     if not branch:
         raise BadInput(f"{revisions!r}: give BRANCH or SINCE..BRANCH")
+    if Path(file).name in ("", ".", ".."):  # Path("") is ".": the bundle would be renamed over a directory
+        raise BadInput(f"FILE {file!r}: not a file name")
+    try:
+        repo = pygit2.Repository(str(repo_dir))
+    except pygit2.GitError as exc:
+        raise BadInput(f"{repo_dir}: not a git repository (give --repo, a clone of the deployment repo)") from exc
     source = str(repo_dir.resolve())
     if remote is not None:
-        try:
-            repo = pygit2.Repository(str(repo_dir))
-        except pygit2.GitError as exc:
-            raise BadInput(f"{repo_dir}: not a git repository (give --repo, a clone of the deployment repo)") from exc
         source = str(repo.remotes[remote].url) if remote in repo.remotes.names() else remote
-    made = make(source, branch, since or None, file)
+    made = make(source, branch, since or None, Path(file))
     if output == "json":
         emit_json({"file": str(made.path), "head": made.head, "since": made.since, "notes": list(made.notes)})
         return
