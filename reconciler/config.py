@@ -491,11 +491,9 @@ def _probe(item: dict[str, Any], i: int, role: str, file: str) -> tuple[str | No
         raise ConfigError(f"remotes[{i}]: probe is not an http:// or https:// URL", file=file)
     if role == "write":
         raise ConfigError(f"remotes[{i}]: a probe is for a remote that is read (role: read or both)", file=file)
-    every = item.get("check_every", RemoteConfig.check_every)
-    if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every <= WEEK:
-        raise ConfigError(f"remotes[{i}]: check_every must be a number of seconds above 0 and at most {WEEK:g}, "
-                          f"not {every!r}", file=file)
-    return str(probe), float(every)
+    every = _number(item.get("check_every", RemoteConfig.check_every), f"remotes[{i}].check_every", file, None,
+                    zero=False, most=WEEK)
+    return str(probe), every
 
 
 def _remotes(value: Any, file: str) -> tuple[RemoteConfig, ...]:

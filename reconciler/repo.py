@@ -507,19 +507,8 @@ def _stages(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[st
     ``rollout.stage`` names."""
     out = {}
     for name, spec in (settings.data.get("stages") or {}).items():
-        line = settings.line(("stages", name))
-        if "group" in spec:
-            if spec["group"] not in groups:
-                problems.append(Problem("reconciler.yaml", line, f"stage {name!r}: unknown group {spec['group']!r}"))
-            chosen = {n for n, d in nodes.items() if spec["group"] in d.groups}
-        else:
-            chosen = set()
-            for pattern in spec["nodes"]:
-                hits = {n for n in nodes if fnmatchcase(n, str(pattern))}
-                if not hits:
-                    problems.append(Problem("reconciler.yaml", line, f"stage {name!r}: {pattern!r} names no node"))
-                chosen |= hits
-        out[str(name)] = Stage(str(name), frozenset(chosen))
+        chosen = _selected(spec, f"stage {name!r}", settings.line(("stages", name)), groups, nodes, problems)
+        out[str(name)] = Stage(str(name), chosen)
     wanted = (settings.data.get("rollout") or {}).get("stage")
     if wanted and wanted not in out:
         known = ", ".join(sorted(out)) or "none: add `stages:`"
@@ -528,18 +517,30 @@ def _stages(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[st
     return out
 
 
+def _selected(spec: Mapping[str, Any], what: str, line: int | None, groups: Mapping[str, GroupDef],
+              nodes: Mapping[str, NodeDef], problems: list[Problem]) -> frozenset[str]:
+    """The nodes a stage or a wave names (a ``group``, or ``nodes``: names or globs); an unknown
+    group, or a pattern that names no node, is a problem (a typo would select nobody)."""
+    if "group" in spec:
+        if spec["group"] not in groups:
+            problems.append(Problem("reconciler.yaml", line, f"{what}: unknown group {spec['group']!r}"))
+        return frozenset(n for n, d in nodes.items() if spec["group"] in d.groups)
+    chosen: set[str] = set()
+    for pattern in spec.get("nodes", ()):
+        hits = {n for n in nodes if fnmatchcase(n, str(pattern))}
+        if not hits:
+            problems.append(Problem("reconciler.yaml", line, f"{what}: {pattern!r} names no node"))
+        chosen |= hits
+    return frozenset(chosen)
+
+
 def _check_waves(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],
                  problems: list[Problem]) -> None:
     """A wave that names no node would be dropped from the rollout without a word, and a batch
     of 0 read as 1: each is a typo the operator should hear of before the commit goes out."""
     for i, wave in enumerate((settings.data.get("rollout") or {}).get("waves") or ()):
-        line = settings.line(("rollout", "waves", i))
         name = wave.get("name", f"wave{i + 1}")
-        if "group" in wave and wave["group"] not in groups:
-            problems.append(Problem("reconciler.yaml", line, f"rollout wave {name!r}: unknown group {wave['group']!r}"))
-        for pattern in wave.get("nodes", ()):
-            if not any(fnmatchcase(n, str(pattern)) for n in nodes):
-                problems.append(Problem("reconciler.yaml", line, f"rollout wave {name!r}: {pattern!r} names no node"))
+        _selected(wave, f"rollout wave {name!r}", settings.line(("rollout", "waves", i)), groups, nodes, problems)
         batch = str(wave.get("batch", "1"))
         digits = re.fullmatch(r"([0-9]+)(%?)", batch)  # anything else, the schema's check reports
         if digits and not (0 < int(digits[1]) <= 100 if digits[2] else int(digits[1]) >= 1):

@@ -271,7 +271,10 @@ def test_the_hook_run_with_no_stdin_on_a_fetched_mirror_rebuilds_the_notes_files
 
 @pytest.mark.parametrize(("remote", "error"), [
     ({"url": "git://h/c.git", "probe": "ftp://h/tips"}, r"remotes\[0\]: probe is not an http:// or https:// URL"),
-    ({"url": "git://h/c.git", "probe": "http://h/tips", "check_every": 0}, "check_every must be a number"),
+    ({"url": "git://h/c.git", "probe": "http://h/tips", "check_every": 0},
+     r"remotes\[0\].check_every: 0 must be > 0 and at most 604800"),
+    ({"url": "git://h/c.git", "probe": "http://h/tips", "check_every": True},
+     r"remotes\[0\].check_every: True is not a number"),
     ({"url": "git://h/c.git", "check_every": 60}, "check_every without a probe"),
     ({"url": "git://h/c.git", "role": "write", "probe": "http://h/tips"}, "a probe is for a remote that is read"),
     ({"url": "git://h/c.git", "probe": "https://:hunter2@/tips"}, "not an http:// or https:// URL"),

@@ -196,14 +196,6 @@ def test_only_a_host_service_may_ask_for_a_reboot(tmp_path: Path) -> None:
                              "(driver: host) can ask for a reboot (and 1 more problem)")
 
 
-def test_one_absolute_file_path_among_relative_ones_is_refused(tmp_path: Path) -> None:
-    # Written to the node's disk at that path, or by `render --out` outside OUT.
-    repo = make(tmp_path, {"services/api/service.yaml": SMALL["services/api/service.yaml"]
-                           + "  - path: /tmp/elsewhere.conf\n    template: api.conf.j2\n"})
-    assert problem(repo) == ("services/api/service.yaml:6: node n1 runs api with process: file path "
-                             "'/tmp/elsewhere.conf' must be relative to its config dir (and 1 more problem)")
-
-
 @pytest.mark.parametrize(("setting", "message"), [
     ("interval: fast", "interval: 'fast' is not a number"),
     ("jitter: true", "jitter: True is not a number"),
@@ -236,26 +228,24 @@ def test_a_rollout_wave_that_would_be_dropped_or_bent_is_refused(tmp_path: Path,
     assert problem(repo) == f"reconciler.yaml:5: {message}"
 
 
-def test_an_on_change_rule_for_no_file_of_the_service_is_refused(tmp_path: Path) -> None:
-    # Before: accepted, and the change it meant to reload restarted the service ("no rule").
-    repo = make(tmp_path, {"services/api/service.yaml": SMALL["services/api/service.yaml"]
-                           + "on_change:\n  - {file: api.cnf, action: reload}\n"})
-    assert problem(repo) == ("services/api/service.yaml:7: on_change/0: 'api.cnf' matches no file of this "
-                             "service (api.conf)")
-
-
-@pytest.mark.parametrize(("extra", "message"), [
+@pytest.mark.parametrize(("runtime", "extra", "message"), [
+    # Written to the node's disk at that path, or by `render --out` outside OUT.
+    ("", "  - path: /tmp/elsewhere.conf\n    template: api.conf.j2\n",
+     "services/api/service.yaml:6: node n1 runs api with process: file path '/tmp/elsewhere.conf' must be "
+     "relative to its config dir (and 1 more problem)"),
+    # Accepted before, and the change it meant to reload restarted the service ("no rule").
+    ("", "on_change:\n  - {file: api.cnf, action: reload}\n",
+     "services/api/service.yaml:7: on_change/0: 'api.cnf' matches no file of this service (api.conf)"),
     # An infinite health timeout waited forever on a service that never came up.
-    ("health:\n  tcp: 127.0.0.1:1\n  timeout: .inf\n", "services/api/service.yaml:8: health/timeout: inf is greater "
-                                                       "than the maximum of 86400"),
+    ("", "health:\n  tcp: 127.0.0.1:1\n  timeout: .inf\n",
+     "services/api/service.yaml:8: health/timeout: inf is greater than the maximum of 86400"),
     # Not a name a process can be given in its environment.
-    ("  env: {'A B': x}\n", "services/api/service.yaml:3: runtime/env: 'A B' does not match "
-                            "'^[A-Za-z_][A-Za-z0-9_]*$'"),
-])
-def test_a_health_timeout_without_end_and_an_environment_name_with_a_space_are_refused(
-        tmp_path: Path, extra: str, message: str) -> None:
-    text = SMALL["services/api/service.yaml"]
-    text = text.replace("files:", extra.rstrip("\n") + "\nfiles:") if extra.startswith("  env") else text + extra
+    ("  env: {'A B': x}\n", "", "services/api/service.yaml:3: runtime/env: 'A B' does not match "
+                               "'^[A-Za-z_][A-Za-z0-9_]*$'"),
+], ids=["absolute-path", "on-change-typo", "endless-health-timeout", "env-name"])
+def test_a_service_definition_that_would_not_do_what_it_says_is_refused(
+        tmp_path: Path, runtime: str, extra: str, message: str) -> None:
+    text = SMALL["services/api/service.yaml"].replace("files:", runtime + "files:") + extra
     assert problem(make(tmp_path, {"services/api/service.yaml": text})) == message
 
 

@@ -106,11 +106,11 @@ def write_output(option: str, path: Path, data: bytes, *, below: str | None = No
     it names (``--out DIR``). A path that cannot be written is the user's input (exit 2), said in
     one line with the system's reason; a full disk stays ``DiskFull`` (exit 1): room may come."""
     target = path / below if below else path
-    if target.is_dir():  # os.replace would say "Is a directory" about a temp file's name
-        raise BadInput(f"{option} {path}: {below + ': ' if below else ''}a directory, not a file")
     try:
         atomic_write(target, data, mode, durable=durable)
     except OSError as exc:
+        if target.is_dir():  # asked only now (render --out writes thousands): os.replace names its temp file
+            raise BadInput(f"{option} {path}: {below + ': ' if below else ''}a directory, not a file") from exc
         raise _unwritable(option, path, below, target.parent, exc) from exc
 
 
