@@ -31,7 +31,7 @@ class TrustConfig:
     gpg_home: Path | None = None
     """GNUPGHOME holding the OpenPGP public keys this node trusts."""
     revoked: Path | None = None
-    """Revoked key fingerprints, one per line (SHA256:... for SSH, hex for OpenPGP)."""
+    """Revoked keys, one per line: SHA256:... or an SSH public key, hex for OpenPGP."""
     policy: str = "every-commit"
     """every-commit | first-parent | head. The repo may make it stricter, never looser."""
     sealers: Path | None = None

@@ -491,6 +491,21 @@ def _parse_line(text: str, n: int) -> AllowedSigner:
     return AllowedSigner(tuple(principals.split(",")), key.key_type, blob, namespaces, after, before, ca, n)
 
 
+def public_key_fingerprint(line: str) -> str:
+    """The fingerprint of an SSH public key written as ``TYPE BASE64 [COMMENT]`` (an
+    ``authorized_keys`` or ``.pub`` line); ValueError if it is not one."""
+    words = line.split(None, 2)
+    if len(words) < 2:
+        raise ValueError(f"{line[:60]!r}")
+    try:
+        key = _parse_key(binascii.a2b_base64(words[1], strict_mode=True))
+    except (binascii.Error, SignatureError) as exc:
+        raise ValueError(f"invalid {words[0]} key: {exc}") from None
+    if key.key_type != words[0]:
+        raise ValueError(f"the key is {key.key_type}, not {words[0]}")
+    return key.fingerprint
+
+
 def parse_allowed_signers(text: str, file: str) -> tuple[AllowedSigner, ...]:
     """Parse an allowed-signers file; any malformed line is a ``BadInput`` naming it."""
     signers = []

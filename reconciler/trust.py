@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import sshsig
-from .errors import ConfigError, ReconcilerError
+from .errors import BadInput, ConfigError, ReconcilerError
 
 if TYPE_CHECKING:
     import pygit2
@@ -125,9 +125,32 @@ def _fingerprint(text: str) -> str:
     return text if text.startswith("SHA256:") else text.upper()
 
 
-def parse_revoked(text: str) -> frozenset[str]:
-    """One fingerprint per line (SHA256:... for SSH keys, hex for OpenPGP); # comments."""
-    return frozenset(_fingerprint(e) for line in text.splitlines() if (e := line.split("#", 1)[0].strip()))
+_SSH_FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+_OPENPGP_FINGERPRINT = re.compile(r"[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64}")  # v4, v6
+
+
+def parse_revoked(text: str, file: str) -> frozenset[str]:
+    """One key per line: its fingerprint (SHA256:... for SSH, hex for OpenPGP, spaces allowed as
+    gpg prints them) or an SSH public key as allowed_signers holds it; # comments.
+
+    A line that is none of these is refused, naming it: read as a fingerprint that matches no
+    key, a pasted key id or a typo would leave the leaked key trusted without a word."""
+    revoked = set()
+    for n, raw in enumerate(text.split("\n"), start=1):
+        entry = raw.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        if _SSH_FINGERPRINT.fullmatch(entry):
+            revoked.add(entry)
+        elif _OPENPGP_FINGERPRINT.fullmatch(hexed := entry.replace(" ", "")):
+            revoked.add(hexed.upper())
+        else:
+            try:
+                revoked.add(sshsig.public_key_fingerprint(entry))
+            except ValueError as exc:
+                raise BadInput(f"revoked keys: not a key fingerprint (SHA256:... or OpenPGP hex) nor an "
+                               f"SSH public key: {exc}", file=file, line=n) from None
+    return frozenset(revoked)
 
 
 def parse_sealers(text: str) -> frozenset[str]:
@@ -146,7 +169,7 @@ def load_root(allowed_signers: Path | None, gpg_home: Path | None, revoked: Path
                               file=str(allowed_signers))
     rev: frozenset[str] = frozenset()
     if revoked is not None:
-        rev = parse_revoked(_read(revoked, "revocation list"))
+        rev = parse_revoked(_read(revoked, "revocation list"), str(revoked))
     if gpg_home is not None and not gpg_home.is_dir():
         raise ConfigError("OpenPGP home is not a directory", file=str(gpg_home))
     seal: frozenset[str] = frozenset()
@@ -373,9 +396,11 @@ def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_
     file = f"{TRUST_DIR}/allowed_signers@{commit_id[:12]}"
     try:
         signers = sshsig.parse_allowed_signers(signers_raw.decode(), file)
+        # A revocation the node cannot read must refuse the rotation, not revoke nothing.
+        revoked = parse_revoked(revoked_raw.decode(), f"{TRUST_DIR}/revoked@{commit_id[:12]}")
     except (UnicodeDecodeError, ReconcilerError) as exc:
         raise TrustError(f"rotation refused: {exc}", "BAD_TRUST_ROOT") from exc
-    new = TrustRoot(signers, parse_revoked(revoked_raw.decode(errors="replace")) | node_revoked,
+    new = TrustRoot(signers, revoked | node_revoked,
                     root.gpg_home, f"repo@{commit_id}", root.sealers)
     if (new.signers, new.revoked) == (root.signers, root.revoked):
         return root
@@ -496,7 +521,6 @@ class Gate:
 def repo_requires_binding(repo: pygit2.Repository, *commits: str | None) -> bool:
     """Does reconciler.yaml ask for branch bindings at any of these commits? (It can only
     tighten: a file that does not parse asks for nothing, and validation reports it.)"""
-    from .errors import BadInput
     from .yamlfile import safe_load
 
     for commit in commits:
@@ -521,8 +545,6 @@ def verify_range(repo: pygit2.Repository, spec: str, gate: Gate) -> list[Verdict
         try:
             return str(repo.revparse_single(rev).peel(pygit2.Commit).id)
         except (KeyError, ValueError, pygit2.GitError) as exc:
-            from .errors import BadInput
-
             raise BadInput(f"unknown revision {rev!r}") from exc
 
     if ".." in spec:

@@ -67,7 +67,7 @@ class TrustKeeper:
         revoked = self.dir / "revoked"
         return TrustRoot(
             parse_allowed_signers(signers.read_text(), str(signers)),
-            (parse_revoked(revoked.read_text()) if revoked.exists() else frozenset()) | node_root.revoked,
+            (parse_revoked(revoked.read_text(), str(revoked)) if revoked.exists() else frozenset()) | node_root.revoked,
             node_root.gpg_home, origin, node_root.sealers,
         )
 

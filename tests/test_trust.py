@@ -128,7 +128,8 @@ def test_force_push_back_to_an_older_signed_commit_is_refused_even_after_state_l
     assert result.exit_code == 2 and result.error is not None and result.error.reason == "NOT_DESCENDANT"
 
 
-@pytest.mark.parametrize("case", ["outside", "wrong-principal", "expired-backdated", "not-yet-valid", "revoked"])
+@pytest.mark.parametrize("case", ["outside", "wrong-principal", "expired-backdated", "not-yet-valid", "revoked",
+                                  "revoked-as-public-key"])
 def test_keys_the_root_does_not_accept(case: str, deployment: Deployment, agents: Callable[..., Agent],
                                        merge_key: SigningKey, tmp_path: Path) -> None:
     day = timedelta(days=1)
@@ -139,7 +140,7 @@ def test_keys_the_root_does_not_accept(case: str, deployment: Deployment, agents
     allowed = merge_key.allowed_signers
     expected = {"outside": "UNTRUSTED_KEY", "wrong-principal": "WRONG_PRINCIPAL",
                 "expired-backdated": "KEY_EXPIRED", "not-yet-valid": "KEY_NOT_YET_VALID",
-                "revoked": "KEY_REVOKED"}[case]
+                "revoked": "KEY_REVOKED", "revoked-as-public-key": "KEY_REVOKED"}[case]
     if case == "wrong-principal":
         allowed = tmp_path / "allowed"
         allowed.write_text(merge_key.allowed_signers.read_text() + f"alice@example.org {stranger.public}\n")
@@ -149,15 +150,17 @@ def test_keys_the_root_does_not_accept(case: str, deployment: Deployment, agents
         allowed = tmp_path / "allowed"
         allowed.write_text(merge_key.allowed_signers.read_text() +
                            f'merge@example.org namespaces="git",{window} {stranger.public}\n')
-    elif case == "revoked":
+    elif case.startswith("revoked"):
         signer = merge_key
         revoked = tmp_path / "revoked"
-        revoked.write_text(f"# leaked on the build host\n{merge_key.fingerprint}\n")
+        # The key as the operator has it at hand: its fingerprint, or its line from a .pub file.
+        entry = merge_key.fingerprint if case == "revoked" else merge_key.public
+        revoked.write_text(f"# leaked on the build host\n{entry}\n")
         trust = TrustConfig(allowed_signers=merge_key.allowed_signers, revoked=revoked)
     if allowed != merge_key.allowed_signers:
         trust = TrustConfig(allowed_signers=allowed)
     node = agents("cmp1", deployment.url, trust=trust)
-    if case != "revoked":
+    if not case.startswith("revoked"):
         assert node.reconcile_once().exit_code == 0
 
     deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
@@ -169,7 +172,7 @@ def test_keys_the_root_does_not_accept(case: str, deployment: Deployment, agents
         os.environ.pop("GIT_COMMITTER_DATE", None)
 
     assert refusal(node) == expected
-    if case != "revoked":  # ssh-keygen has its own revocation format (KRL); ours is a fingerprint list
+    if not case.startswith("revoked"):  # ssh-keygen has its own revocation format (KRL); ours is a fingerprint list
         ssh_keygen_agrees(deployment.work, bad, allowed, False)
     else:
         ssh_keygen_agrees(deployment.work, bad, allowed, True)
@@ -385,6 +388,49 @@ def test_a_trust_file_that_cannot_be_used_is_named_with_why(
         proc = subprocess.run([sys.executable, "-m", "reconciler", "verify", *where, *flags, "HEAD"],
                               capture_output=True, text=True)
         assert (proc.returncode, proc.stderr) == (2, f"error: {bad}: {message} [BAD_CONFIG]\n")
+
+
+@pytest.mark.parametrize("line", [
+    "3AA5C34371567BD2",  # an OpenPGP long key id: names no key for certain
+    "SHA256:2EYmUqx1nmW2XyZ",  # a fingerprint cut short in the paste
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBadKey",  # a public key that is not one
+    "merge@example.org ssh-ed25519 AAAA",  # an allowed_signers line, principal and all
+])
+def test_a_revocation_that_names_no_key_is_refused_not_read_as_revoking_nothing(
+    deployment: Deployment, merge_key: SigningKey, tmp_path: Path, line: str
+) -> None:
+    import sys
+
+    revoked = tmp_path / "revoked"
+    revoked.write_text(f"# leaked 2026-11-20\n{merge_key.fingerprint}\n{line}\n")
+    proc = subprocess.run([sys.executable, "-m", "reconciler", "verify", "--repo", str(deployment.work),
+                           "--allowed-signers", str(merge_key.allowed_signers), "--revoked", str(revoked), "HEAD"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {revoked}:3: revoked keys: not a key fingerprint"), proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_a_revocation_list_takes_openpgp_fingerprints_as_gpg_prints_them() -> None:
+    from reconciler.trust import parse_revoked
+
+    printed = "  0D69 E11F 12BD BA07 7B37  2642 6AE8 DB89 19C6 F80F  # gpg --fingerprint"
+    v6 = "a" * 64
+    assert parse_revoked(f"{printed}\n\n{v6}\n", "revoked") == {"0D69E11F12BDBA077B3726426AE8DB8919C6F80F",
+                                                                 "A" * 64}
+
+
+def test_a_rotation_whose_revocation_list_cannot_be_read_is_refused(
+        deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey) -> None:
+    node = agents("cmp1", deployment.url)
+    assert node.reconcile_once().exit_code == 0
+    deployment.write("trust/allowed_signers", merge_key.allowed_signers.read_text())
+    deployment.write("trust/revoked", "3AA5C34371567BD2\n")  # a key id: would revoke nothing
+    deployment.commit("rotate, revoking the build host's key", key=merge_key)
+    result = node.reconcile_once()
+    assert result.exit_code != 0 and result.error is not None
+    assert result.error.reason == "BAD_TRUST_ROOT"
+    assert "trust/revoked@" in str(result.error) and ":1: revoked keys: not a key fingerprint" in str(result.error)
 
 
 def test_a_sealers_file_that_is_not_text_is_named(tmp_path: Path) -> None:
