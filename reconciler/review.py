@@ -52,6 +52,14 @@ class NodeDiff:
                 "actions": [a.to_dict() for a in self.plan.changes], "upgrade": list(self.upgrade)}
 
 
+def load_at(tree: Tree) -> DeploymentRepo:
+    """The repo at one of a review's two commits; a problem in it names that commit."""
+    try:
+        return load_repo(tree)
+    except BadInput as exc:
+        raise exc.at(tree.label) from None
+
+
 def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo | None, list[Problem], int, int]:
     """``reconciler validate``: the repo (None when it does not load), each problem located, and
     how many nodes and service instances rendered. ``keys`` (age identities): also look for the
@@ -235,8 +243,7 @@ def _diff_chunk(names: list[str]) -> list[NodeDiff]:
 
 def _diff_node(r: _Review, node: str) -> NodeDiff:
     fresh = r.inputs.changed(node) if r.inputs is not None else None
-    da = render_node(r.repo_a, node, r.a, only=fresh) if node in r.repo_a.nodes else Desired(node, r.a, ())
-    db = render_node(r.repo_b, node, r.b, only=fresh) if node in r.repo_b.nodes else Desired(node, r.b, ())
+    da, db = (_render_at(repo, node, commit, fresh) for repo, commit in ((r.repo_a, r.a), (r.repo_b, r.b)))
     held = held_back(r.repo_b, node, r.base)
     if held:  # outside the commit's stage: these stay as at A
         kept = da.by_name()
@@ -249,6 +256,15 @@ def _diff_node(r: _Review, node: str) -> NodeDiff:
     # send them all back).
     plan = Plan(plan.node, plan.commit, tuple(a.without_desired() for a in plan.actions))
     return NodeDiff(node, plan, tuple(file_diffs(node, da, db)), steps)
+
+
+def _render_at(repo: DeploymentRepo, node: str, commit: str, only: frozenset[str] | None) -> Desired:
+    if node not in repo.nodes:
+        return Desired(node, commit, ())
+    try:
+        return render_node(repo, node, commit, only=only)
+    except BadInput as exc:  # which of the two commits fails to render
+        raise exc.at(commit) from None
 
 
 def cutover(repo_a: DeploymentRepo, repo_b: DeploymentRepo, diffs: list[NodeDiff]) -> tuple[CutoverStep, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -241,8 +242,18 @@ def check_schema(doc: YamlDoc, name: str) -> list[Problem]:
         path = tuple(err.absolute_path)
         where = "/".join(str(p) for p in path)
         message = _short(err)
-        problems.append(Problem(doc.file, doc.line(path), f"{where}: {message}" if where else message))
+        problems.append(Problem(doc.file, doc.line(_at_key(err, path)), f"{where}: {message}" if where else message))
     return problems
+
+
+def _at_key(err: Any, path: Path_) -> Path_:
+    """An unknown key's own line, not its mapping's: a typo deep in a long inventory is found
+    where it was made."""
+    if err.validator != "additionalProperties" or not isinstance(err.instance, dict):
+        return path
+    known, patterns = err.schema.get("properties", {}), err.schema.get("patternProperties", {})
+    unknown = [k for k in err.instance if k not in known and not any(re.search(p, str(k)) for p in patterns)]
+    return (*path, str(unknown[0])) if unknown else path
 
 
 def _short(err: Any) -> str:

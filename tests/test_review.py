@@ -113,6 +113,27 @@ def test_an_unknown_action_in_a_rule_is_a_located_error(deployment: Deployment) 
     assert line.startswith("services/db/service.yaml:") and "'bounce' is not one of" in line, line
 
 
+def test_diff_names_the_commit_that_is_broken(deployment: Deployment) -> None:
+    good = git("rev-parse", "HEAD", cwd=deployment.work)
+    deployment.edit("inventory.yaml", "token_ttl: 3600", "token_ttl: [3600")
+    unparsable = deployment.commit("a typo in the inventory")
+    deployment.edit("inventory.yaml", "token_ttl: [3600", "token_ttl: 3600")
+    deployment.edit("services/identity/templates/identity.conf.j2", "{{ token_ttl }}", "{{ token_ttl | nofilter }}")
+    unrenderable = deployment.commit("the typo mended, another made in a template")
+    deployment.edit("services/identity/templates/identity.conf.j2", "{{ token_ttl | nofilter }}", "{{ token_ttl }}")
+    mended = deployment.commit("the template mended")
+
+    # Either side may be the broken one; the error says which, as git names a file in a commit.
+    for a, b, broken, where in ((good, unparsable, unparsable, "inventory.yaml:"),
+                                (unparsable, mended, unparsable, "inventory.yaml:"),
+                                (good, unrenderable, unrenderable, "services/identity/templates/identity.conf.j2:"),
+                                (unrenderable, mended, unrenderable, "services/identity/templates/identity.conf.j2:")):
+        proc = cli("diff", "--repo", str(deployment.work), a, b, "--jobs", "1")
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr.startswith(f"error: {broken[:12]}:{where}"), proc.stderr
+        assert proc.stderr.count("\n") == 1
+
+
 SLOW = """\
 import os, pathlib, signal, time
 def load(*_):

@@ -80,7 +80,12 @@ def test_schema_violation_points_at_the_key(tmp_path: Path) -> None:
         "runtime:\n  command: [python3, api.py]\n  restrat: always\n"
     )})
     msg = problem(repo)
-    assert msg.startswith("services/api/service.yaml:1: runtime: unknown key ('restrat' was unexpected)"), msg
+    assert msg.startswith("services/api/service.yaml:3: runtime: unknown key ('restrat' was unexpected)"), msg
+
+
+def test_an_unknown_top_level_key_is_found_on_its_own_line(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"reconciler.yaml": "format: 1\nname: a\n\n# waves\nrolout: {batch: 1}\n"})
+    assert problem(repo).startswith("reconciler.yaml:5: unknown key ('rolout' was unexpected)")
 
 
 def test_unknown_service_in_a_group(tmp_path: Path) -> None:

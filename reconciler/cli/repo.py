@@ -186,14 +186,13 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
       2  bad input: not a git repo, an unknown commit or node, a problem in either commit's repo,
          a --report-file that cannot be written
     """
-    from ..repo import load_repo
-    from ..review import cutover, diff_repos, markdown, summary
+    from ..review import cutover, diff_repos, load_at, markdown, summary
     from ..tree import open_tree
 
     if output != "markdown" and (max_bytes or artifact_url or report_file):
         raise BadInput("--max-bytes, --artifact-url and --report-file go with -o markdown")
     tree_a, tree_b = open_tree(repo_dir, rev_a), open_tree(repo_dir, rev_b)
-    repo_a, repo_b = load_repo(tree_a), load_repo(tree_b)
+    repo_a, repo_b = load_at(tree_a), load_at(tree_b)
     diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, None if all_nodes or not nodes else list(nodes),
                        jobs=jobs or None)
     steps = cutover(repo_a, repo_b, diffs)

@@ -83,10 +83,9 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
         if len(body.encode()) > limit:
             body = body.encode()[:limit - 200].decode(errors="ignore") + "\n\n(cut; run `reconciler validate`)\n"
     else:
-        from ..repo import load_repo
-        from ..review import cutover
+        from ..review import cutover, load_at
 
-        repo_a = load_repo(tree_a)
+        repo_a = load_at(tree_a)
         diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label)
         steps = cutover(repo_a, repo_b, diffs)
         members = repo_b.group_members
