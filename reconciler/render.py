@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import jinja2
 import jinja2.bccache
@@ -500,6 +501,15 @@ class _Run:
     templated: bool
 
 
+def _http_url(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (raises for a port that is not a number or out of range)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in text)
+
+
 def _run(repo: DeploymentRepo, node: str, svc: ServiceDef, driver: str, attached: bool, timeout_default: Any,
          inline: Callable[[str, str], str]) -> _Run:
     said: list[str] = []
@@ -523,6 +533,10 @@ def _run(repo: DeploymentRepo, node: str, svc: ServiceDef, driver: str, attached
     if health.kind == "tcp" and not HOSTPORT.fullmatch(health.target):
         raise RenderError(f"node {node}: health: tcp {health.target!r} is not host:port", file=svc.file,
                           line=svc.lines.get("health"))
+    if health.kind == "http" and not _http_url(health.target):
+        # Else every check fails as "unhealthy" and each apply rolls back, never saying why.
+        raise RenderError(f"node {node}: health: http {health.target!r} is not an http:// or https:// URL "
+                          "with a host", file=svc.file, line=svc.lines.get("health"))
     if health.kind == "running":
         health = Health("running", "", timeout, min_healthy)
     c = svc.container

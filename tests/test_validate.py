@@ -88,6 +88,25 @@ def test_an_unknown_top_level_key_is_found_on_its_own_line(tmp_path: Path) -> No
     assert problem(repo).startswith("reconciler.yaml:5: unknown key ('rolout' was unexpected)")
 
 
+@pytest.mark.parametrize("url", ["notaurl", "localhost:8080/health", "http:///health", "ftp://h/x",
+                                 "http://h:99999/x", "{{ greeting }}/health"])
+def test_a_health_url_that_no_check_could_reach_is_refused_where_it_is_written(tmp_path: Path, url: str) -> None:
+    repo = make(tmp_path, {"services/api/service.yaml": (
+        f"runtime:\n  command: [python3, api.py]\nhealth:\n  http: '{url}'\n"
+    )})
+    shown = url.replace("{{ greeting }}", "hello")
+    assert problem(repo) == (f"services/api/service.yaml:3: node n1: health: http {shown!r} is not an http:// or "
+                             "https:// URL with a host")
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:{{ port }}/health", "https://[::1]:8443/", "http://api/"])
+def test_a_health_url_a_check_can_reach_renders(tmp_path: Path, url: str) -> None:
+    repo = load_repo(DirTree(make(tmp_path, {"services/api/service.yaml": (
+        f"runtime:\n  command: [python3, api.py]\nhealth:\n  http: '{url}'\n"
+    )})))
+    assert render_node(repo, "n1", "x").services[0].health.target == url.replace("{{ port }}", "1")
+
+
 def test_unknown_service_in_a_group(tmp_path: Path) -> None:
     repo = make(tmp_path, {"inventory.yaml": SMALL["inventory.yaml"].replace("[api]", "[api, keystone]")})
     assert problem(repo) == (
