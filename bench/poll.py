@@ -11,11 +11,11 @@ other nodes' notes), each as the median of repeated runs:
 
 And the agent's weight (issue 17): RSS of the idle daemon (``reconciler agent``, a few polls
 after it converged, read from /proc), the heavy packages it holds, and its CPU over a window
-(its own, and with the git processes it runs and reaps), the peak RSS and import time
-of ``agent --once`` on a no-op poll and the heavy packages it imports, against a bare Python
+(its own, and with the git processes it runs and reaps) polling every second and every 10 s,
+the peak RSS and import time of ``agent --once`` on a no-op poll and the heavy packages it imports, against a bare Python
 interpreter (the floor of any Python agent).
 
-Usage: .venv/bin/python bench/poll.py [--runs 20] [--refs 10000] [--memory-only]
+Usage: .venv/bin/python bench/poll.py [--runs 20] [--refs 10000] [--memory-only] [--window 60]
 """
 
 from __future__ import annotations
@@ -228,7 +228,24 @@ def _idle_with_probe(root: Path, url: str, args: list[str], idle_s: float) -> tu
         web.stop()
 
 
-def memory(idle_s: float) -> dict[str, str]:
+def _idle_at(args: list[str], interval: float, window: float) -> tuple[float, float]:
+    """The idle daemon's CPU (its own; with its git) polling every ``interval`` seconds as it is
+    configured in a fleet (supervising every 2 s, the default), over ``window`` seconds: the
+    issue's target is for this, not for the 1 s polls above (whose figure is ~per-poll cost)."""
+    daemon = subprocess.Popen([sys.executable, "-m", "reconciler", "agent", *args, "--interval", str(interval),
+                               "--jitter", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(5)  # started and converged (it already was)
+        cpu0, all0, t0 = _cpu_s(daemon.pid), _cpu_s(daemon.pid, True), time.monotonic()
+        time.sleep(window)
+        took = time.monotonic() - t0
+        return (_cpu_s(daemon.pid) - cpu0) / took, (_cpu_s(daemon.pid, True) - all0) / took
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(30)
+
+
+def memory(idle_s: float, window: float) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="reconciler-bench-") as tmp:
         root = Path(tmp)
         key, allowed = make_key(root)
@@ -245,6 +262,7 @@ def memory(idle_s: float) -> dict[str, str]:
             floor_mb, _ = _peak_rss_mb([sys.executable, "-c", "pass"])
             modules = root / "modules"
             probed, probed_all = _idle_with_probe(root, url, args, idle_s)
+            at10, at10_all = _idle_at(args, 10, window)
             log = root / "daemon.log"
             daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(modules), "agent", *args, "--interval", "1",
                                        "--jitter", "0"], stdout=subprocess.DEVNULL, stderr=log.open("w"))
@@ -290,6 +308,8 @@ def memory(idle_s: float) -> dict[str, str]:
                 "idle daemon RSS (1 s polls)": f"{rss:6.1f} MB   {rss / floor_mb:5.2f}x a bare interpreter",
                 "idle daemon CPU": f"{cpu * 100:6.2f} % of a core (polling every second)",
                 "  with the git it runs": f"{cpu_all * 100:6.2f} % of a core",
+                "idle daemon CPU, 10 s polls": f"{at10 * 100:6.2f} % of a core ({window:.0f} s window; with "
+                                               f"the git it runs {at10_all * 100:.2f} %)",
                 "idle daemon CPU, tip probe": f"{probed * 100:6.2f} % of a core (nginx serving the hook's file)",
                 "  with the git it runs ": f"{probed_all * 100:6.2f} % of a core",
                 "  heavy packages it holds": ", ".join(sorted(idle_heavy)) or "none",
@@ -317,9 +337,11 @@ def main() -> None:
     parser.add_argument("--refs", type=int, default=10000, help="refs on the busy remote")
     parser.add_argument("--memory-only", action="store_true", help="Only the agent's RSS, CPU and imports.")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds the daemon idles before, and while, measured")
+    parser.add_argument("--window", type=float, default=60.0,
+                        help="seconds the daemon polling every 10 s is measured over (CPU time counts in 10 ms ticks)")
     args = parser.parse_args()
     print("the agent's weight, one node, one service, file:// remote")
-    for name, value in memory(args.idle).items():
+    for name, value in memory(args.idle, args.window).items():
         print(f"  {name:30s} {value}")
     if args.memory_only:
         return

@@ -200,12 +200,15 @@ def test_bundle_create_refuses_bad_input_in_one_line_with_exit_2_and_writes_noth
     here = tmp_path / "here"  # where the operator runs it: relative FILEs land here
     here.mkdir()
     os.mkfifo(here / "fifo")  # stands for /dev/full: renamed over, the device node became a plain file
+    git("remote", "add", "origin", deployment.url, cwd=deployment.work)
     cases = [
         (["main", ""], "FILE '': not a file name"),
         (["nope", "x.bundle"], f"nope: no such branch at {deployment.work.resolve()}"),
         (["main..main", "x.bundle"], f"main..main: nothing to bundle, main is at main ({head[:12]})"),
         (["main", "usb/x.bundle"], "usb/x.bundle: usb does not exist"),
         (["main", "fifo"], "fifo: not a regular file (a bundle would replace it)"),
+        (["--remote", "orign", "main", "x.bundle"],  # a typo of a remote's name: git read it as a path
+         f"--remote 'orign': not a remote of {deployment.work} (it has: origin) nor a URL or path"),
         (["--repo", str(here), "main", "x.bundle"],
          f"{here}: not a git repository (give --repo, a clone of the deployment repo)"),
     ]

@@ -66,10 +66,23 @@ def create(revisions: str, file: str, repo_dir: Path, remote: str | None, output
         raise BadInput(f"{repo_dir}: not a git repository (give --repo, a clone of the deployment repo)") from exc
     source = str(repo_dir.resolve())
     if remote is not None:
-        source = str(repo.remotes[remote].url) if remote in repo.remotes.names() else remote
+        names = [n for n in repo.remotes.names() if n]
+        if remote in names:
+            source = str(repo.remotes[remote].url)
+        elif _url_like(remote):
+            source = remote
+        else:  # else git is asked to fetch from a directory of that name: "did not answer", exit 1
+            known = ", ".join(names) or "none"
+            raise BadInput(f"--remote {remote!r}: not a remote of {repo_dir} (it has: {known}) nor a URL or path")
     made = make(source, branch, since or None, Path(file))
     if output == "json":
         emit_json({"file": str(made.path), "head": made.head, "since": made.since, "notes": list(made.notes)})
         return
     span = f"{made.since[:12]}..{made.head[:12]}" if made.since else f"up to {made.head[:12]}"
     out.print(f"{made.path}: {branch} {span}, notes of {len(made.notes)} node(s)")
+
+
+def _url_like(text: str) -> bool:
+    """A URL (``https://``, ``file://``), git's scp form (``git@host:cloud``) or a path that exists."""
+    scp = ":" in text and "/" not in text.split(":", 1)[0]
+    return "://" in text or scp or Path(text).exists()
