@@ -82,8 +82,17 @@ class _RepoLoader(jinja2.BaseLoader):
                 raise jinja2.TemplateNotFound(template, f"{template} (outside {self.base}/)")
             path = f"{self.base}/{rel}"
         if path not in self.sources:
+            if any(p.startswith(f"{path}/") for p in self.sources):
+                raise _ADirectory(template, path)
             raise jinja2.TemplateNotFound(template)
         return self.sources[path], path, lambda: True
+
+
+class _ADirectory(jinja2.TemplateNotFound):
+    """Not "not found": the operator sees the path in the repo and would look for a typo."""
+
+    def __init__(self, template: str, path: str) -> None:
+        super().__init__(template, f"{path} is a directory, not a file")
 
 
 class _CompiledOnce(jinja2.BytecodeCache):
@@ -212,8 +221,8 @@ def _render(
         raise RenderError(f"node {node}: template syntax error: {exc.message}", file=where, line=at) from exc
     except jinja2.TemplateNotFound as exc:
         where, at = _template_where(exc.__traceback__, sources) or (file, line)
-        raise RenderError(f"node {node}, service {service}: template not found: {exc.message}", file=where,
-                          line=at) from exc
+        what = str(exc.message) if isinstance(exc, _ADirectory) else f"template not found: {exc.message}"
+        raise RenderError(f"node {node}, service {service}: {what}", file=where, line=at) from exc
     except jinja2.UndefinedError as exc:
         where, at = _template_where(exc.__traceback__, sources) or (name or file, None if name else line)
         raise RenderError(f"node {node}: {exc.message}", file=where, line=at) from exc

@@ -334,7 +334,9 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
         tpl, src = f.get("template"), f.get("source")
         if tpl is not None:
             rel = f"{base}/templates/{tpl}"
-            if rel not in templates and not tree.exists(rel):  # if it exists, its problem is noted
+            if rel not in templates and any(t.startswith(f"{rel}/") for t in templates):
+                problems.append(Problem(file, line, f"template {tpl!r}: {rel} is a directory, not a file"))
+            elif rel not in templates and not tree.exists(rel):  # if it exists, its problem is noted
                 problems.append(Problem(file, line, f"template {tpl!r} not found at {rel}"))
         if src is not None:
             rel = f"{base}/files/{src}"

@@ -107,6 +107,19 @@ def test_a_health_url_a_check_can_reach_renders(tmp_path: Path, url: str) -> Non
     assert render_node(repo, "n1", "x").services[0].health.target == url.replace("{{ port }}", "1")
 
 
+@pytest.mark.parametrize("included", [False, True], ids=["the-template", "an-include"])
+def test_a_template_that_is_a_directory_says_so(tmp_path: Path, included: bool) -> None:
+    base = "services/api/templates"
+    if included:
+        repo = make(tmp_path, {f"{base}/api.conf.j2": "a = 1\n{% include 'common.j2' %}\n",
+                               f"{base}/common.j2/README": "moved\n"})
+        assert problem(repo) == f"{base}/api.conf.j2:2: node n1, service api: {base}/common.j2 is a directory, not a file"
+    else:
+        repo = make(tmp_path, {f"{base}/api.conf.j2": None, f"{base}/api.conf.j2/README": "moved\n"})
+        assert problem(repo) == f"services/api/service.yaml:4: template 'api.conf.j2': {base}/api.conf.j2 is a " \
+                                "directory, not a file"
+
+
 def test_unknown_service_in_a_group(tmp_path: Path) -> None:
     repo = make(tmp_path, {"inventory.yaml": SMALL["inventory.yaml"].replace("[api]", "[api, keystone]")})
     assert problem(repo) == (
