@@ -688,6 +688,9 @@ class Ledger:
         q += " ORDER BY id DESC LIMIT ?"
         return [HistoryRow(*r) for r in self._all(q, *args, limit)]
 
+    def services_in_history(self) -> list[str]:
+        return [r[0] for r in self._all("SELECT DISTINCT service FROM history ORDER BY service")]
+
     # runs --------------------------------------------------------------------------------
     def last_run(self) -> dict[str, Any] | None:
         row = self._one("SELECT time, commit_id, state, reason FROM runs ORDER BY id DESC LIMIT 1")

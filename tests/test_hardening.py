@@ -178,6 +178,20 @@ def test_read_commands_do_not_create_a_node_where_there_is_none(tmp_path: Path, 
         assert not wrong.exists()
 
 
+def test_history_of_a_service_the_node_never_ran_says_so_instead_of_an_empty_table(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    cmp1 = agents("cmp1", deployment.url)
+    assert cmp1.reconcile_once().exit_code == 0
+    cmp1.close()
+    known = cli("history", "compute-agent", *node_args(cmp1, merge_key), "-o", "json")
+    assert known.returncode == 0 and {r["service"] for r in json.loads(known.stdout)} == {"compute-agent"}
+    typo = cli("history", "compute-agnet", *node_args(cmp1, merge_key))
+    assert (typo.returncode, typo.stdout) == (2, "")
+    assert typo.stderr == ("error: service 'compute-agnet': not in this node's history (it has: compute-agent, "
+                           "node-exporter) [BAD_INPUT]\n")
+
+
 def test_a_second_daemon_on_the_same_state_dir_is_refused_at_start(
     deployment: Deployment, merge_key: SigningKey, tmp_path: Path
 ) -> None:

@@ -334,9 +334,10 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, fleet: 
 
     \b
     Exit codes:
-      0  printed (an empty history too)
+      0  printed (an empty history too, without SERVICE)
       1  with --fleet: the remote did not answer
-      2  bad input: no node in the state dir, bad settings, not a clone
+      2  bad input: no node in the state dir, bad settings, not a clone, a SERVICE with no
+         history on this node
     """
     if fleet:
         from .fleet import show_fleet_history
@@ -350,7 +351,11 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, fleet: 
     from ..state import State
 
     State(cfg.state_dir, create=False)
-    rows = Ledger.open(cfg.state_dir, create=False).history(service, limit)
+    ledger = Ledger.open(cfg.state_dir, create=False)
+    rows = ledger.history(service, limit)
+    if service and not rows:  # a typo read as "nothing ever happened to it" would mislead
+        known = ledger.services_in_history()
+        raise BadInput(f"service {service!r}: not in this node's history (it has: {', '.join(known) or 'none'})")
     if output == "json":
         emit_json([r.to_dict() for r in rows])
         return
