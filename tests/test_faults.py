@@ -17,6 +17,7 @@ from conftest import Deployment, SigningKey, demo_secrets, wait_for
 from reconciler.agent import Agent, drivers_for
 from reconciler.daemon import Supervisor
 from reconciler.errors import Busy
+from reconciler.model import ObservedService
 from reconciler.observe import observe
 
 
@@ -85,6 +86,51 @@ def test_supervisor_restarts_a_killed_service_with_backoff(
     assert pids(cmp1)["node-exporter"] is not None
     revives = [r for r in cmp1.ledger.history("compute-agent") if r.action == "revive"]
     assert len(revives) == 3 and all(r.result == "ok" for r in revives)
+
+
+def test_the_supervisor_adopts_the_copy_a_killed_run_left_instead_of_starting_another(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    cmp1 = agents("cmp1", deployment.url)
+    assert cmp1.reconcile_once().exit_code == 0
+    recorded = pids(cmp1)["compute-agent"]
+    assert recorded is not None
+    # A run that restarted the service was killed between the spawn and the record: the record
+    # names a process that is gone, and the one it started runs unrecorded.
+    proc = Path(f"/proc/{recorded}")
+    argv, env = proc.joinpath("cmdline").read_bytes().split(b"\0")[:-1], proc.joinpath("environ").read_bytes()
+    cwd = os.readlink(proc / "cwd")
+    os.kill(recorded, signal.SIGKILL)
+    wait_for(lambda: pids(cmp1)["compute-agent"] is None, what="the recorded process gone")
+    unrecorded = subprocess.Popen(argv, env=dict(v.split(b"=", 1) for v in env.split(b"\0") if b"=" in v), cwd=cwd,
+                                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert Supervisor(cmp1, FakeClock()).tick() == []  # nothing revived: the copy is adopted
+        assert pids(cmp1)["compute-agent"] == unrecorded.pid
+        assert processes_of(cmp1.cfg.state_dir)["compute-agent"] == [unrecorded.pid]
+    finally:
+        unrecorded.kill()
+        unrecorded.wait()
+
+
+def test_what_the_supervisor_reads_each_tick_agrees_with_a_full_observation(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    from reconciler.drivers.process import ProcessDriver
+
+    cmp1 = agents("cmp1", deployment.url)
+    assert cmp1.reconcile_once().exit_code == 0
+    [driver] = [d for d in cmp1.drivers(None).values() if isinstance(d, ProcessDriver)]
+
+    def seen(observed: list[ObservedService]) -> list[tuple[object, ...]]:
+        return [(o.name, o.running, o.hash, o.commit, o.pid, o.drift) for o in observed]
+
+    assert seen(driver.liveness()) == seen(driver.observe()) and all(o.running for o in driver.liveness())
+    dead = pids(cmp1)["compute-agent"]
+    os.kill(dead, signal.SIGKILL)  # type: ignore[arg-type]
+    wait_for(lambda: not driver.running("compute-agent"), what="death seen")
+    assert seen(driver.liveness()) == seen(driver.observe())
+    assert [o.name for o in driver.liveness() if not o.running] == ["compute-agent"]
 
 
 def test_two_runs_never_overlap(deployment: Deployment, agents: Callable[..., Agent]) -> None:
