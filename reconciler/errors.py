@@ -65,7 +65,7 @@ class BadInput(ReconcilerError):
             where = f"{file}:{line}: " if line else f"{file}: "
         super().__init__(f"{where}{message}", reason=reason)
 
-    def at(self, commit: str) -> BadInput:
+    def in_commit(self, commit: str) -> BadInput:
         """This error, placed in a commit as git names a file in one (``REV:FILE:LINE``): a
         command that reads two commits must say which of them is broken."""
         short = commit[:12] if len(commit) == 40 else commit

@@ -67,17 +67,32 @@ def open_clone(repo_dir: Path) -> pygit2.Repository:
         raise BadInput(f"{repo_dir}: not a git repository (give --repo, a clone of the deployment repo)") from exc
 
 
+def remote_source(repo: pygit2.Repository, repo_dir: Path, remote: str) -> str:
+    """What git fetches from for ``--remote``: a remote of the clone (its URL), a URL or git's
+    scp form as given, or a path that exists (made absolute: git may run in another directory).
+    Anything else is a typo of a remote's name, not a directory for git to try."""
+    names = [n for n in repo.remotes.names() if n]
+    if remote in names:
+        return str(repo.remotes[remote].url)
+    if "://" in remote or (":" in remote and "/" not in remote.split(":", 1)[0]):
+        return remote
+    if Path(remote).exists():
+        return str(Path(remote).resolve())
+    raise BadInput(f"--remote {remote!r}: not a remote of {repo_dir} (it has: {', '.join(names) or 'none'}) "
+                   "nor a URL or path")
+
+
 def fetch_from_clone(repo_dir: Path, remote: str, branch: str) -> str:
     """Fetch every node's notes and ``branch`` from ``remote`` (a remote's name or a URL) into
     the clone at ``repo_dir``; the branch head's commit id."""
     repo = open_clone(repo_dir)
-    if "/" not in remote and ":" not in remote and remote not in repo.remotes.names():
-        raise BadInput(f"{repo_dir}: no remote named {remote!r} (give --remote NAME_OR_URL)")
-    url = repo.remotes[remote].url if remote in repo.remotes.names() else remote
+    url = remote_source(repo, repo_dir, remote)
+    named = remote in repo.remotes.names()  # by its name: the remote's own settings apply
     try:
         subprocess.run(
             ["git", "-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--prune", "--no-write-fetch-head",
-             remote, f"+{NOTES_PREFIX}*:{FLEET_PREFIX}*", f"+refs/heads/{branch}:{BRANCH_PREFIX}{branch}"],
+             remote if named else url, f"+{NOTES_PREFIX}*:{FLEET_PREFIX}*",
+             f"+refs/heads/{branch}:{BRANCH_PREFIX}{branch}"],
             cwd=repo_dir, check=True, capture_output=True, text=True, timeout=GIT_TIMEOUT)
     except subprocess.CalledProcessError as exc:
         cause = git_cause(exc.stderr) or f"git exited with {exc.returncode}"

@@ -542,7 +542,7 @@ def _run(repo: DeploymentRepo, node: str, svc: ServiceDef, driver: str, attached
     if health.kind == "tcp" and not HOSTPORT.fullmatch(health.target):
         raise RenderError(f"node {node}: health: tcp {health.target!r} is not host:port", file=svc.file,
                           line=svc.lines.get("health"))
-    if health.kind == "http" and not _http_url(health.target):
+    if health.kind == "http" and not _http_url(health.target.strip()):  # urlopen strips it too
         # Else every check fails as "unhealthy" and each apply rolls back, never saying why.
         raise RenderError(f"node {node}: health: http {health.target!r} is not an http:// or https:// URL "
                           "with a host", file=svc.file, line=svc.lines.get("health"))

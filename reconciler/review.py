@@ -57,7 +57,7 @@ def load_at(tree: Tree) -> DeploymentRepo:
     try:
         return load_repo(tree)
     except BadInput as exc:
-        raise exc.at(tree.label) from None
+        raise exc.in_commit(tree.label) from None
 
 
 def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo | None, list[Problem], int, int]:
@@ -70,6 +70,7 @@ def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo 
         repo = load_repo(tree)
     except RepoProblems as exc:
         return None, exc.problems, 0, 0
+    problems += trust_problems(tree)
     for node in sorted(repo.nodes):
         try:
             services += len(render_node(repo, node, tree.label).services)
@@ -84,6 +85,25 @@ def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo 
         except BadInput as exc:  # a file these keys should open and cannot: said, never its value
             problems.append(Problem(exc.file or "?", exc.line, str(exc).split(": ", 1)[-1]))
     return repo, problems, nodes, services
+
+
+def trust_problems(tree: Tree) -> list[Problem]:
+    """The repo's ``trust/`` files read as a node reads them in a rotation: one it cannot read
+    refuses the commit on every node (``BAD_TRUST_ROOT``), so it must not merge."""
+    from .sshsig import parse_allowed_signers
+    from .trust import TRUST_DIR, parse_revoked
+
+    problems = []
+    for name, parse in (("allowed_signers", parse_allowed_signers), ("revoked", parse_revoked)):
+        path = f"{TRUST_DIR}/{name}"
+        try:
+            if tree.exists(path):
+                parse(tree.read(path).decode(), path)
+        except UnicodeDecodeError:
+            problems.append(Problem(path, None, "not UTF-8 text"))
+        except BadInput as exc:
+            problems.append(Problem(exc.file or path, exc.line, str(exc).split(": ", 1)[-1]))
+    return problems
 
 
 PLAIN_MIN = 8  # shorter values ("true", a port) would match plain text by chance
@@ -264,7 +284,7 @@ def _render_at(repo: DeploymentRepo, node: str, commit: str, only: frozenset[str
     try:
         return render_node(repo, node, commit, only=only)
     except BadInput as exc:  # which of the two commits fails to render
-        raise exc.at(commit) from None
+        raise exc.in_commit(commit) from None
 
 
 def cutover(repo_a: DeploymentRepo, repo_b: DeploymentRepo, diffs: list[NodeDiff]) -> tuple[CutoverStep, ...]:

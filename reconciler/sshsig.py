@@ -480,13 +480,7 @@ def _parse_line(text: str, n: int) -> AllowedSigner:
     words = rest.split(None, 2)
     if len(words) < 2:
         raise ValueError("missing key")
-    try:
-        blob = binascii.a2b_base64(words[1], strict_mode=True)
-        key = _parse_key(blob)
-    except (binascii.Error, SignatureError) as exc:
-        raise ValueError(f"invalid {words[0]} key: {exc}") from None
-    if key.key_type != words[0]:
-        raise ValueError(f"the key is {key.key_type}, not {words[0]}")
+    key, blob = _key_of(words[0], words[1])
     ca, namespaces, after, before = options
     return AllowedSigner(tuple(principals.split(",")), key.key_type, blob, namespaces, after, before, ca, n)
 
@@ -497,13 +491,19 @@ def public_key_fingerprint(line: str) -> str:
     words = line.split(None, 2)
     if len(words) < 2:
         raise ValueError(f"{line[:60]!r}")
+    return _key_of(words[0], words[1])[0].fingerprint
+
+
+def _key_of(key_type: str, base64: str) -> tuple[_Key, bytes]:
+    """The key written as ``TYPE BASE64`` (and its blob); ValueError saying why it is not one."""
     try:
-        key = _parse_key(binascii.a2b_base64(words[1], strict_mode=True))
+        blob = binascii.a2b_base64(base64, strict_mode=True)
+        key = _parse_key(blob)
     except (binascii.Error, SignatureError) as exc:
-        raise ValueError(f"invalid {words[0]} key: {exc}") from None
-    if key.key_type != words[0]:
-        raise ValueError(f"the key is {key.key_type}, not {words[0]}")
-    return key.fingerprint
+        raise ValueError(f"invalid {key_type} key: {exc}") from None
+    if key.key_type != key_type:
+        raise ValueError(f"the key is {key.key_type}, not {key_type}")
+    return key, blob
 
 
 def parse_allowed_signers(text: str, file: str) -> tuple[AllowedSigner, ...]:

@@ -29,6 +29,7 @@ Two trailers in a signed message (git's trailer format; the message is under the
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import subprocess
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
 TRUST_DIR = "trust"
 BRANCH_TRAILER = "Reconciler-Branch"
 SEAL_TRAILER = "Reconciler-Seal"
+log = logging.getLogger("reconciler.agent")
+
 UNSEALABLE = frozenset({"KEY_REVOKED"})
 """Failures no seal covers: a revoked key may have signed anything, reviewed or not."""
 
@@ -126,31 +129,43 @@ def _fingerprint(text: str) -> str:
 
 
 _SSH_FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+_KEYGEN_LINE = re.compile(r"\d+\s+(SHA256:[A-Za-z0-9+/]{43})\s.*")  # ssh-keygen -l: bits, fingerprint, comment
 _OPENPGP_FINGERPRINT = re.compile(r"[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64}")  # v4, v6
 
 
-def parse_revoked(text: str, file: str) -> frozenset[str]:
-    """One key per line: its fingerprint (SHA256:... for SSH, hex for OpenPGP, spaces allowed as
-    gpg prints them) or an SSH public key as allowed_signers holds it; # comments.
+def parse_revoked(text: str, file: str, *, strict: bool = True) -> frozenset[str]:
+    """One key per line: its fingerprint (SHA256:... for SSH, alone or as ``ssh-keygen -l``
+    prints it; hex for OpenPGP, spaces allowed as gpg prints them) or an SSH public key as a
+    .pub file holds it; # comments.
 
     A line that is none of these is refused, naming it: read as a fingerprint that matches no
-    key, a pasted key id or a typo would leave the leaked key trusted without a word."""
+    key, a pasted key id or a typo would leave the leaked key trusted without a word. Not
+    ``strict`` (a list the node adopted before these checks): such a line is skipped with a
+    warning, as it revoked nothing then either, rather than keep the agent from starting."""
     revoked = set()
     for n, raw in enumerate(text.split("\n"), start=1):
         entry = raw.split("#", 1)[0].strip()
         if not entry:
             continue
-        if _SSH_FINGERPRINT.fullmatch(entry):
-            revoked.add(entry)
-        elif _OPENPGP_FINGERPRINT.fullmatch(hexed := entry.replace(" ", "")):
-            revoked.add(hexed.upper())
-        else:
-            try:
-                revoked.add(sshsig.public_key_fingerprint(entry))
-            except ValueError as exc:
-                raise BadInput(f"revoked keys: not a key fingerprint (SHA256:... or OpenPGP hex) nor an "
-                               f"SSH public key: {exc}", file=file, line=n) from None
+        try:
+            revoked.add(_revoked_key(entry))
+        except ValueError as exc:
+            problem = BadInput(f"revoked keys: not a key fingerprint (SHA256:... or OpenPGP hex) nor an SSH "
+                               f"public key: {exc}", file=file, line=n)
+            if strict:
+                raise problem from None
+            log.warning("%s (skipped)", problem)
     return frozenset(revoked)
+
+
+def _revoked_key(entry: str) -> str:
+    if _SSH_FINGERPRINT.fullmatch(entry):
+        return entry
+    if keygen := _KEYGEN_LINE.fullmatch(entry):
+        return keygen.group(1)
+    if _OPENPGP_FINGERPRINT.fullmatch(hexed := entry.replace(" ", "")):
+        return hexed.upper()
+    return sshsig.public_key_fingerprint(entry)
 
 
 def parse_sealers(text: str) -> frozenset[str]:

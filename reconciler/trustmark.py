@@ -65,9 +65,12 @@ class TrustKeeper:
         if not origin or not signers.exists():
             return node_root
         revoked = self.dir / "revoked"
+        # Adopted before lines that name no key were refused: skipped (they revoked nothing), so
+        # an upgraded agent still starts.
+        adopted = parse_revoked(revoked.read_text(), str(revoked), strict=False) if revoked.exists() else frozenset()
         return TrustRoot(
             parse_allowed_signers(signers.read_text(), str(signers)),
-            (parse_revoked(revoked.read_text(), str(revoked)) if revoked.exists() else frozenset()) | node_root.revoked,
+            adopted | node_root.revoked,
             node_root.gpg_home, origin, node_root.sealers,
         )
 

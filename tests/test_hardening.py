@@ -186,6 +186,7 @@ def test_history_of_a_service_the_node_never_ran_says_so_instead_of_an_empty_tab
     cmp1.close()
     known = cli("history", "compute-agent", *node_args(cmp1, merge_key), "-o", "json")
     assert known.returncode == 0 and {r["service"] for r in json.loads(known.stdout)} == {"compute-agent"}
+    assert cli("history", "compute-agent", "--limit", "0", *node_args(cmp1, merge_key)).returncode == 0
     typo = cli("history", "compute-agnet", *node_args(cmp1, merge_key))
     assert (typo.returncode, typo.stdout) == (2, "")
     assert typo.stderr == ("error: service 'compute-agnet': not in this node's history (it has: compute-agent, "

@@ -217,6 +217,12 @@ def test_bundle_create_refuses_bad_input_in_one_line_with_exit_2_and_writes_noth
                                str(deployment.work), *args], capture_output=True, text=True, timeout=60, cwd=here)
         assert (proc.returncode, proc.stderr) == (2, f"error: {message} [BAD_INPUT]\n"), args
     assert [p.name for p in here.iterdir()] == ["fifo"] and stat.S_ISFIFO((here / "fifo").lstat().st_mode)
+    # A path relative to where the operator stands names the remote too (git fetches elsewhere).
+    relative = os.path.relpath(deployment.bare, here)
+    proc = subprocess.run([sys.executable, "-m", "reconciler", "bundle", "create", "--repo", str(deployment.work),
+                           "--remote", relative, "main", str(tmp_path / "rel.bundle")],
+                          capture_output=True, text=True, timeout=60, cwd=here)
+    assert proc.returncode == 0 and (tmp_path / "rel.bundle").is_file(), (relative, proc.stderr)
 
 
 NODE_SHELL = ROOT / "contrib" / "git-server" / "node-shell"

@@ -129,7 +129,7 @@ def test_force_push_back_to_an_older_signed_commit_is_refused_even_after_state_l
 
 
 @pytest.mark.parametrize("case", ["outside", "wrong-principal", "expired-backdated", "not-yet-valid", "revoked",
-                                  "revoked-as-public-key"])
+                                  "revoked-as-public-key", "revoked-as-ssh-keygen-prints-it"])
 def test_keys_the_root_does_not_accept(case: str, deployment: Deployment, agents: Callable[..., Agent],
                                        merge_key: SigningKey, tmp_path: Path) -> None:
     day = timedelta(days=1)
@@ -140,7 +140,8 @@ def test_keys_the_root_does_not_accept(case: str, deployment: Deployment, agents
     allowed = merge_key.allowed_signers
     expected = {"outside": "UNTRUSTED_KEY", "wrong-principal": "WRONG_PRINCIPAL",
                 "expired-backdated": "KEY_EXPIRED", "not-yet-valid": "KEY_NOT_YET_VALID",
-                "revoked": "KEY_REVOKED", "revoked-as-public-key": "KEY_REVOKED"}[case]
+                "revoked": "KEY_REVOKED", "revoked-as-public-key": "KEY_REVOKED",
+                "revoked-as-ssh-keygen-prints-it": "KEY_REVOKED"}[case]
     if case == "wrong-principal":
         allowed = tmp_path / "allowed"
         allowed.write_text(merge_key.allowed_signers.read_text() + f"alice@example.org {stranger.public}\n")
@@ -154,7 +155,10 @@ def test_keys_the_root_does_not_accept(case: str, deployment: Deployment, agents
         signer = merge_key
         revoked = tmp_path / "revoked"
         # The key as the operator has it at hand: its fingerprint, or its line from a .pub file.
-        entry = merge_key.fingerprint if case == "revoked" else merge_key.public
+        entry = {"revoked": merge_key.fingerprint, "revoked-as-public-key": merge_key.public,
+                 "revoked-as-ssh-keygen-prints-it": subprocess.run(
+                     ["ssh-keygen", "-l", "-f", str(merge_key.key)], capture_output=True, text=True, check=True,
+                 ).stdout.strip()}[case]
         revoked.write_text(f"# leaked on the build host\n{entry}\n")
         trust = TrustConfig(allowed_signers=merge_key.allowed_signers, revoked=revoked)
     if allowed != merge_key.allowed_signers:
@@ -409,6 +413,15 @@ def test_a_revocation_that_names_no_key_is_refused_not_read_as_revoking_nothing(
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"error: {revoked}:3: revoked keys: not a key fingerprint"), proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_a_revocation_list_the_node_adopted_before_these_checks_still_loads_without_its_bad_lines(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from reconciler.trust import parse_revoked
+
+    good = "SHA256:" + "A" * 43
+    assert parse_revoked(f"3AA5C34371567BD2\n{good}\n", "state/revoked", strict=False) == {good}
+    assert "state/revoked:1: revoked keys: not a key fingerprint" in caplog.text
 
 
 def test_a_revocation_list_takes_openpgp_fingerprints_as_gpg_prints_them() -> None:

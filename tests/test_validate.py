@@ -99,12 +99,14 @@ def test_a_health_url_that_no_check_could_reach_is_refused_where_it_is_written(t
                              "https:// URL with a host")
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:{{ port }}/health", "https://[::1]:8443/", "http://api/"])
+@pytest.mark.parametrize("url", ["http://127.0.0.1:{{ port }}/health", "https://[::1]:8443/", "http://api/",
+                                 "http://api/health\\n"])  # a newline at its end, as a block scalar leaves: urlopen strips it
 def test_a_health_url_a_check_can_reach_renders(tmp_path: Path, url: str) -> None:
     repo = load_repo(DirTree(make(tmp_path, {"services/api/service.yaml": (
-        f"runtime:\n  command: [python3, api.py]\nhealth:\n  http: '{url}'\n"
+        f'runtime:\n  command: [python3, api.py]\nhealth:\n  http: "{url}"\n'
     )})))
-    assert render_node(repo, "n1", "x").services[0].health.target == url.replace("{{ port }}", "1")
+    rendered = url.replace("{{ port }}", "1").replace("\\n", "\n")
+    assert render_node(repo, "n1", "x").services[0].health.target == rendered
 
 
 @pytest.mark.parametrize("included", [False, True], ids=["the-template", "an-include"])
@@ -118,6 +120,16 @@ def test_a_template_that_is_a_directory_says_so(tmp_path: Path, included: bool) 
         repo = make(tmp_path, {f"{base}/api.conf.j2": None, f"{base}/api.conf.j2/README": "moved\n"})
         assert problem(repo) == f"services/api/service.yaml:4: template 'api.conf.j2': {base}/api.conf.j2 is a " \
                                 "directory, not a file"
+
+
+def test_validate_reads_the_trust_files_as_a_rotating_node_would(tmp_path: Path) -> None:
+    from reconciler.review import validate_tree
+
+    repo = make(tmp_path, {"trust/allowed_signers": "merge@example.org ssh-ed25519 AAAAC3Nza\n",
+                           "trust/revoked": "# leaked\n3AA5C34371567BD2\n"})
+    _, problems, _, _ = validate_tree(DirTree(repo))
+    assert [(p.file, p.line, p.message.split(":")[0]) for p in problems] == [
+        ("trust/allowed_signers", 1, "allowed signers"), ("trust/revoked", 2, "revoked keys")]
 
 
 def test_unknown_service_in_a_group(tmp_path: Path) -> None:

@@ -66,14 +66,9 @@ def create(revisions: str, file: str, repo_dir: Path, remote: str | None, output
         raise BadInput(f"{repo_dir}: not a git repository (give --repo, a clone of the deployment repo)") from exc
     source = str(repo_dir.resolve())
     if remote is not None:
-        names = [n for n in repo.remotes.names() if n]
-        if remote in names:
-            source = str(repo.remotes[remote].url)
-        elif _url_like(remote):
-            source = remote
-        else:  # else git is asked to fetch from a directory of that name: "did not answer", exit 1
-            known = ", ".join(names) or "none"
-            raise BadInput(f"--remote {remote!r}: not a remote of {repo_dir} (it has: {known}) nor a URL or path")
+        from ..fleetview import remote_source
+
+        source = remote_source(repo, repo_dir, remote)
     made = make(source, branch, since or None, Path(file))
     if output == "json":
         emit_json({"file": str(made.path), "head": made.head, "since": made.since, "notes": list(made.notes)})
@@ -81,8 +76,3 @@ def create(revisions: str, file: str, repo_dir: Path, remote: str | None, output
     span = f"{made.since[:12]}..{made.head[:12]}" if made.since else f"up to {made.head[:12]}"
     out.print(f"{made.path}: {branch} {span}, notes of {len(made.notes)} node(s)")
 
-
-def _url_like(text: str) -> bool:
-    """A URL (``https://``, ``file://``), git's scp form (``git@host:cloud``) or a path that exists."""
-    scp = ":" in text and "/" not in text.split(":", 1)[0]
-    return "://" in text or scp or Path(text).exists()

@@ -353,8 +353,8 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, fleet: 
     State(cfg.state_dir, create=False)
     ledger = Ledger.open(cfg.state_dir, create=False)
     rows = ledger.history(service, limit)
-    if service and not rows:  # a typo read as "nothing ever happened to it" would mislead
-        known = ledger.services_in_history()
+    known = ledger.services_in_history() if service and not rows else []
+    if service and not rows and service not in known:  # a typo read as "nothing happened to it" misleads
         raise BadInput(f"service {service!r}: not in this node's history (it has: {', '.join(known) or 'none'})")
     if output == "json":
         emit_json([r.to_dict() for r in rows])

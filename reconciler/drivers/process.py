@@ -314,18 +314,22 @@ class ProcessDriver:
 
     def liveness(self) -> list[ObservedService]:
         """What the supervisor needs every few seconds: each service, running or not, read from
-        its record and its process's /proc stat alone while every one is up. Not the node's every
+        its record and its process's /proc stat alone while every one is up (or down on purpose,
+        under ``drift: report``). Not the node's every
         process's environment (a few ms a tick on a node with a thousand processes: more than the
         rest of an idle agent), nor the files. Once one is down, ``observe``: its strays are swept
         (a run killed after the spawn is adopted) before the supervisor revives it."""
         if not self.root.is_dir():
             return []
-        records = [(d.name, self._record(d.name)) for d in sorted(self.root.iterdir())]
-        if any(rec is not None and not self._alive(rec) for _, rec in records):
+        records = [(d.name, rec, self._alive(rec)) for d in sorted(self.root.iterdir())
+                   if (rec := self._record(d.name)) is not None]
+        # One stopped by hand under drift: report is left down: no reason to look further.
+        if any(not alive and rec.get("drift") != "report" for _, rec, alive in records):
             return self.observe()
-        return [ObservedService(name=name, driver=self.name, running=True, hash=rec.get("hash"),
-                                commit=rec.get("commit"), pid=rec["pid"], drift=str(rec.get("drift", "correct")))
-                for name, rec in records if rec is not None]
+        return [ObservedService(name=name, driver=self.name, running=alive, hash=rec.get("hash"),
+                                commit=rec.get("commit"), pid=rec["pid"] if alive else None,
+                                drift=str(rec.get("drift", "correct")))
+                for name, rec, alive in records]
 
     def running(self, name: str) -> bool:
         return self._alive(self._record(name))
