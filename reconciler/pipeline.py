@@ -365,7 +365,11 @@ def post_upgrade(agent: Agent, run: Run, upgrader: Upgrader, result: RunResult) 
 
 def prepare(agent: Agent) -> tuple[Interrupted, ...]:
     """Before anything else: leftovers swept, room checked, owed notes written."""
-    for path in agent.state.sweep():
+    # The supervisor writes records between passes (a revived service's): its temp file is not
+    # a killed run's, so the sweep waits for it as a pass changing services would.
+    with agent.state.services_lock(wait=30):
+        swept = agent.state.sweep()
+    for path in swept:
         log.warning("%s: removed %s, left half written by a killed run", agent.cfg.node, path)
     agent.state.check_space(int(agent.cfg.min_free_mb * 2**20))
     agent.reporter.recover()

@@ -113,7 +113,8 @@ class State:
 
     def sweep(self) -> list[Path]:
         """Remove what a killed run left half written: temp files and unfinished revision dirs.
-        Called under the run lock, so nothing in flight can be swept."""
+        Called under the run lock and the services lock (the supervisor's), so nothing in flight
+        can be swept."""
         swept: list[Path] = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             if dirpath == str(self.root) and "mirror.git" in dirnames:

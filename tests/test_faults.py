@@ -143,6 +143,36 @@ def test_what_the_supervisor_reads_each_tick_agrees_with_a_full_observation(
     assert [o.name for o in driver.liveness() if not o.running] == ["compute-agent"] and observed == [1]
 
 
+def test_a_pass_does_not_sweep_the_record_the_supervisor_is_writing(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    import threading
+    import time
+
+    from reconciler.pipeline import prepare
+
+    cmp1 = agents("cmp1", deployment.url)
+    assert cmp1.reconcile_once().exit_code == 0
+    # The supervisor reviving a service holds the services lock while it writes the record's
+    # temp file: a pass starting then must not take it for a killed run's leftover.
+    in_flight = cmp1.cfg.state_dir / "services" / "compute-agent" / ".rc-tmp-record.json.supervisor"
+    swept = threading.Event()
+
+    def a_pass_starts() -> None:
+        prepare(cmp1)
+        swept.set()
+
+    with cmp1.state.services_lock():
+        in_flight.write_text("{}")
+        sweeper = threading.Thread(target=a_pass_starts)
+        sweeper.start()
+        time.sleep(1.0)
+        assert in_flight.exists() and not swept.is_set()
+    sweeper.join(35)
+    # Once no one writes it, it is a leftover like any other.
+    assert swept.is_set() and not in_flight.exists()
+
+
 def test_two_runs_never_overlap(deployment: Deployment, agents: Callable[..., Agent]) -> None:
     a = agents("cmp2", deployment.url)
     with a.state.lock(), pytest.raises(Busy, match="another reconciler run holds the lock"):
