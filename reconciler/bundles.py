@@ -18,7 +18,7 @@ from pathlib import Path
 from . import faults
 from .errors import BadInput, DiskFull, RemoteError
 from .refs import NOTES_PREFIX
-from .source import GIT_TIMEOUT, git_cause, safe_url, scrub
+from .source import git_cause, git_result, safe_url, scrub
 
 
 @dataclass(frozen=True)
@@ -94,10 +94,8 @@ def check_out(out: Path) -> None:
 
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    # LC_ALL=C: git's messages in its own words, which create() reads.
-    return subprocess.run(["git", "-c", "protocol.version=2", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=GIT_TIMEOUT,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})
+    # A remote that hangs, or no git at all, is a failed result ("did not answer"), not a traceback.
+    return git_result(cwd, "-c", "protocol.version=2", *args)
 
 
 def _failed(proc: subprocess.CompletedProcess[str], what: str, url: str = "") -> RemoteError:

@@ -55,7 +55,7 @@ class Supervisor:
                 for driver in self.agent.drivers(None).values():
                     if isinstance(driver, ProcessDriver):
                         driver.rotate_logs()  # the services' own logs must not fill the disk
-                    for o in driver.liveness() if isinstance(driver, ProcessDriver) else driver.observe():
+                    for o in driver.liveness():
                         if o.drift == "report":
                             continue  # hands off: a stop by hand is noted by the next run, not undone
                         if self._check(driver, o.name, o.running, o.commit or "", o.hash):

@@ -206,7 +206,7 @@ class Source:
         # Opened by git, not pygit2 (see the module's words): HEAD or config unreadable is
         # found now all the same. What git reads and libgit2 does not is found at the first
         # use of ``repo``, and handled there the same way.
-        opened = _local_git(self.path, f"--git-dir={os.path.abspath(self.path)}", "rev-parse", "--git-dir")
+        opened = git_result(self.path, f"--git-dir={os.path.abspath(self.path)}", "rev-parse", "--git-dir")
         if opened.returncode != 0:
             self._start_again(git_cause(opened.stderr) or f"git exited with {opened.returncode}")
 
@@ -333,7 +333,7 @@ class Source:
     def note(self, ref: str, obj: str) -> str | None:
         """The note ``ref`` holds on ``obj`` (None: none), read by git, not pygit2 (see the
         module's words); what git cannot read is asked of pygit2, which says what it always said."""
-        proc = _local_git(self.path, "notes", f"--ref={ref}", "show", obj)
+        proc = git_result(self.path, "notes", f"--ref={ref}", "show", obj)
         if proc.returncode == 0:
             return proc.stdout
         if proc.returncode == 1 and proc.stderr.startswith("error: no note found for object"):
@@ -468,7 +468,7 @@ class Source:
         # the whole of both objects, their hashes checked (git's parse_object), as libgit2's
         # strict verification did. No commit-graph: it could name the tree without reading
         # the commit; no replace refs: libgit2 did not follow them.
-        proc = _local_git(self.path, "--no-replace-objects", "-c", "core.commitGraph=false",
+        proc = git_result(self.path, "--no-replace-objects", "-c", "core.commitGraph=false",
                           "cat-file", "-p", f"{head}^{{tree}}")
         if proc.returncode != 0:
             cause = git_cause(proc.stderr) or f"git exited with {proc.returncode}"
@@ -480,7 +480,7 @@ class Source:
 
     def _tree(self, head: str) -> str:
         """The head's root tree ("": unknown, and every poll reads the head by git)."""
-        proc = _local_git(self.path, "--no-replace-objects", "rev-parse", "--verify", "-q", f"{head}^{{tree}}")
+        proc = git_result(self.path, "--no-replace-objects", "rev-parse", "--verify", "-q", f"{head}^{{tree}}")
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
     def _stat(self, *oids: str) -> Stat:
@@ -508,7 +508,7 @@ class Source:
         """Does the mirror fail git's connectivity check (every reachable commit and tree
         parsed, blobs looked up)? Asked only when a fetch failed, to tell our damage from the
         remote's trouble."""
-        proc = _local_git(self.path, "fsck", "--connectivity-only", "--no-dangling", "--no-progress")
+        proc = git_result(self.path, "fsck", "--connectivity-only", "--no-dangling", "--no-progress")
         return proc.returncode != 0
 
     def repair(self, cause: object = "") -> str:
@@ -551,7 +551,7 @@ class Source:
         for ref in refs:
             # A real fetch, not a copy of files: index-pack inflates every object it receives.
             # No "have"s: the damaged side would have to read the commits they name.
-            copied = _local_git(fresh, "-c", "fetch.negotiationAlgorithm=noop", "fetch", "--no-tags",
+            copied = git_result(fresh, "-c", "fetch.negotiationAlgorithm=noop", "fetch", "--no-tags",
                                 str(self.path), f"+{ref}:{ref}").returncode == 0
             (kept if copied else lost).append(ref)
         return kept, lost
@@ -585,15 +585,15 @@ class Source:
 def commit_time(mirror: Path, commit: str) -> int | None:
     """The committer time of ``commit`` in ``mirror`` (None: not there), read by git: the
     metrics of an idle agent ask it after every pass, and must not load pygit2 for it."""
-    proc = _local_git(mirror, "show", "-s", "--format=%ct", f"{commit}^{{commit}}", "--")
+    proc = git_result(mirror, "show", "-s", "--format=%ct", f"{commit}^{{commit}}", "--")
     text = proc.stdout.strip()
     return int(text) if proc.returncode == 0 and text.isdigit() else None
 
 
-def _local_git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """git on local repositories only (no remote, no credentials): its result, never raised
-    (a git that does not answer in time, or a directory that is gone, is a failed result whose
-    words say so). C locale: ``git_cause`` and ``note`` read git's English."""
+def git_result(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """git, never asking a terminal for credentials: its result, never raised (a git that does
+    not answer in time, or a directory that is gone, is a failed result whose words say so).
+    C locale: ``git_cause``, ``note`` and ``bundles`` read git's English."""
     argv = ["git", *args]
     try:
         return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT,

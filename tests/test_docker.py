@@ -14,9 +14,10 @@ from typing import cast
 
 import docker
 import pytest
-from conftest import Deployment, SigningKey, free_port, git
+from conftest import Deployment, SigningKey, free_port, git, wait_for
 
 from reconciler.agent import Agent
+from reconciler.model import ObservedService
 
 pytestmark = pytest.mark.usefixtures("docker_cleanup")
 
@@ -225,6 +226,27 @@ def test_drift_by_stop_and_by_remove_is_put_back_or_reported(dock: DockerDeploym
     assert str(worker.action) == "none" and worker.reason.startswith("drift not corrected (policy report)")
     assert (dock.note(dock.node) or {})["services"]["worker"]["reason"].startswith("drift not corrected")  # type: ignore[index]
     assert containers(docker_engine, dock.node)["worker"].status == "exited"
+
+
+def test_the_supervisor_restarts_a_container_that_died_from_what_it_reads_each_tick(
+        dock: DockerDeployment, agents: Callable[..., Agent], docker_engine: docker.DockerClient) -> None:
+    from reconciler.daemon import Supervisor
+    from reconciler.drivers.docker import DockerDriver
+
+    node = agents(dock.node, dock.url)
+    assert node.reconcile_once().exit_code == 0
+    [driver] = [d for d in node.drivers(None).values() if isinstance(d, DockerDriver)]
+
+    def seen(observed: list[ObservedService]) -> list[tuple[object, ...]]:
+        return [(o.name, o.running, o.hash, o.commit, o.pid, o.drift) for o in observed]
+
+    # Each tick reads what a full observation says of each container, without its files.
+    assert seen(driver.liveness()) == seen(driver.observe()) and not any(o.files for o in driver.liveness())
+    assert all(o.files for o in driver.observe())
+    containers(docker_engine, dock.node)["web"].kill()
+    wait_for(lambda: [o.name for o in driver.liveness() if not o.running] == ["web"], what="web seen down")
+    assert Supervisor(node).tick() == ["web"]
+    assert containers(docker_engine, dock.node)["web"].status == "running"
 
 
 def test_failing_changes_put_the_previous_container_back(dock: DockerDeployment, agents: Callable[..., Agent],

@@ -189,14 +189,14 @@ def test_an_idle_poll_reads_the_head_by_git_only_when_its_files_changed_or_five_
     head, fetched = source.update()
     assert fetched
     reads: list[str] = []
-    real = source_module._local_git
+    real = source_module.git_result
 
     def spy(cwd: Path, *args: str) -> object:
         if "cat-file" in args:
             reads.append(args[-1])
         return real(cwd, *args)
 
-    monkeypatch.setattr(source_module, "_local_git", spy)
+    monkeypatch.setattr(source_module, "git_result", spy)
     for _ in range(3):
         assert source.update() == (head, False)
     assert reads == [f"{head}^{{tree}}"]  # the first idle poll asked git; the next two looked at its files
@@ -260,7 +260,7 @@ def test_a_mirror_that_cannot_even_be_opened_is_started_again(
     assert (again.reporter.read(c1) or {}).get("state") == "applied"  # recovered from the remote
 
 
-def test_a_local_git_that_hangs_or_a_mirror_that_is_gone_is_a_failed_result_not_an_exception(
+def test_agit_result_that_hangs_or_a_mirror_that_is_gone_is_a_failed_result_not_an_exception(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deployment: Deployment
 ) -> None:
     # The metrics read a commit's time with git after a pass; a hung git (a stalled disk) must
@@ -273,6 +273,6 @@ def test_a_local_git_that_hangs_or_a_mirror_that_is_gone_is_a_failed_result_not_
     monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
     monkeypatch.setenv("GIT_CONFIG_KEY_0", "core.fsmonitor")  # run by git status: a hook that hangs
     monkeypatch.setenv("GIT_CONFIG_VALUE_0", "sleep 30 #")
-    hung = source_module._local_git(deployment.work, "status")
+    hung = source_module.git_result(deployment.work, "status")
     assert hung.returncode != 0 and "did not answer within 1 s" in hung.stderr
     assert source_module.commit_time(tmp_path / "gone.git", head) is None

@@ -75,4 +75,3 @@ def create(revisions: str, file: str, repo_dir: Path, remote: str | None, output
         return
     span = f"{made.since[:12]}..{made.head[:12]}" if made.since else f"up to {made.head[:12]}"
     out.print(f"{made.path}: {branch} {span}, notes of {len(made.notes)} node(s)")
-

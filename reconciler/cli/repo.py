@@ -113,9 +113,10 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
     tree = open_tree(repo_dir, rev)
     repo = load_repo(tree)
     names = sorted(repo.nodes) if all_nodes else list(nodes)
+    if out_dir is not None:
+        output_dir("--out", out_dir)  # before the fleet is rendered: that can take minutes
     slices = [render_node(repo, n, tree.label) for n in names]
     if out_dir is not None:
-        output_dir("--out", out_dir)
         for d in slices:
             _write_slice(out_dir, d)
     if output == "json":

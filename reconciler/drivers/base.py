@@ -43,6 +43,12 @@ class Driver(Protocol):
         """Services this driver started on this node (and only those), read back from its records."""
         ...
 
+    def liveness(self) -> list[ObservedService]:
+        """What the supervisor reads every few seconds: each service's name, running state, hash,
+        commit and drift policy (files and drift need not be read). ``observe`` where that is no
+        dearer."""
+        ...
+
     def start(self, svc: DesiredService, commit: str, check: Check) -> int | None:
         """Start a service that is not running; on a failed check, leave it stopped."""
         ...

@@ -55,7 +55,10 @@ class HostDriver:
                 out.append(FileSpec(p, target.stat().st_mode & 0o7777, target.read_bytes()))
         return tuple(out)
 
-    def observe(self) -> list[ObservedService]:
+    def liveness(self) -> list[ObservedService]:
+        return self.observe(files=False)  # the host is up: its records say the rest
+
+    def observe(self, *, files: bool = True) -> list[ObservedService]:
         out: list[ObservedService] = []
         if not self.root.is_dir():
             return out
@@ -67,7 +70,8 @@ class HostDriver:
                 continue
             out.append(ObservedService(
                 name=d.name, driver=self.name, running=True, hash=rec["hash"], commit=rec["commit"],
-                fingerprint=tuple(sorted(rec["fingerprint"].items())), files=self.current(rec["paths"]),
+                fingerprint=tuple(sorted(rec["fingerprint"].items())),
+                files=self.current(rec["paths"]) if files else (),
             ))
         return out
 

@@ -315,10 +315,10 @@ class ProcessDriver:
     def liveness(self) -> list[ObservedService]:
         """What the supervisor needs every few seconds: each service, running or not, read from
         its record and its process's /proc stat alone while every one is up (or down on purpose,
-        under ``drift: report``). Not the node's every
-        process's environment (a few ms a tick on a node with a thousand processes: more than the
-        rest of an idle agent), nor the files. Once one is down, ``observe``: its strays are swept
-        (a run killed after the spawn is adopted) before the supervisor revives it."""
+        under ``drift: report``). Not every process's environment on the node (a few ms a tick
+        among a thousand processes: more than the rest of an idle agent), nor the files. Once one
+        is down, ``observe``: its strays are swept (a run killed after the spawn is adopted)
+        before the supervisor revives it."""
         if not self.root.is_dir():
             return []
         records = [(d.name, rec, self._alive(rec)) for d in sorted(self.root.iterdir())

@@ -79,7 +79,10 @@ class SystemdDriver:
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     # observe -----------------------------------------------------------------------------
-    def observe(self) -> list[ObservedService]:
+    def liveness(self) -> list[ObservedService]:
+        return self.observe(files=False)  # each unit's state asked of systemd, as observe's
+
+    def observe(self, *, files: bool = True) -> list[ObservedService]:
         out: list[ObservedService] = []
         if not self.root.is_dir():
             return out
@@ -93,7 +96,8 @@ class SystemdDriver:
             out.append(ObservedService(
                 name=d.name, driver=self.name, running=running, hash=rec["hash"], commit=rec["commit"], pid=pid,
                 detail="" if running else f"unit {show.get('ActiveState', 'unknown')} ({show.get('SubState', '')})",
-                fingerprint=tuple(sorted(rec["fingerprint"].items())), files=read_dir(self._live(d.name)),
+                fingerprint=tuple(sorted(rec["fingerprint"].items())),
+                files=read_dir(self._live(d.name)) if files else (),
             ))
         return out
 
