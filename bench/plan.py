@@ -28,10 +28,10 @@ from typing import TypeVar, cast
 
 import jinja2
 
-from reconciler.inputs import Inputs
-from reconciler.repo import load_repo
-from reconciler.review import diff_repos, summary, usable_cpus
-from reconciler.tree import open_tree
+from reconciler.render.inputs import Inputs
+from reconciler.repo.load import load_repo
+from reconciler.repo.tree import open_tree
+from reconciler.review.diff import diff_repos, summary, usable_cpus
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
        "GIT_COMMITTER_EMAIL": "b@x", "GIT_CONFIG_GLOBAL": "/dev/null"}

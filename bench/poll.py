@@ -36,10 +36,10 @@ from pathlib import Path
 from fleet import free_port
 
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
-from reconciler.probe import TipProbe
-from reconciler.source import Source
+from reconciler.settings.agent import AgentConfig, TrustConfig
+from reconciler.source.mirror import Source
+from reconciler.source.probe import TipProbe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from nginx import Nginx  # noqa: E402  (the tests' own nginx)

@@ -26,12 +26,12 @@ from pathlib import Path
 
 from plan import generate
 
-from reconciler.atomic import atomic_write
 from reconciler.cli.repo import _write_slice
-from reconciler.model import Desired
-from reconciler.render import render_node
-from reconciler.repo import load_repo
-from reconciler.tree import DirTree
+from reconciler.core.atomic import atomic_write
+from reconciler.core.model import Desired
+from reconciler.render.node import render_node
+from reconciler.repo.load import load_repo
+from reconciler.repo.tree import DirTree
 
 
 def _plain(root: Path, desired: Desired) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from plan import generate, git  # bench/plan.py: the same generated repo
 
-from reconciler.repo import load_repo
-from reconciler.review import diff_repos, markdown
-from reconciler.tree import open_tree
+from reconciler.repo.load import load_repo
+from reconciler.repo.tree import open_tree
+from reconciler.review.diff import diff_repos, markdown
 
 
 def main() -> None:

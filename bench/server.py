@@ -46,8 +46,8 @@ from pathlib import Path
 
 from fleet import free_port
 
-from reconciler.probe import read_tips
-from reconciler.rollout import WHOLE_READ_EVERY
+from reconciler.fleet.rollout import WHOLE_READ_EVERY
+from reconciler.source.probe import read_tips
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from nginx import Nginx  # noqa: E402  (the tests' own nginx, so the bench serves what they check)

@@ -30,8 +30,8 @@ from pathlib import Path
 from poll import ENV, git, make_key
 
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
+from reconciler.settings.agent import AgentConfig, TrustConfig
 
 SERVICE = """\
 version: "{version}"

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pygit2
 
-from reconciler import trust
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig, TrustConfig
 from reconciler.drivers.process import ProcessDriver
-from reconciler.trust import Gate, Policy, load_root
+from reconciler.settings.agent import AgentConfig, TrustConfig
+from reconciler.trust import verify as trust
+from reconciler.trust.verify import Gate, Policy, load_root
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "Merge",
        "GIT_COMMITTER_EMAIL": "merge@example.org", "GIT_CONFIG_GLOBAL": "/dev/null"}

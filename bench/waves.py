@@ -26,10 +26,10 @@ from fleet import commit_change, cpu_seconds, git, serve, signed_repo
 from server import NOTES_PER_NODE
 
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig, TrustConfig
-from reconciler.daemon import Every, node_offset
+from reconciler.core.errors import ReconcilerError
+from reconciler.daemon.loop import Every, node_offset
 from reconciler.drivers.process import ProcessDriver
-from reconciler.errors import ReconcilerError
+from reconciler.settings.agent import AgentConfig, TrustConfig
 
 SERVICE = ("runtime:\n  command: [python3, idle.py]\nfiles:\n  - {path: idle.py, source: idle.py}\n"
            "  - {path: idle.conf, template: idle.conf.j2}\n")

@@ -1,3 +1,3 @@
-from .entry import main
+from reconciler.entry import main
 
 main()

@@ -14,30 +14,30 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .config import AgentConfig
-from .drivers import Driver, HostAccess, drivers_in_use, make_driver
-from .errors import BadInput, CorruptMirror
-from .ledger import Ledger
-from .model import Desired, Plan, Revision, VerifiedRevision
-from .observe import observe
-from .pipeline import RunResult, reconcile
-from .plan import in_windows, stage
-from .plan import plan as make_plan
-from .probe import TipProbe
-from .redact import NONE as NO_SECRETS
-from .redact import Redactor
-from .refs import NOTES_PREFIX
-from .report import Reporter, notes_ref
-from .source import Source, safe_url
-from .state import State
-from .trustmark import TrustKeeper
+from reconciler.core.errors import BadInput, CorruptMirror
+from reconciler.core.model import Desired, Plan, Revision, VerifiedRevision
+from reconciler.core.redact import NONE as NO_SECRETS
+from reconciler.core.redact import Redactor
+from reconciler.drivers import Driver, HostAccess, drivers_in_use, make_driver
+from reconciler.drivers.observe import observe
+from reconciler.ledger.ledger import Ledger
+from reconciler.ledger.statedir import State
+from reconciler.node.report import Reporter, notes_ref
+from reconciler.node.steps import RunResult, reconcile
+from reconciler.plan.planner import in_windows, stage
+from reconciler.plan.planner import plan as make_plan
+from reconciler.settings.agent import AgentConfig
+from reconciler.source.mirror import Source, safe_url
+from reconciler.source.probe import TipProbe
+from reconciler.source.refs import NOTES_PREFIX
+from reconciler.trust.keeper import TrustKeeper
 
 if TYPE_CHECKING:
-    from .apply import Pulled
-    from .repo import DeploymentRepo
-    from .rollout import FleetView, Quiet
-    from .rollout import Verdict as RolloutVerdict
-    from .trust import Decision, Gate
+    from reconciler.fleet.rollout import FleetView, Quiet
+    from reconciler.fleet.rollout import Verdict as RolloutVerdict
+    from reconciler.node.apply import Pulled
+    from reconciler.repo.load import DeploymentRepo
+    from reconciler.trust.verify import Decision, Gate
 
 log = logging.getLogger("reconciler.agent")
 
@@ -152,7 +152,7 @@ class Agent:
         """What the mirror holds for ``commit``; nothing trusted yet."""
         import pygit2
 
-        from .tree import corrupt
+        from reconciler.repo.tree import corrupt
 
         try:
             c = self.source.repo.revparse_single(commit).peel(pygit2.Commit)
@@ -166,8 +166,8 @@ class Agent:
         # Imported here: templates and schemas are not needed on a poll that finds nothing new.
         from dataclasses import replace
 
-        from .repo import load_repo
-        from .tree import GitTree
+        from reconciler.repo.load import load_repo
+        from reconciler.repo.tree import GitTree
 
         repo = load_repo(GitTree(self.source.repo, commit))
         if (self.ledger.plane(commit) or {}).get("aborted"):
@@ -179,7 +179,7 @@ class Agent:
         identity configured: none decrypted, and a template that reads one fails SECRET_UNREADABLE."""
         from dataclasses import replace
 
-        from .secrets import SecretUnreadable, identities, open_files
+        from reconciler.render.secrets import SecretUnreadable, identities, open_files
 
         path = self.cfg.secrets.age_identity
         if path is None:
@@ -196,7 +196,7 @@ class Agent:
     def learn(self, repo: DeploymentRepo) -> None:
         """Remember the secret values ``repo`` was decrypted with, to clean them out of every
         output this agent captures (here, and in the ledger it writes)."""
-        from .secrets import named_values
+        from reconciler.render.secrets import named_values
 
         for f in (repo.unlocked or {}).values():
             self.redact = self.redact.plus(named_values(f.values))
@@ -207,10 +207,10 @@ class Agent:
         by trust again); each service knows the commit it was rendered from."""
         from dataclasses import replace
 
-        from .drivers.process import check_account
-        from .render import render_node
-        from .upgrade import held_back
-        from .upgrader import owed, stage_bases
+        from reconciler.drivers.process import check_account
+        from reconciler.render.node import render_node
+        from reconciler.upgrades.rules import held_back
+        from reconciler.upgrades.runner import owed, stage_bases
 
         commit = rev.commit
         repo = repo or self.load(commit)
@@ -240,7 +240,7 @@ class Agent:
         hook and go on (returns None); before that, the commit it waits for."""
         if "host" not in drivers_in_use(self.cfg.state_dir):
             return None
-        from .drivers.host import HostDriver
+        from reconciler.drivers.host import HostDriver
 
         driver = make_driver("host", self.cfg.state_dir, self.cfg.node, host_access(self.cfg))
         assert isinstance(driver, HostDriver)
@@ -289,7 +289,7 @@ class Agent:
     def prepull(self, *, fetch: bool = True, rev: str | None = None) -> tuple[str, list[Pulled]]:
         """The images the branch head (or ``rev``) needs on this node, pulled now, ahead of its
         wave; nothing else changes. Returns the commit and each image's result."""
-        from .operations import prepull
+        from reconciler.node.operations import prepull
 
         return prepull(self, fetch=fetch, rev=rev)
 
@@ -306,17 +306,17 @@ class Agent:
 
     # operations ------------------------------------------------------------------------
     def rollback(self, service: str, to: str | None = None, by: str = "an operator") -> RunResult:
-        from .operations import rollback
+        from reconciler.node.operations import rollback
 
         return rollback(self, service, to, by)
 
     def unpin(self, service: str, by: str = "an operator") -> bool:
-        from .operations import unpin
+        from reconciler.node.operations import unpin
 
         return unpin(self, service, by)
 
     def retry(self) -> str | None:
-        from .operations import retry
+        from reconciler.node.operations import retry
 
         return retry(self)
 
@@ -325,7 +325,7 @@ class Agent:
         """The notes of ``nodes`` (None: every node's), fetched now from the read remote this
         pass uses (only those refs: a node waiting on three predecessors reads three refs, not
         the fleet's); this node's own from its local ref, the freshest."""
-        from .fleetview import FLEET_PREFIX, fleet_view
+        from reconciler.fleet.view import FLEET_PREFIX, fleet_view
 
         if nodes is None:
             specs = [f"+{NOTES_PREFIX}*:{FLEET_PREFIX}*"]
@@ -344,9 +344,9 @@ class Agent:
     def _still(self, sentinel: str, commit: str) -> bool:
         """The sentinel has not begun ``commit``: the read remote's probe publishes the notes tip
         this node fetched last (no git at all), or a read of that one ref says so."""
-        from .fleetview import FLEET_PREFIX
-        from .refs import NotPlain, read_ref
-        from .rollout import begun
+        from reconciler.fleet.rollout import begun
+        from reconciler.fleet.view import FLEET_PREFIX
+        from reconciler.source.refs import NotPlain, read_ref
 
         probe = self.source.probes.get(self.source.url)
         if probe is not None and (tip := probe.note_tip(sentinel)) is not None:
@@ -363,9 +363,9 @@ class Agent:
         order it (the waves do not), and a failure anywhere halts it all the same. ``before``: on
         the VIP networks after the commit it settled last (a node joining them waits for the
         nodes that leave them: see ``controlplane``)."""
-        from .model import Verdict
-        from .rollout import WHOLE_READ_EVERY, Quiet, decide, early, plan_rollout, sentinel
-        from .rollout import Verdict as Go
+        from reconciler.core.model import Verdict
+        from reconciler.fleet.rollout import WHOLE_READ_EVERY, Quiet, decide, early, plan_rollout, sentinel
+        from reconciler.fleet.rollout import Verdict as Go
 
         rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
         off = repo.planes.off(self.cfg.node) if repo.planes.attaches(self.cfg.node, before) else ()

@@ -15,14 +15,14 @@ import os
 import ssl
 import sys
 
-from .errors import NoCABundle
+from reconciler.core.errors import NoCABundle
 
 
 def main() -> None:
     try:
         if no_ca_paths():
             import pygit2  # noqa: F401  # fails here, in its own words (``ca_bundle_error``)
-        from .cli import main as cli_main
+        from reconciler.cli import main as cli_main
     except Exception as exc:  # pygit2.GitError cannot be named: pygit2 is what failed to import
         problem = ca_bundle_error(exc)
         if problem is None:

@@ -23,7 +23,7 @@ from ports import free_port as free_port  # re-exported: tests import it from he
 from ports import wait_listening
 
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig, SecretsConfig, TrustConfig
+from reconciler.settings.agent import AgentConfig, SecretsConfig, TrustConfig
 
 pytest_plugins = ["docker_fixtures", "systemd_fixtures", "gitolite_fixtures", "registry_fixtures"]
 

@@ -16,8 +16,8 @@ import pytest
 from conftest import NODES, Deployment, git
 
 from reconciler.agent import Agent
-from reconciler.errors import RemoteError
-from reconciler.model import ActionKind, RunState
+from reconciler.core.errors import RemoteError
+from reconciler.core.model import ActionKind, RunState
 
 CONTROLLER_SERVICES = ["db", "identity", "lb", "node-exporter"]
 COMPUTE_SERVICES = ["compute-agent", "node-exporter"]
@@ -25,7 +25,7 @@ COMPUTE_SERVICES = ["compute-agent", "node-exporter"]
 
 def pids(agent: Agent) -> dict[str, int | None]:
     from reconciler.agent import drivers_for
-    from reconciler.observe import observe
+    from reconciler.drivers.observe import observe
 
     return {o.name: o.pid for o in observe(agent.cfg.node, drivers_for(agent.cfg, None)).services}
 

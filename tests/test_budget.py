@@ -28,8 +28,8 @@ from conftest import Deployment, SigningKey
 from test_cli import cli, node_args
 
 from reconciler.agent import Agent
-from reconciler.budget import Budget, next_ticket, parse_budgets, wait
-from reconciler.notes import Claim
+from reconciler.fleet.budget import Budget, next_ticket, parse_budgets, wait
+from reconciler.fleet.notes import Claim
 
 CONTROLLERS = ("ctl1", "ctl2", "ctl3")
 BUDGET = """

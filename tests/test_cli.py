@@ -24,7 +24,7 @@ import pytest
 from conftest import EXAMPLE, Deployment, SigningKey, age_args, git
 
 from reconciler.agent import Agent
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
 
 COMMANDS = ("validate", "render", "diff", "plan", "apply", "agent", "verify", "status", "history", "rollback",
             "unpin", "retry", "logs", "suspend", "resume", "bundle", "prepull")
@@ -257,7 +257,7 @@ def test_a_report_or_page_that_cannot_be_written_names_the_path_and_exits_2(
 
 def test_a_full_disk_under_out_stays_disk_full_and_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from reconciler.cli import common
-    from reconciler.errors import DiskFull
+    from reconciler.core.errors import DiskFull
 
     def no_room(self: Path, *args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))

@@ -32,9 +32,9 @@ import pytest
 from conftest import Deployment, SigningKey, free_port, small_deployment
 from test_faults import processes_of
 
-from reconciler import faults
 from reconciler.agent import Agent
-from reconciler.config import AgentConfig, TrustConfig
+from reconciler.core import faults
+from reconciler.settings.agent import AgentConfig, TrustConfig
 
 APP = '''\
 import http.server, json, os, signal, sys

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from reconciler.daemon import Every
+from reconciler.daemon.loop import Every
 
 
 def test_a_job_repeats_until_stopped() -> None:

@@ -17,7 +17,7 @@ import pytest
 from conftest import Deployment, SigningKey, free_port, git, wait_for
 
 from reconciler.agent import Agent
-from reconciler.model import ObservedService
+from reconciler.core.model import ObservedService
 
 pytestmark = pytest.mark.usefixtures("docker_cleanup")
 
@@ -230,7 +230,7 @@ def test_drift_by_stop_and_by_remove_is_put_back_or_reported(dock: DockerDeploym
 
 def test_the_supervisor_restarts_a_container_that_died_from_what_it_reads_each_tick(
         dock: DockerDeployment, agents: Callable[..., Agent], docker_engine: docker.DockerClient) -> None:
-    from reconciler.daemon import Supervisor
+    from reconciler.daemon.loop import Supervisor
     from reconciler.drivers.docker import DockerDriver
 
     node = agents(dock.node, dock.url)

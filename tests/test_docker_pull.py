@@ -31,9 +31,9 @@ from conftest import Deployment, SigningKey, small_deployment
 from registry_fixtures import Registry
 
 from reconciler.agent import Agent
-from reconciler.config import DockerConfig, load_config
+from reconciler.core.errors import ConfigError
 from reconciler.drivers.registry import PullFailed, RegistryLogin, redact, registry_of, split_reference
-from reconciler.errors import ConfigError
+from reconciler.settings.agent import DockerConfig, load_config
 
 WORKER = """\
 description: a worker that only runs

@@ -15,10 +15,10 @@ import pytest
 from conftest import Deployment, SigningKey, demo_secrets, wait_for
 
 from reconciler.agent import Agent, drivers_for
-from reconciler.daemon import Supervisor
-from reconciler.errors import Busy
-from reconciler.model import ObservedService
-from reconciler.observe import observe
+from reconciler.core.errors import Busy
+from reconciler.core.model import ObservedService
+from reconciler.daemon.loop import Supervisor
+from reconciler.drivers.observe import observe
 
 
 def pids(agent: Agent) -> dict[str, int | None]:
@@ -149,7 +149,7 @@ def test_a_pass_does_not_sweep_the_record_the_supervisor_is_writing(
     import threading
     import time
 
-    from reconciler.pipeline import prepare
+    from reconciler.node.steps import prepare
 
     cmp1 = agents("cmp1", deployment.url)
     assert cmp1.reconcile_once().exit_code == 0
@@ -310,8 +310,8 @@ def test_a_daemon_killed_as_it_re_executes_leaves_a_node_the_next_start_finishes
 def test_a_ref_lock_left_by_a_killed_git_fetch_is_removed_once_no_git_can_hold_it(
     deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture, shown: bool
 ) -> None:
-    from reconciler.errors import RemoteError
-    from reconciler.source import GIT_TIMEOUT
+    from reconciler.core.errors import RemoteError
+    from reconciler.source.mirror import GIT_TIMEOUT
 
     ctl1 = agents("ctl1", deployment.url)
     assert ctl1.reconcile_once().exit_code == 0

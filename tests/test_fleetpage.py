@@ -23,7 +23,7 @@ from conftest import Deployment, SigningKey, git
 from test_rollout import ROLLOUT
 
 from reconciler.agent import Agent
-from reconciler.fleet import COLOURS, STEP_COLOURS, CommitInfo, NodeStatus, StepTable, contrast, ink, to_html
+from reconciler.fleet.status import COLOURS, STEP_COLOURS, CommitInfo, NodeStatus, StepTable, contrast, ink, to_html
 
 READABLE = 4.5  # WCAG AA contrast for normal text
 

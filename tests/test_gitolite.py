@@ -12,7 +12,7 @@ from conftest import NODES, Deployment, git
 from gitolite_fixtures import Gitolite
 
 from reconciler.agent import Agent, drivers_for
-from reconciler.observe import observe
+from reconciler.drivers.observe import observe
 
 ROLLOUT = """\
 rollout:

@@ -13,7 +13,7 @@ import pytest
 from conftest import Deployment, git
 
 from reconciler.agent import Agent
-from reconciler.refs import NotPlain, read_ref
+from reconciler.source.refs import NotPlain, read_ref
 
 
 def test_refs_read_as_git_reads_them_loose_packed_or_absent(tmp_path: Path) -> None:

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from reconciler import notes
-from reconciler.ledger import IllegalTransition, Ledger, Pin, Proof, Version
-from reconciler.model import ActionKind, Report, ResultState, ServiceResult, Verdict
-from reconciler.rollout import FleetView, decide, plan_rollout
+from reconciler.core.model import ActionKind, Report, ResultState, ServiceResult, Verdict
+from reconciler.fleet import notes
+from reconciler.fleet.rollout import FleetView, decide, plan_rollout
+from reconciler.ledger.ledger import IllegalTransition, Ledger, Pin, Proof, Version
 
 COMMITS = ("c1", "c2", "c3")
 commits = st.sampled_from(COMMITS)

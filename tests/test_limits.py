@@ -18,13 +18,13 @@ import pytest
 from conftest import SigningKey, git, small_deployment
 
 from reconciler.agent import Agent
-from reconciler.errors import BadInput, RenderLimit, RepoLimit, YamlLimit
-from reconciler.limits import Limits
-from reconciler.render import render_node
-from reconciler.repo import load_repo
-from reconciler.sandbox import Sandbox
-from reconciler.tree import DirTree
-from reconciler.yamlfile import RepoProblems, load_yaml
+from reconciler.core.errors import BadInput, RenderLimit, RepoLimit, YamlLimit
+from reconciler.core.limits import Limits
+from reconciler.render.node import render_node
+from reconciler.render.sandbox import Sandbox
+from reconciler.repo.load import load_repo
+from reconciler.repo.tree import DirTree
+from reconciler.repo.yamlfile import RepoProblems, load_yaml
 
 ONE_NODE = {
     "reconciler.yaml": "format: 1\nname: small\n",

@@ -24,10 +24,10 @@ from conftest import ROOT, Deployment, SigningKey, free_port, git, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.agent import Agent
-from reconciler.config import MetricsConfig, load_config
-from reconciler.daemon import Outputs
-from reconciler.errors import ConfigError
-from reconciler.metrics import EXPORTED
+from reconciler.core.errors import ConfigError
+from reconciler.daemon.loop import Outputs
+from reconciler.daemon.metrics import EXPORTED
+from reconciler.settings.agent import MetricsConfig, load_config
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -8,7 +8,16 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.model import Action, ActionKind, DesiredService, FileSpec, Health, Runtime, canonical_json, sha256_hex
+from reconciler.core.model import (
+    Action,
+    ActionKind,
+    DesiredService,
+    FileSpec,
+    Health,
+    Runtime,
+    canonical_json,
+    sha256_hex,
+)
 
 
 def api(files: tuple[FileSpec, ...], networks: tuple[str, ...] = ("mgmt",)) -> DesiredService:
@@ -49,7 +58,7 @@ def test_a_value_kept_by_identity_keeps_its_object_so_its_id_names_no_other() ->
     import gc
     import weakref
 
-    from reconciler.memo import ByIdentity
+    from reconciler.core.memo import ByIdentity
 
     class Rules:
         pass

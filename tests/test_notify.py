@@ -27,9 +27,9 @@ import yaml
 from conftest import Deployment, SigningKey, git
 
 from reconciler.agent import Agent
-from reconciler.config import NotifyConfig, WebhookConfig
-from reconciler.daemon import Outputs
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
+from reconciler.daemon.loop import Outputs
+from reconciler.settings.agent import NotifyConfig, WebhookConfig
 
 SECRET_ENV = "RECONCILER_TEST_WEBHOOK_SECRET"
 SECRET = "s3cret-7f1d2c-never-written-anywhere"
@@ -236,7 +236,7 @@ def test_a_secret_variable_that_is_not_set_stops_the_start(
     ({"apprise": "not-a-url"}, "notify.apprise must be a list of apprise URLs"),
 ])
 def test_bad_notify_settings_are_one_line_errors(tmp_path: Path, notify: dict[str, object], error: str) -> None:
-    from reconciler.config import load_config
+    from reconciler.settings.agent import load_config
 
     config = tmp_path / "agent.yaml"
     config.write_text(yaml.safe_dump({"node": "ctl1", "remote": "file:///nowhere.git", "notify": notify}))
@@ -252,7 +252,7 @@ def test_a_hand_edit_under_drift_report_is_sent_once_and_counted(
     from conftest import free_port
     from test_metrics import labelled, scrape, value
 
-    from reconciler.config import MetricsConfig
+    from reconciler.settings.agent import MetricsConfig
 
     monkeypatch.setenv(SECRET_ENV, SECRET)
     deployment.write("services/identity/service.yaml", deployment.read("services/identity/service.yaml")

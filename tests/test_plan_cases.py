@@ -12,8 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
-from reconciler.model import ActionKind, Desired, DesiredService, FileSpec, Observed, ObservedService, Rule, Runtime
-from reconciler.plan import plan
+from reconciler.core.model import (
+    ActionKind,
+    Desired,
+    DesiredService,
+    FileSpec,
+    Observed,
+    ObservedService,
+    Rule,
+    Runtime,
+)
+from reconciler.plan.planner import plan
 
 CASES = sorted((Path(__file__).parent / "plan_cases").glob("*.yaml"))
 

@@ -23,10 +23,10 @@ from test_remotes import Daemon, identity_workers, live
 from test_rollout import roll_out_with_two_controllers_side_by_side
 
 from reconciler.agent import Agent
-from reconciler.config import RemoteConfig, load_config
-from reconciler.errors import ConfigError, RemoteError
-from reconciler.probe import TipProbe
-from reconciler.source import Source
+from reconciler.core.errors import ConfigError, RemoteError
+from reconciler.settings.agent import RemoteConfig, load_config
+from reconciler.source.mirror import Source
+from reconciler.source.probe import TipProbe
 
 HOOK = Path(__file__).resolve().parent.parent / "contrib" / "git-server" / "post-receive-tips"
 TIPS = "tips/cloud"

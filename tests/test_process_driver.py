@@ -21,8 +21,8 @@ from test_agent import get_json, pids
 from test_faults import _cli, processes_of
 
 from reconciler.agent import Agent
+from reconciler.core.model import ActionKind
 from reconciler.drivers.process import ProcessDriver
-from reconciler.model import ActionKind
 
 
 def live_file(agent: Agent, service: str, path: str) -> Path:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLE, Deployment, git
 
-from reconciler.render import render_node
-from reconciler.repo import load_repo
-from reconciler.tree import DirTree, open_tree
+from reconciler.render.node import render_node
+from reconciler.repo.load import load_repo
+from reconciler.repo.tree import DirTree, open_tree
 
 
 def test_each_node_gets_its_own_ports_names_and_peers() -> None:
@@ -79,8 +79,8 @@ def test_render_out_writes_without_an_fsync_per_file_and_the_agents_writes_keep_
 
     from click.testing import CliRunner
 
-    from reconciler import atomic
     from reconciler.cli import cli
+    from reconciler.core import atomic
 
     synced: list[int] = []
     real = os.fsync
@@ -89,7 +89,7 @@ def test_render_out_writes_without_an_fsync_per_file_and_the_agents_writes_keep_
         synced.append(fd)
         real(fd)
 
-    monkeypatch.setattr("reconciler.atomic.os.fsync", counting)
+    monkeypatch.setattr("reconciler.core.atomic.os.fsync", counting)
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["render", "--repo", str(EXAMPLE), "--all", "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -15,13 +15,13 @@ from conftest import EXAMPLE, Deployment, git
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from reconciler import render
-from reconciler.errors import ReconcilerError
-from reconciler.inputs import Inputs, same
-from reconciler.model import DesiredService
-from reconciler.repo import DeploymentRepo, ServiceDef, load_repo
-from reconciler.review import diff_repos, markdown
-from reconciler.tree import DirTree, open_tree
+from reconciler.core.errors import ReconcilerError
+from reconciler.core.model import DesiredService
+from reconciler.render import node as render
+from reconciler.render.inputs import Inputs, same
+from reconciler.repo.load import DeploymentRepo, ServiceDef, load_repo
+from reconciler.repo.tree import DirTree, open_tree
+from reconciler.review.diff import diff_repos, markdown
 
 A, B = "a" * 40, "b" * 40
 CONTROLLERS = {"ctl1", "ctl2", "ctl3"}

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import review
-from reconciler.errors import BadInput
-from reconciler.repo import DeploymentRepo, load_repo
-from reconciler.review import PARALLEL_FROM, diff_repos, markdown
-from reconciler.tree import DirTree
+from reconciler.core.errors import BadInput
+from reconciler.repo.load import DeploymentRepo, load_repo
+from reconciler.repo.tree import DirTree
+from reconciler.review import diff as review
+from reconciler.review.diff import PARALLEL_FROM, diff_repos, markdown
 
 A, B = "a" * 40, "b" * 40
 NODES = 2 * PARALLEL_FROM + 3  # enough for two workers

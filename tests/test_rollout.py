@@ -18,7 +18,7 @@ from clock import Clock
 from conftest import NODES, Deployment, SigningKey, age_args, git
 
 from reconciler.agent import Agent
-from reconciler.rollout import WHOLE_READ_EVERY
+from reconciler.fleet.rollout import WHOLE_READ_EVERY
 
 ROLLOUT = """\
 rollout:
@@ -31,7 +31,7 @@ rollout:
 
 def forget_notes(agent: Agent) -> None:
     """Drop the other nodes' notes ``agent`` has fetched, to see what its next poll reads."""
-    from reconciler.fleetview import FLEET_PREFIX
+    from reconciler.fleet.view import FLEET_PREFIX
 
     for ref in read_notes_of(agent):
         git("update-ref", "-d", f"{FLEET_PREFIX}{ref}", cwd=agent.source.path)
@@ -51,7 +51,7 @@ rollout:
 
 def read_notes_of(agent: Agent) -> set[str]:
     """The nodes whose notes ``agent`` has fetched into its mirror."""
-    from reconciler.fleetview import FLEET_PREFIX
+    from reconciler.fleet.view import FLEET_PREFIX
 
     return {ref.removeprefix(FLEET_PREFIX) for ref in agent.source.repo.references if ref.startswith(FLEET_PREFIX)}
 
@@ -260,6 +260,6 @@ def test_manual_instantiate_mode_stages_until_an_operator_applies(
 
 def _pids(agent: Agent) -> dict[str, int | None]:
     from reconciler.agent import drivers_for
-    from reconciler.observe import observe
+    from reconciler.drivers.observe import observe
 
     return {o.name: o.pid for o in observe(agent.cfg.node, drivers_for(agent.cfg, None)).services}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.rollout import FleetView, Note, Rollout, begun, decide, early, plan_rollout, sentinel
+from reconciler.fleet.rollout import FleetView, Note, Rollout, begun, decide, early, plan_rollout, sentinel
 
 NODES = [f"cmp{i}" for i in range(1, 9)] + ["ctl1", "ctl2", "ctl3"]
 GROUPS = {"controllers": ["ctl1", "ctl2", "ctl3"], "computes": [f"cmp{i}" for i in range(1, 9)]}

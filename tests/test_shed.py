@@ -20,8 +20,8 @@ import pytest
 import yaml
 from conftest import Deployment, SigningKey, free_port, git, wait_for
 
-from reconciler import shed
 from reconciler.agent import Agent
+from reconciler.daemon import shed
 
 
 def _maps(pid: int) -> str:
@@ -225,9 +225,9 @@ def test_code_upgraded_under_a_running_agent_keeps_it_from_re_executing_into_it(
     # agent and nobody restarts it. A re-execution would switch to the new code unasked (with the
     # old one's hand-over), so the agent keeps its memory and says to restart it.
     code = tmp_path / "installed"
-    shutil.copytree(Path(shed.__file__).parent, code / "reconciler", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(shed.__file__).parents[1], code / "reconciler", ignore=shutil.ignore_patterns("__pycache__"))
     agent, _ = _settled(deployment, agents, merge_key, tmp_path, daemon, code)
-    upgraded = code / "reconciler" / "render.py"
+    upgraded = code / "reconciler" / "render" / "node.py"
     upgraded.write_text(upgraded.read_text() + "\n# the next release\n")
     said = _applies_a_change_and_keeps_its_memory(deployment, agent)
     assert f"agent's code in {code / 'reconciler'} changed since it started" in said and "restart it" in said
@@ -236,7 +236,7 @@ def test_code_upgraded_under_a_running_agent_keeps_it_from_re_executing_into_it(
 
 HAND_OVER = """
 import fcntl, json, os, select, signal, sys, threading, time
-from reconciler import shed
+from reconciler.daemon import shed
 if sys.argv[1] == "before":
     lock = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT)
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -14,10 +14,10 @@ import pytest
 from conftest import Deployment, free_port, git
 from test_faults import FakeClock
 
-from reconciler import source as source_module
 from reconciler.agent import Agent
-from reconciler.errors import RemoteError
-from reconciler.source import RECHECK_EVERY, Source
+from reconciler.core.errors import RemoteError
+from reconciler.source import mirror as source_module
+from reconciler.source.mirror import RECHECK_EVERY, Source
 
 
 def ref_check_error(url: str, tmp_path: Path, *, progress: bool = False) -> str:

@@ -27,8 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from needs import unavailable
 
-from reconciler.errors import BadInput
-from reconciler.sshsig import (
+from reconciler.core.errors import BadInput
+from reconciler.trust.sshsig import (
     AllowedSigner,
     SignatureError,
     find_signer,

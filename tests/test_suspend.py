@@ -18,7 +18,7 @@ from test_cli import as_json, cli, node_args
 from test_metrics import parse, value
 
 from reconciler.agent import Agent, drivers_for
-from reconciler.observe import observe
+from reconciler.drivers.observe import observe
 
 WORKERS = ("port = {{ port_base + ports.identity }}", "port = {{ port_base + ports.identity }}\nworkers = 4")
 

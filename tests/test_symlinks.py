@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import git
 
-from reconciler.errors import RenderError
-from reconciler.render import render_node
-from reconciler.repo import load_repo
-from reconciler.tree import DirTree
+from reconciler.core.errors import RenderError
+from reconciler.render.node import render_node
+from reconciler.repo.load import load_repo
+from reconciler.repo.tree import DirTree
 
 SMALL = {
     "reconciler.yaml": "format: 1\nname: small\n",

@@ -24,9 +24,9 @@ from conftest import NODES, Deployment, SigningKey
 from test_cli import as_json, cli
 from test_faults import processes_of
 
-from reconciler import faults
 from reconciler.agent import Agent
-from reconciler.fleet import STEP_COLOURS
+from reconciler.core import faults
+from reconciler.fleet.status import STEP_COLOURS
 
 CONTROLLERS = ("ctl1", "ctl2", "ctl3")
 COMPUTES = ("cmp1", "cmp2")
@@ -520,7 +520,7 @@ def test_a_reboot_post_step_reboots_the_computes_one_at_a_time_once_everyone_is_
 ) -> None:
     """A kernel that comes with the upgrade: once every node runs version 2, each compute is
     drained, rebooted and undrained, the second only after the first is back."""
-    from reconciler.config import HostConfig
+    from reconciler.settings.agent import HostConfig
 
     log = tmp_path / "host.log"
     fleet = {}
@@ -619,7 +619,7 @@ def test_killed_at_every_side_effect_of_the_pass_that_reboots_the_node_reboots_o
     It is killed at each numbered side effect of that pass in turn (each time on a fresh
     upgrade commit) and polled again: every time the upgrade finishes, the node rebooted
     exactly once for that commit, and its note says so."""
-    from reconciler.config import HostConfig
+    from reconciler.settings.agent import HostConfig
 
     reboots = tmp_path / "reboots.log"
     boot = tmp_path / "cmp1.boot_id"

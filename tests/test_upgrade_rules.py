@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.model import Scope
-from reconciler.upgrade import Stage, Step, StepAction, Upgrade, barrier, bases, version_changed
+from reconciler.core.model import Scope
+from reconciler.upgrades.rules import Stage, Step, StepAction, Upgrade, barrier, bases, version_changed
 
 if TYPE_CHECKING:
-    from reconciler.repo import DeploymentRepo, ServiceDef
+    from reconciler.repo.load import DeploymentRepo, ServiceDef
 
 NODES = ("ctl1", "ctl2", "ctl3")
 STEPS = (Step("pin", StepAction.PIN, values={"rpc": "1"}), Step("stop", StepAction.STOP),

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from conftest import git
 
-from reconciler.errors import BadInput, RenderError, UnknownNode
-from reconciler.render import render_node
-from reconciler.repo import RENDER_NAMES, load_repo
-from reconciler.tree import DirTree
-from reconciler.yamlfile import RepoProblems
+from reconciler.core.errors import BadInput, RenderError, UnknownNode
+from reconciler.render.node import render_node
+from reconciler.repo.load import RENDER_NAMES, load_repo
+from reconciler.repo.tree import DirTree
+from reconciler.repo.yamlfile import RepoProblems
 
 SMALL = {
     "reconciler.yaml": "format: 1\nname: small\n",
@@ -123,7 +123,7 @@ def test_a_template_that_is_a_directory_says_so(tmp_path: Path, included: bool) 
 
 
 def test_validate_reads_the_trust_files_as_a_rotating_node_would(tmp_path: Path) -> None:
-    from reconciler.review import validate_tree
+    from reconciler.review.diff import validate_tree
 
     repo = make(tmp_path, {"trust/allowed_signers": "merge@example.org ssh-ed25519 AAAAC3Nza\n",
                            "trust/revoked": "# leaked\n3AA5C34371567BD2\n"})
@@ -219,8 +219,8 @@ def test_cli_render_unknown_node_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_agent_config_errors_are_located_and_flags_override(tmp_path: Path) -> None:
-    from reconciler.config import load_config
-    from reconciler.errors import ConfigError
+    from reconciler.core.errors import ConfigError
+    from reconciler.settings.agent import load_config
 
     cfg_file = tmp_path / "agent.yaml"
     cfg_file.write_text("node: n1\nremote: /srv/cloud.git\ninterval: 30\npoll_every: 5\n")
@@ -306,7 +306,7 @@ def test_render_with_both_node_and_all_says_which_to_give(tmp_path: Path) -> Non
 
 def test_a_variable_named_like_one_the_render_gives_is_refused(tmp_path: Path) -> None:
     # Before: {{ node }} in a template still said the node's name, and the variable was lost.
-    from reconciler.render import context
+    from reconciler.render.node import context
 
     loaded = load_repo(DirTree(make(tmp_path / "ok")))
     given = context(loaded, "n1", loaded.services["api"])

@@ -22,8 +22,8 @@ from test_cli import cli
 from test_suspend import running
 
 from reconciler.agent import Agent
-from reconciler.model import ActionKind
-from reconciler.windows import Window, WindowError, closed, parse_duration
+from reconciler.core.model import ActionKind
+from reconciler.plan.windows import Window, WindowError, closed, parse_duration
 
 PARIS = ZoneInfo("Europe/Paris")
 
@@ -149,7 +149,7 @@ def test_an_upgrades_reboot_post_step_waits_for_the_reboot_window(
     its upgrade goes through and the reboot waits, noted with the window's next opening."""
     from test_upgrade import COMPUTE_STEPS, steps_of_nodes, versioned
 
-    from reconciler.config import HostConfig
+    from reconciler.settings.agent import HostConfig
 
     clock = Clock(datetime(2026, 11, 23, 12, 0, tzinfo=PARIS))  # a Monday
     reboots, boot = tmp_path / "reboots.log", tmp_path / "cmp1.boot_id"

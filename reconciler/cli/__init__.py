@@ -19,11 +19,10 @@ from typing import Any, NoReturn
 
 import click
 
-from .. import __version__
-from ..errors import ReconcilerError
-from .bundle import bundle
-from .common import Failed, emit_json, err
-from .node import (
+from reconciler import __version__
+from reconciler.cli.bundle import bundle
+from reconciler.cli.common import Failed, emit_json, err
+from reconciler.cli.node import (
     agent_command,
     apply,
     history,
@@ -38,8 +37,9 @@ from .node import (
     unpin,
     verify,
 )
-from .repo import diff, render, validate
-from .review import review_post
+from reconciler.cli.repo import diff, render, validate
+from reconciler.cli.review import review_post
+from reconciler.core.errors import ReconcilerError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import BadInput
-from .common import emit_json, out, output_option
+from reconciler.cli.common import emit_json, out, output_option
+from reconciler.core.errors import BadInput
 
 
 @click.group()
@@ -53,7 +53,7 @@ def create(revisions: str, file: str, repo_dir: Path, remote: str | None, output
     """
     import pygit2
 
-    from ..bundles import create as make
+    from reconciler.source.bundles import create as make
 
     since, _, branch = revisions.rpartition("..")
     if not branch:
@@ -66,7 +66,7 @@ def create(revisions: str, file: str, repo_dir: Path, remote: str | None, output
         raise BadInput(f"{repo_dir}: not a git repository (give --repo, a clone of the deployment repo)") from exc
     source = str(repo_dir.resolve())
     if remote is not None:
-        from ..fleetview import remote_source
+        from reconciler.fleet.view import remote_source
 
         source = remote_source(repo, repo_dir, remote)
     made = make(source, branch, since or None, Path(file))

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..agent import Agent
-from ..atomic import atomic_write
-from ..config import AgentConfig, load_config
-from ..errors import BadInput, DiskFull, ReconcilerError
+from reconciler.agent import Agent
+from reconciler.core.atomic import atomic_write
+from reconciler.core.errors import BadInput, DiskFull, ReconcilerError
+from reconciler.settings.agent import AgentConfig, load_config
 
 if TYPE_CHECKING:
     from rich.console import Console

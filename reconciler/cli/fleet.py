@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import pygit2
 
-from ..errors import ReconcilerError
-from .common import Failed, emit_json, err, escape, new_table, node_agent, out, style, write_output
+from reconciler.cli.common import Failed, emit_json, err, escape, new_table, node_agent, out, style, write_output
+from reconciler.core.errors import ReconcilerError
 
 if TYPE_CHECKING:
-    from ..fleet import CommitInfo, NodeStatus, StepTable
-    from ..repo import DeploymentRepo
-    from ..rollout import FleetView
+    from reconciler.fleet.rollout import FleetView
+    from reconciler.fleet.status import CommitInfo, NodeStatus, StepTable
+    from reconciler.repo.load import DeploymentRepo
 
 # A node in one of these states has stopped the rollout of the commit: nobody after it starts.
 STOPPED = ("error", "failed", "halted", "refused")
@@ -49,7 +49,7 @@ class FleetSource:
 
     def read(self, rev: str | None) -> tuple[pygit2.Repository, str, FleetView]:
         """Fetch the notes now: (the repo, the commit asked for or the branch head, the view)."""
-        from ..fleetview import fetch_from_clone, fleet_view, open_clone, resolve
+        from reconciler.fleet.view import fetch_from_clone, fleet_view, open_clone, resolve
 
         if self.clone is None:
             with self.agent.state.lock(wait=30):
@@ -64,15 +64,15 @@ class FleetSource:
     def load(self, commit: str) -> DeploymentRepo:
         if self.clone is None:
             return self.agent.load(commit)
-        from ..repo import load_repo
-        from ..tree import open_tree
+        from reconciler.repo.load import load_repo
+        from reconciler.repo.tree import open_tree
 
         return load_repo(open_tree(self.clone, commit))
 
     def snapshot(self, rev: str | None) -> Snapshot:
-        from ..fleet import CommitInfo, fleet_status, stage_labels, step_table
-        from ..rollout import plan_rollout
-        from ..upgrader import bases_in
+        from reconciler.fleet.rollout import plan_rollout
+        from reconciler.fleet.status import CommitInfo, fleet_status, stage_labels, step_table
+        from reconciler.upgrades.runner import bases_in
 
         git, commit, view = self.read(rev)
         # The repo at the commit (and the ancestors its stages point back to): for the order of
@@ -93,7 +93,7 @@ class FleetSource:
 def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | None, output: str, *,
                repo_dir: Path | None = None, watch: bool = False, interval: float = 10.0,
                html_refresh: int | None = None) -> None:
-    from ..fleet import counts, to_html
+    from reconciler.fleet.status import counts, to_html
 
     source = FleetSource(agent_opts, repo_dir)
     snap = source.snapshot(rev)

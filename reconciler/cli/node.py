@@ -11,10 +11,8 @@ from typing import Any
 
 import click
 
-from ..agent import RunResult
-from ..errors import BadInput, ReconcilerError
-from ..observe import observe
-from .common import (
+from reconciler.agent import RunResult
+from reconciler.cli.common import (
     Failed,
     agent_config,
     agent_options,
@@ -27,6 +25,8 @@ from .common import (
     output_option,
     style,
 )
+from reconciler.core.errors import BadInput, ReconcilerError
+from reconciler.drivers.observe import observe
 
 
 @click.command()
@@ -168,7 +168,7 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
       2  bad input or refused, nothing applied: a problem in the repo at that commit, an
          unsigned or rewound commit, bad settings
     """
-    from ..daemon import Outputs, run_daemon
+    from reconciler.daemon.loop import Outputs, run_daemon
 
     settings = {"interval": interval, "jitter": jitter, "metrics_textfile": metrics_textfile}
     the_agent = node_agent(agent_opts, **settings)
@@ -212,8 +212,8 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
       2  refused: a commit is unsigned, signed by an unknown or revoked key, or rewinds
          history; or bad input: no trust root, not a git repo, an unknown commit
     """
-    from ..trust import verify_range
-    from .repo import verify_in_repo
+    from reconciler.cli.repo import verify_in_repo
+    from reconciler.trust.verify import verify_range
 
     if repo_dir is not None:
         verdicts = verify_in_repo(agent_config(agent_opts, node="local", remote="unused"), repo_dir, spec or "HEAD")
@@ -273,7 +273,7 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     if html_refresh is not None and html_file is None:
         raise BadInput("--html-refresh goes with --html")
     if fleet:
-        from .fleet import show_fleet
+        from reconciler.cli.fleet import show_fleet
 
         show_fleet(agent_opts, rev, html_file, output, repo_dir=repo_dir, watch=watch, interval=interval,
                    html_refresh=html_refresh)
@@ -281,9 +281,9 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     if repo_dir is not None or watch:
         raise BadInput("--repo and --watch go with --fleet")
     cfg = agent_config(agent_opts, remote="unused")
-    from ..agent import drivers_for
-    from ..ledger import Ledger
-    from ..state import State
+    from reconciler.agent import drivers_for
+    from reconciler.ledger.ledger import Ledger
+    from reconciler.ledger.statedir import State
 
     State(cfg.state_dir, create=False)
     ledger = Ledger.open(cfg.state_dir, create=False)
@@ -340,15 +340,15 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, fleet: 
          history on this node
     """
     if fleet:
-        from .fleet import show_fleet_history
+        from reconciler.cli.fleet import show_fleet_history
 
         show_fleet_history(agent_opts, repo_dir, limit, output)
         return
     cfg = agent_config(agent_opts, node="local", remote="unused")
     from datetime import UTC, datetime
 
-    from ..ledger import Ledger
-    from ..state import State
+    from reconciler.ledger.ledger import Ledger
+    from reconciler.ledger.statedir import State
 
     State(cfg.state_dir, create=False)
     ledger = Ledger.open(cfg.state_dir, create=False)
@@ -473,8 +473,8 @@ def logs(agent_opts: dict[str, Any], service: str, follow: bool, lines: int, out
       2  bad input: SERVICE does not run on this node (UNKNOWN_SERVICE), bad settings
     """
     cfg = agent_config(agent_opts, remote="unused")
-    from ..agent import drivers_for
-    from ..state import State
+    from reconciler.agent import drivers_for
+    from reconciler.ledger.statedir import State
 
     State(cfg.state_dir, create=False)  # a read: no state dir is made for it
     found = [(d, o) for d in drivers_for(cfg, None).values() for o in d.observe() if o.name == service]
@@ -517,8 +517,8 @@ def suspend(agent_opts: dict[str, Any], reason: str, output: str) -> None:
       0  suspended (or its reason updated); a node that never ran yet starts out suspended
       2  bad input: bad settings
     """
-    from ..operations import invoker
-    from ..operations import suspend as suspend_node
+    from reconciler.node.operations import invoker
+    from reconciler.node.operations import suspend as suspend_node
 
     the_agent = node_agent(agent_opts)
     already = suspend_node(the_agent, reason, invoker())
@@ -549,7 +549,7 @@ def resume(agent_opts: dict[str, Any], output: str) -> None:
       0  resumed, or it was not suspended
       2  bad input: bad settings
     """
-    from ..operations import resume as resume_node
+    from reconciler.node.operations import resume as resume_node
 
     the_agent = node_agent(agent_opts)
     lifted = resume_node(the_agent)

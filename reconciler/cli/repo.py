@@ -13,14 +13,24 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..config import AgentConfig
-from ..errors import BadInput
-from ..model import Desired
-from .common import Failed, emit_json, escape, new_table, out, output_dir, output_option, style, write_output
+from reconciler.cli.common import (
+    Failed,
+    emit_json,
+    escape,
+    new_table,
+    out,
+    output_dir,
+    output_option,
+    style,
+    write_output,
+)
+from reconciler.core.errors import BadInput
+from reconciler.core.model import Desired
+from reconciler.settings.agent import AgentConfig
 
 if TYPE_CHECKING:
-    from ..review import NodeDiff
-    from ..trust import Verdict
+    from reconciler.review.diff import NodeDiff
+    from reconciler.trust.verify import Verdict
 
 
 @click.command()
@@ -47,15 +57,15 @@ def validate(repo_dir: Path, rev: str | None, age_identity: Path | None, output:
       0  valid: every node renders
       2  a problem in the repo (each one printed), or bad input (no such directory or commit)
     """
-    from ..review import validate_tree
-    from ..tree import open_tree
-    from ..yamlfile import RepoProblems
+    from reconciler.repo.tree import open_tree
+    from reconciler.repo.yamlfile import RepoProblems
+    from reconciler.review.diff import validate_tree
 
     tree = open_tree(repo_dir, rev)
     keys: tuple[object, ...] = ()
     if age_identity is not None:
-        from ..errors import BadInput
-        from ..secrets import identities
+        from reconciler.core.errors import BadInput
+        from reconciler.render.secrets import identities
 
         try:
             text = age_identity.read_text()
@@ -104,9 +114,9 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
       2  bad input: neither --node nor --all (or both), an unknown node, a problem in the repo,
          an --out that cannot be written (a file, a directory where a file goes)
     """
-    from ..render import render_node
-    from ..repo import load_repo
-    from ..tree import open_tree
+    from reconciler.render.node import render_node
+    from reconciler.repo.load import load_repo
+    from reconciler.repo.tree import open_tree
 
     if not nodes and not all_nodes or nodes and all_nodes:
         raise BadInput("give --node NODE or --all" + (", not both" if nodes else ""))
@@ -187,8 +197,8 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
       2  bad input: not a git repo, an unknown commit or node, a problem in either commit's repo,
          a --report-file that cannot be written
     """
-    from ..review import cutover, diff_repos, load_at, markdown, summary
-    from ..tree import open_tree
+    from reconciler.repo.tree import open_tree
+    from reconciler.review.diff import cutover, diff_repos, load_at, markdown, summary
 
     if output != "markdown" and (max_bytes or artifact_url or report_file):
         raise BadInput("--max-bytes, --artifact-url and --report-file go with -o markdown")
@@ -221,7 +231,7 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
 def _print_diff(diffs: list[NodeDiff]) -> None:
     from rich.syntax import Syntax
 
-    from ..review import summary
+    from reconciler.review.diff import summary
 
     for d in diffs:
         if not d.plan.changes and not d.files:
@@ -247,7 +257,7 @@ def verify_in_repo(cfg: AgentConfig, repo_dir: Path, spec: str) -> list[Verdict]
     """``verify --repo``: the commits of any git repo against the trust root given as options."""
     import pygit2
 
-    from ..trust import Gate, Policy, load_root, verify_range
+    from reconciler.trust.verify import Gate, Policy, load_root, verify_range
 
     t = cfg.trust
     node_root = load_root(t.allowed_signers, t.gpg_home, t.revoked, t.sealers)

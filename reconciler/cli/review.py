@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import BadInput
-from .common import out, write_output
+from reconciler.cli.common import out, write_output
+from reconciler.core.errors import BadInput
 
 if TYPE_CHECKING:
-    from ..review import Change
+    from reconciler.review.diff import Change
 
 
 @click.command("review-post")
@@ -58,9 +58,9 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
       2  bad input: missing settings, not a git repo, an unknown commit, a --report-file
          that cannot be written (nothing is posted)
     """
-    from ..forge import GERRIT_LIMIT, GITHUB_LIMIT, MARKER, Forge, Gerrit, GitHub, GroupStatus, Review
-    from ..review import changes, diff_repos, markdown, validate_tree
-    from ..tree import open_tree
+    from reconciler.repo.tree import open_tree
+    from reconciler.review.diff import changes, diff_repos, markdown, validate_tree
+    from reconciler.review.forge import GERRIT_LIMIT, GITHUB_LIMIT, MARKER, Forge, Gerrit, GitHub, GroupStatus, Review
 
     the_forge: Forge
     if forge == "github":
@@ -83,7 +83,7 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
         if len(body.encode()) > limit:
             body = body.encode()[:limit - 200].decode(errors="ignore") + "\n\n(cut; run `reconciler validate`)\n"
     else:
-        from ..review import cutover, load_at
+        from reconciler.review.diff import cutover, load_at
 
         repo_a = load_at(tree_a)
         diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label)

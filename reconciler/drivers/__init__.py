@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import BadInput
-from .base import Driver
-from .hostaccess import HostAccess
-from .process import ProcessDriver
-from .registry import RegistryLogin
+from reconciler.core.errors import BadInput
+from reconciler.drivers.base import Driver
+from reconciler.drivers.hostaccess import HostAccess
+from reconciler.drivers.process import ProcessDriver
+from reconciler.drivers.registry import RegistryLogin
 
 KNOWN = ("process", "docker", "systemd", "host")
 
@@ -21,15 +21,15 @@ def make_driver(name: str, state_root: Path, node: str, host: HostAccess | None 
     if name == "process":
         return ProcessDriver(state_root / "services", node)
     if name == "docker":
-        from .docker import DockerDriver  # the docker SDK is imported only where it is used
+        from reconciler.drivers.docker import DockerDriver  # the docker SDK is imported only where it is used
 
         return DockerDriver(state_root / "docker", node, logins=logins)
     if name == "systemd":
-        from .systemd import SystemdDriver
+        from reconciler.drivers.systemd import SystemdDriver
 
         return SystemdDriver(state_root / "systemd", node, host)
     if name == "host":
-        from .host import HostDriver
+        from reconciler.drivers.host import HostDriver
 
         return HostDriver(state_root / "host", node, host)
     raise BadInput(f"driver {name!r} is not known (known: {', '.join(KNOWN)})")

@@ -16,7 +16,7 @@ import pwd
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from ..model import DesiredService, ObservedService
+from reconciler.core.model import DesiredService, ObservedService
 
 Check = Callable[[], None]
 

@@ -28,12 +28,12 @@ import requests
 from docker.models.containers import Container
 from docker.types import Mount
 
-from .. import faults
-from ..errors import ApplyError, ReconcilerError
-from ..model import DesiredService, ObservedService, Runtime
-from .base import Check
-from .files import read_dir, read_record, sync_dir, write_record
-from .registry import PullFailed, RegistryLogin, redact, registry_of, split_reference
+from reconciler.core import faults
+from reconciler.core.errors import ApplyError, ReconcilerError
+from reconciler.core.model import DesiredService, ObservedService, Runtime
+from reconciler.drivers.base import Check
+from reconciler.drivers.files import read_dir, read_record, sync_dir, write_record
+from reconciler.drivers.registry import PullFailed, RegistryLogin, redact, registry_of, split_reference
 
 PREFIX = "reconciler."
 STOP_TIMEOUT = 10

@@ -21,8 +21,8 @@ import docker
 import docker.errors
 from docker.types import Mount
 
-from ..model import DesiredService
-from .docker import PREFIX
+from reconciler.core.model import DesiredService
+from reconciler.drivers.docker import PREFIX
 
 ENGINE_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")  # how this node reaches its engine
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write, fsync_dir
-from ..model import FileSpec
+from reconciler.core.atomic import atomic_write, fsync_dir
+from reconciler.core.model import FileSpec
 
 
 def sync_dir(live: Path, files: Iterable[FileSpec]) -> None:

@@ -16,13 +16,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write
-from ..compare import action_for, domains
-from ..errors import ApplyError, BadInput, ReconcilerError
-from ..model import ActionKind, DesiredService, FileSpec, ObservedService, Rule
-from .base import Check
-from .files import read_record, write_record
-from .hostaccess import HostAccess
+from reconciler.core.atomic import atomic_write
+from reconciler.core.errors import ApplyError, BadInput, ReconcilerError
+from reconciler.core.model import ActionKind, DesiredService, FileSpec, ObservedService, Rule
+from reconciler.drivers.base import Check
+from reconciler.drivers.files import read_record, write_record
+from reconciler.drivers.hostaccess import HostAccess
+from reconciler.plan.compare import action_for, domains
 
 PENDING = "reboot-pending.json"
 

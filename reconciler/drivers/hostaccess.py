@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..errors import ApplyError
+from reconciler.core.errors import ApplyError
 
 
 @dataclass(frozen=True)

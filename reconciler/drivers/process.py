@@ -48,12 +48,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import faults
-from ..atomic import TEMP_PREFIX, atomic_write, fsync_dir
-from ..errors import ApplyError, ReconcilerError
-from ..model import DesiredService, FileSpec, ObservedService
-from .base import Check, clean_env
-from .files import read_dir, read_record, signal_number, sync_dir, write_record
+from reconciler.core import faults
+from reconciler.core.atomic import TEMP_PREFIX, atomic_write, fsync_dir
+from reconciler.core.errors import ApplyError, ReconcilerError
+from reconciler.core.model import DesiredService, FileSpec, ObservedService
+from reconciler.drivers.base import Check, clean_env
+from reconciler.drivers.files import read_dir, read_record, signal_number, sync_dir, write_record
 
 STOP_TIMEOUT = 10.0
 KEEP_REVISIONS = 5

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ApplyError
-from ..redact import without_userinfo
+from reconciler.core.errors import ApplyError
+from reconciler.core.redact import without_userinfo
 
 DOCKER_HUB = "docker.io"  # what an image name without a registry host means
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

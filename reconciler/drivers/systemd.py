@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write
-from ..errors import ApplyError, ReconcilerError
-from ..model import DesiredService, ObservedService
-from .base import Check
-from .files import read_dir, read_record, sync_dir, write_record
-from .hostaccess import HostAccess
+from reconciler.core.atomic import atomic_write
+from reconciler.core.errors import ApplyError, ReconcilerError
+from reconciler.core.model import DesiredService, ObservedService
+from reconciler.drivers.base import Check
+from reconciler.drivers.files import read_dir, read_record, sync_dir, write_record
+from reconciler.drivers.hostaccess import HostAccess
 
 
 def _unit_quote(arg: str) -> str:

@@ -1,0 +1,109 @@
+"""Every node's notes as a ``FleetView``, from any git repo: the node's mirror or a reviewer's
+clone. The one place that reads ``refs/notes/reconciler/*``; the agent's rollout gate,
+``status --fleet`` and ``history --fleet`` all go through it.
+
+A clone gets the notes with ``fetch_from_clone``: one fetch of the notes refs (and the branch)
+into refs of our own under ``refs/reconciler/``, so the operator's own refs and notes are
+left alone. No node settings, state dir or trust root: notes are reports, not instructions.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pygit2
+
+from reconciler.core.errors import BadInput, RemoteError
+from reconciler.fleet import notes
+from reconciler.fleet.notes import CLAIM_OBJECT, Claim, Note
+from reconciler.fleet.rollout import FleetView
+from reconciler.source.mirror import GIT_TIMEOUT, git_cause, scrub
+from reconciler.source.refs import NOTES_PREFIX
+
+FLEET_PREFIX = "refs/reconciler/fleet/"  # where a fetch puts each node's notes ref
+BRANCH_PREFIX = "refs/reconciler/branch/"  # where a clone's fetch puts the branch followed
+
+
+def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
+               own: Mapping[str, str] | None = None) -> FleetView:
+    """The notes under ``prefix`` (one ref per node, named after it); ``own``: node -> ref for
+    notes kept elsewhere (a node's own, fresher than what it fetched back)."""
+    refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
+    refs.update(own or {})
+    found: dict[str, tuple[Note, ...]] = {}
+    claims: dict[str, Claim] = {}
+    for node, ref in sorted(refs.items()):
+        try:
+            entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
+        except (KeyError, pygit2.GitError):
+            entries = []
+        parsed = []
+        for entry in entries:
+            data = notes.decode(entry.message)
+            if data is None:  # a note that is not ours is not a node's report
+                continue
+            if str(entry.annotated_id) == CLAIM_OBJECT:
+                claim = Claim.parse(node, data)
+                if claim is not None:
+                    claims[node] = claim
+            else:
+                parsed.append(Note.parse(node, str(entry.annotated_id), data))
+        found[node] = tuple(parsed)
+
+    def descends(a: str, b: str) -> bool:
+        from reconciler.trust.verify import is_descendant
+
+        return is_descendant(repo, a, b)
+
+    return FleetView(found, descends, claims)
+
+
+def open_clone(repo_dir: Path) -> pygit2.Repository:
+    try:
+        return pygit2.Repository(str(repo_dir))
+    except pygit2.GitError as exc:
+        raise BadInput(f"{repo_dir}: not a git repository (give --repo, a clone of the deployment repo)") from exc
+
+
+def remote_source(repo: pygit2.Repository, repo_dir: Path, remote: str) -> str:
+    """What git fetches from for ``--remote``: a remote of the clone (its URL), a URL or git's
+    scp form as given, or a path that exists (made absolute: git may run in another directory).
+    Anything else is a typo of a remote's name, not a directory for git to try."""
+    names = [n for n in repo.remotes.names() if n]
+    if remote in names:
+        return str(repo.remotes[remote].url)
+    if "://" in remote or (":" in remote and "/" not in remote.split(":", 1)[0]):
+        return remote
+    if Path(remote).exists():
+        return str(Path(remote).resolve())
+    raise BadInput(f"--remote {remote!r}: not a remote of {repo_dir} (it has: {', '.join(names) or 'none'}) "
+                   "nor a URL or path")
+
+
+def fetch_from_clone(repo_dir: Path, remote: str, branch: str) -> str:
+    """Fetch every node's notes and ``branch`` from ``remote`` (a remote's name or a URL) into
+    the clone at ``repo_dir``; the branch head's commit id."""
+    repo = open_clone(repo_dir)
+    url = remote_source(repo, repo_dir, remote)
+    named = remote in repo.remotes.names()  # by its name: the remote's own settings apply
+    try:
+        subprocess.run(
+            ["git", "-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--prune", "--no-write-fetch-head",
+             remote if named else url, f"+{NOTES_PREFIX}*:{FLEET_PREFIX}*",
+             f"+refs/heads/{branch}:{BRANCH_PREFIX}{branch}"],
+            cwd=repo_dir, check=True, capture_output=True, text=True, timeout=GIT_TIMEOUT)
+    except subprocess.CalledProcessError as exc:
+        cause = git_cause(exc.stderr) or f"git exited with {exc.returncode}"
+        raise RemoteError(scrub(f"notes fetch from {url} failed: {cause}", url or "")) from None
+    except subprocess.TimeoutExpired:
+        raise RemoteError(scrub(f"notes fetch from {url} timed out after {GIT_TIMEOUT:.0f}s", url or "")) from None
+    return str(open_clone(repo_dir).references[f"{BRANCH_PREFIX}{branch}"].target)
+
+
+def resolve(repo: pygit2.Repository, rev: str) -> str:
+    try:
+        return str(repo.revparse_single(rev).peel(pygit2.Commit).id)
+    except (KeyError, ValueError, pygit2.GitError) as exc:
+        raise BadInput(f"unknown commit {rev!r} in {repo.workdir or repo.path}") from exc

@@ -1,0 +1,141 @@
+"""The node's state directory: where things are, who may change them, what a crash left.
+
+Layout of ``state_dir``::
+
+    lock                    flock: one pass at a time (poll, verify, apply, note)
+    services.lock           flock: whoever changes services (a pass's apply, the supervisor)
+    agent.lock              flock held by a running daemon: one daemon per state dir
+    state.db                the ledger (reconciler.ledger): SQLite, WAL
+    mirror.git/             bare mirror of the deployment repo (source)
+    trust/                  a trust root rotated through the repo
+    services/<svc>/, docker/, systemd/, host/   driver-owned records and files
+
+A pass holds ``lock`` from start to end but ``services.lock`` only while it observes and changes
+services, so the supervisor keeps restarting crashed services while a pass waits on the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from reconciler.core.atomic import TEMP_PREFIX, atomic_write, fsync_dir
+from reconciler.core.errors import Busy, ConfigError, DiskFull, StateMissing
+
+# A pass needs room for a revision of files, a few ledger pages and note objects; below this
+# it stops before changing anything rather than half way through.
+MIN_FREE_BYTES = 16 * 2**20
+
+
+class State:
+    """The node's state directory. ``create=False`` for commands that only read."""
+
+    def __init__(self, root: Path, *, create: bool = True) -> None:
+        self.root = root
+        if not create:
+            if not root.is_dir():
+                raise StateMissing(f"state dir {root} does not exist (is --state-dir right?)")
+            return
+        try:
+            # Search, not read, for others: a service that runs as its own user reaches its
+            # files by path. What is private (records, the ledger, logs) is 0600 inside.
+            root.mkdir(parents=True, exist_ok=True, mode=0o711)
+            root.chmod(0o711)
+        except OSError as exc:
+            raise ConfigError(f"state dir {root}: {exc.strerror or exc}") from exc
+
+    @property
+    def mirror(self) -> Path:
+        return self.root / "mirror.git"
+
+    @property
+    def services_dir(self) -> Path:
+        return self.root / "services"
+
+    @contextlib.contextmanager
+    def lock(self, wait: float = 0.0, name: str = "lock", what: str = "another reconciler run",
+             held: int | None = None) -> Iterator[int]:
+        """Exclusive flock on ``name``; ``Busy`` if someone else holds it after ``wait`` seconds.
+        Yields the descriptor. ``held``: a descriptor of that file this process already holds
+        the lock through (a daemon that re-executed itself, ``shed``): kept, no gap."""
+        fd = self._adopt(held, name) if held is not None else None
+        if fd is not None:
+            try:
+                yield fd
+            finally:
+                os.close(fd)
+            return
+        fd = os.open(self.root / name, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + wait
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise Busy(f"{self.root}: {what} holds the lock") from None
+                    time.sleep(0.1)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            yield fd
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def _adopt(self, fd: int, name: str) -> int | None:
+        """``fd`` when it is ``name`` and its flock is ours (taking it again through the same
+        open file succeeds at once); otherwise closed, and None."""
+        try:
+            mine, there = os.fstat(fd), os.stat(self.root / name)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.set_inheritable(fd, False)  # the services this daemon starts must not hold it
+                return fd
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        return None
+
+    def services_lock(self, wait: float = 0.0) -> contextlib.AbstractContextManager[int]:
+        return self.lock(wait, "services.lock", "another run changing services")
+
+    def daemon_lock(self, held: int | None = None) -> contextlib.AbstractContextManager[int]:
+        return self.lock(0.0, "agent.lock", "another `reconciler agent`", held)
+
+    def sweep(self) -> list[Path]:
+        """Remove what a killed run left half written: temp files and unfinished revision dirs.
+        Called under the run lock and the services lock (the supervisor's), so nothing in flight
+        can be swept."""
+        swept: list[Path] = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            if dirpath == str(self.root) and "mirror.git" in dirnames:
+                dirnames.remove("mirror.git")  # git sweeps its own
+            for d in [d for d in dirnames if d.startswith(TEMP_PREFIX)]:
+                shutil.rmtree(Path(dirpath) / d, ignore_errors=True)
+                dirnames.remove(d)
+                swept.append(Path(dirpath) / d)
+            for f in filenames:
+                if f.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        (Path(dirpath) / f).unlink()
+                    swept.append(Path(dirpath) / f)
+        return swept
+
+    def check_space(self, need: int = MIN_FREE_BYTES) -> None:
+        """Before a pass changes anything: ``DiskFull`` if the state dir's filesystem is too full."""
+        free = shutil.disk_usage(self.root).free
+        if free < need:
+            raise DiskFull(f"state dir {self.root}: {free / 2**20:.1f} MiB free, a run needs "
+                           f"{need / 2**20:.0f} MiB; nothing was changed")
+
+
+__all__ = ["MIN_FREE_BYTES", "State", "atomic_write", "fsync_dir"]

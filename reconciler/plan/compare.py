@@ -1,0 +1,352 @@
+"""Which action a changed service needs: the least disruptive one that every changed domain
+allows. Pure: file contents in, an action and its reason out.
+
+A domain is a file, or a key inside an INI, YAML, JSON or TOML file (``section.key`` for INI,
+a dotted path otherwise). Each changed domain takes the action of the first ``on_change`` rule
+that matches it (file glob, and key globs if the rule names keys); a domain no rule explains
+takes the service's safe default (restart). The service's action is the highest of them. A
+file that is missing on one side or does not parse is one file-level domain: only a rule for
+the whole file can make it less than the default.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from reconciler.core.errors import BadInput
+from reconciler.core.memo import ByIdentity
+from reconciler.core.model import ActionKind, FileSpec, Rule, rank
+from reconciler.repo.yamlfile import safe_load
+
+DEFAULT = ActionKind.RESTART
+TOP = "\0top"  # the section of an INI-like file that has none
+FORMATS = {".ini": "ini", ".conf": "ini", ".cfg": "ini", ".yaml": "yaml", ".yml": "yaml",
+           ".json": "json", ".toml": "toml"}
+
+
+@dataclass(frozen=True)
+class Domain:
+    file: str
+    key: str | None  # None: the whole file
+    what: str  # changed | added | removed
+    ini: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.key is None:
+            return self.file
+        if self.ini:
+            section, _, option = self.key.partition(".")
+            return f"[{section}] {option}"
+        return self.key
+
+
+def _format(path: str) -> str | None:
+    dot = path.rfind(".")
+    return FORMATS.get(path[dot:].lower()) if dot >= 0 else None
+
+
+def _walk(value: Any, prefix: str, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _walk(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk(v, f"{prefix}.{i}" if prefix else str(i), out)
+    else:
+        out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+
+# A "[" that only whitespace separates from the start of the text or of a line (every line
+# boundary ``str.splitlines`` knows is itself whitespace): one search, not a loop over lines.
+_HEADER = re.compile(r"(?:\A|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])\s*\[")
+
+
+def _has_header(content: bytes) -> bool:
+    """Whether a line of the file starts with "[" (after whitespace): a sectioned INI file,
+    whose keys print as "[section] key"."""
+    return _HEADER.search(content.decode(errors="replace")) is not None
+
+
+def _indent(line: str, first: str) -> int:
+    """How far ``line`` is indented: a line is indented exactly when its first character is not
+    ``first``, its first non-blank one."""
+    return len(line) - len(line.lstrip()) if line[0] != first else 0
+
+
+def _section(stripped: str) -> str | None:
+    """The section a header line opens (None: not a header)."""
+    return stripped[1:stripped.rindex("]")].strip() if stripped[0] == "[" and "]" in stripped else None
+
+
+def _option(stripped: str) -> tuple[str, str] | None:
+    """(name, value) of an option line: the first "=" or ":" ends the name (a ":" is looked for
+    only before the "="). None: not an option."""
+    eq = stripped.find("=")
+    cut = stripped.find(":", 0, eq) if eq >= 0 else stripped.find(":")
+    if cut < 0:
+        cut = eq
+    name = stripped[:cut].rstrip()
+    return (name, stripped[cut + 1:].lstrip()) if cut >= 0 and name else None
+
+
+_BLANK, _COMMENT, _SECTION, _OPTION, _OTHER = "blank", "comment", "section", "option", "other"
+
+
+# How the INI parser reads one line on its own (whether it continues a value depends on the
+# lines before it: its indent against the key's): (kind: one of the five above, _OTHER being
+# not INI unless a continuation; indent; word: a section's key prefix, "section." or "" for TOP,
+# or an option's name; value: an option's value; text: the line stripped, what a continuation
+# adds to its key's value). A plain tuple: read for every line of a fleet diff.
+_Line = tuple[str, int, str, str, str]
+
+
+def _read(line: str) -> _Line:
+    stripped = line.strip()
+    if not stripped:
+        return _BLANK, 0, "", "", ""
+    first = stripped[0]
+    if first == "#" or first == ";":
+        return _COMMENT, 0, "", "", stripped
+    indent = _indent(line, first)
+    section = _section(stripped)
+    if section is not None:
+        return _SECTION, indent, "" if section == TOP else f"{section}.", "", stripped
+    option = _option(stripped)
+    if option is None:
+        return _OTHER, indent, "", "", stripped
+    return _OPTION, indent, option[0], option[1], stripped
+
+
+# A line's text -> how it reads: the lines a template renders alike on every node are read
+# once in a fleet diff.
+_READ: dict[str, _Line] = {}
+
+
+def _ini(text: str) -> dict[str, tuple[str, ...]]:
+    """``section.key`` -> every value it has, in order, the way oslo.config reads a
+    file: a key may repeat (multi-valued options such as ``transport_url``) and so may a section
+    (``[filter:x]`` blocks), so nothing is collapsed into its last occurrence. Lines indented
+    below a key continue its value; ``#`` and ``;`` start comment lines; a file with no section
+    header (sysctl.d, env files) has bare keys. Raises ValueError for a line that is none of these.
+    """
+    values: dict[str, list[str]] = {}
+    prefix, key, key_indent = "", "", 0  # prefix: "section." ("" before any section header)
+    for line in text.splitlines():
+        kind, indent, word, value, stripped = _read(line)
+        if kind == _BLANK:
+            key = ""  # a blank line ends a value
+        elif kind == _COMMENT:
+            continue
+        elif key and indent > key_indent:
+            values[key][-1] += "\n" + stripped
+        elif kind == _SECTION:
+            key, prefix = "", word
+        elif kind == _OPTION:
+            key, key_indent = prefix + word, indent
+            kept = values.get(key)
+            if kept is None:
+                values[key] = [value]
+            else:
+                kept.append(value)
+        else:
+            raise ValueError(f"not an option: {stripped!r}")
+    return {k: tuple(v) for k, v in values.items()}
+
+
+def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
+    """The keys whose values differ between two INI files of the same shape, read in one pass
+    for both: line for line, each pair of differing lines is the same kind of line for the
+    parser (an option of the same name at the same indent, a continuation, a comment, a blank,
+    the same section), so both files have the same keys and only those lines' values differ.
+    None when the shapes differ, or a line is not INI: then each file is parsed whole (``_ini``).
+    A one-value change to a rendered config, most of a fleet diff's, is half the parsing.
+
+    A key's values are built from the same lines in both files, each value from an option line
+    and its continuations (none of which holds a line break), so they differ exactly when one of
+    those lines reads differently: an equal line only moves the parser along. ``la``, ``lb``:
+    the files' lines, with their line ends or without (a line that differs only there reads the
+    same)."""
+    if len(la) != len(lb):
+        return None
+    changed: set[str] = set()
+    prefix, key, key_indent = "", "", 0
+    for a, b in zip(la, lb, strict=True):
+        if a == b:  # most lines: read once per text, moving the parser along, nothing kept
+            seen = _READ.get(a)
+            if seen is None:
+                if len(_READ) >= 1 << 15:
+                    _READ.clear()
+                seen = _READ[a] = _read(a)
+            kind, indent, word, _, _ = seen
+            if kind == _BLANK:
+                key = ""  # a blank line ends a value
+            elif kind == _COMMENT or (key and indent > key_indent):
+                continue
+            elif kind == _SECTION:
+                key, prefix = "", word
+            elif kind == _OPTION:
+                key, key_indent = prefix + word, indent
+            else:
+                return None  # not an option: ``_ini`` says which file does not parse
+            continue
+        # Neither read kept: a line that differs is often this node's own.
+        kind, indent, word, value, text = _read(a)
+        other_kind, other_indent, other_word, other_value, other_text = _read(b)
+        if kind in (_BLANK, _COMMENT) or other_kind in (_BLANK, _COMMENT):
+            if kind != other_kind:
+                return None  # a blank line (the end of a value) or a comment against a line that is not
+            if kind == _BLANK:
+                key = ""
+            continue
+        more, other_more = bool(key) and indent > key_indent, bool(key) and other_indent > key_indent
+        if more != other_more:
+            return None  # a continuation against a line that is not
+        if more:
+            if text != other_text:
+                changed.add(key)
+        elif kind != other_kind or kind == _OTHER or word != other_word:
+            return None  # another section, another option, or a line that is not INI
+        elif kind == _SECTION:
+            key, prefix = "", word
+        elif indent != other_indent:
+            return None  # the same option at another indent: what continues it differs
+        else:
+            key, key_indent = prefix + word, indent
+            if value != other_value:
+                changed.add(key)
+    return sorted(changed)
+
+
+def flatten(path: str, content: bytes) -> Mapping[str, object] | None:
+    """Leaf values by key (compared, never shown), or None when the file is not a structured
+    config or does not parse."""
+    kind = _format(path)
+    if kind is None:
+        return None
+    try:
+        if kind == "ini":
+            return _ini(content.decode("utf-8"))
+        # A rendered YAML file is loaded with the repo's bounds: ten lines of aliases must not
+        # expand to gigabytes in the walk below.
+        data = (safe_load(content, path) if kind == "yaml" else json.loads(content) if kind == "json"
+                else tomllib.loads(content.decode("utf-8")))
+    except (BadInput, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    out: dict[str, str] = {}
+    _walk(data, "", out)
+    return out
+
+
+def domains(old: Iterable[FileSpec], new: Iterable[FileSpec]) -> list[Domain]:
+    before = {f.path: f for f in old}
+    after = {f.path: f for f in new}
+    out: list[Domain] = []
+    for path in sorted(set(before) | set(after)):
+        a, b = before.get(path), after.get(path)
+        if a is not None and b is not None and a.content == b.content:
+            if a.mode != b.mode:
+                out.append(Domain(path, None, "mode changed"))
+            continue
+        if a is None or b is None:
+            out.append(Domain(path, None, "added" if a is None else "removed"))
+            continue
+        keys = _changes(a, b)
+        if keys is None:
+            out.append(Domain(path, None, "changed"))
+            continue
+        ini = _format(path) == "ini" and _has_header(b.content)
+        out += [Domain(path, key, what, ini) for key, what in keys]
+        if not keys:  # same keys and values: comments or layout only
+            out.append(Domain(path, None, "changed (comments or layout only)"))
+    return out
+
+
+def _changes(a: FileSpec, b: FileSpec) -> list[tuple[str, str]] | None:
+    """(key, added | removed | changed) of each key whose values differ between two versions of
+    a file, in key order; None when it is not a structured config or does not parse."""
+    if _format(a.path) == "ini":
+        la, lb = a.lines, b.lines
+        if la is None or lb is None:
+            return None  # not UTF-8
+        same_shape = _ini_changes(la, lb)
+        if same_shape is not None:
+            return [(key, "changed") for key in same_shape]
+    fa, fb = flatten(a.path, a.content), flatten(b.path, b.content)
+    if fa is None or fb is None:
+        return None
+    return [(key, "added" if key not in fa else "removed" if key not in fb else "changed")
+            for key in sorted(set(fa) | set(fb)) if fa.get(key) != fb.get(key)]
+
+
+def action_for(domain: Domain, rules: Iterable[Rule], default: ActionKind = DEFAULT) -> tuple[ActionKind, bool]:
+    """(action, whether a rule said so)."""
+    for rule in rules:
+        if not fnmatchcase(domain.file, rule.file):
+            continue
+        if not rule.keys:
+            return rule.action, True
+        if domain.key is not None and any(fnmatchcase(domain.key, k) for k in rule.keys):
+            return rule.action, True
+    return default, False
+
+
+# What ``action_for`` says of a changed key, by (rules, file, key, default): a service's rules
+# are one tuple on every node and its changed keys mostly the same ones, so a fleet diff
+# matches each against the globs once.
+_JUDGED: ByIdentity[tuple[ActionKind, bool]] = ByIdentity(1 << 14)
+
+
+def _judged(domain: Domain, rules: tuple[Rule, ...], default: ActionKind) -> tuple[ActionKind, bool]:
+    key = (id(rules), domain.file, domain.key, default)
+    said = _JUDGED.get(key)
+    return said if said is not None else _JUDGED.put(key, action_for(domain, rules, default), rules)
+
+
+def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[FileSpec],
+           rules: Iterable[Rule], default: ActionKind = DEFAULT) -> tuple[ActionKind, str]:
+    """The action for a service whose ``changed_parts`` (runtime, networks, health, file) differ.
+    ``default``: what a file change no rule explains needs (restart; reboot for host files)."""
+    parts = set(changed_parts)
+    rules = tuple(rules)
+    judged: list[tuple[Domain, ActionKind, bool]] = []
+    if "file" in parts:
+        judged = [(d, *_judged(d, rules, default)) for d in domains(old, new)]
+    if "runtime" in parts:
+        files = ", ".join(f"{d.label} {d.what}" + (f" in {d.file}" if d.key else "") for d, _, _ in judged)
+        return ActionKind.RECREATE, "runtime changed (image, command, ports...)" + (f"; {files}" if files else "")
+    kinds = [k for _, k, _ in judged]
+    if "health" in parts:
+        kinds.append(ActionKind.RESTART)
+    if "file" in parts and not judged:
+        # The record says the files changed but they already match (a run stopped between
+        # writing them and restarting): the program may not have read them yet.
+        return ActionKind.RESTART, "files already written by an interrupted run; restart to load them"
+    if not kinds:
+        return ActionKind.CONNECT, "networks changed"
+    final = max(kinds, key=rank)
+    return final, _reason(judged, final, "health" in parts, default)
+
+
+def _reason(judged: list[tuple[Domain, ActionKind, bool]], final: ActionKind, health: bool,
+            default: ActionKind = DEFAULT) -> str:
+    texts = []
+    for d, kind, by_rule in judged:
+        text = f"{d.label} {d.what}" + (f" in {d.file}" if d.key is not None else "")
+        if not by_rule:
+            text += f" (no rule: {default})"
+        elif kind is not final and len(judged) > 1:
+            text += f" ({kind})"
+        texts.append(text)
+    if health:
+        texts.append("health check changed")
+    if len(texts) == 1:
+        return "only " + texts[0]
+    return ", ".join(texts)
+

@@ -1,0 +1,169 @@
+"""``Desired`` + ``Observed`` -> ``Plan``. Pure: no I/O, no clock, same input, same plan.
+
+Per service, the least that makes observed match desired:
+
+- not observed: ``start``;
+- observed under another driver: ``stop`` there, ``start`` here;
+- slice differs: the least disruptive action every changed domain allows (see ``compare``):
+  ``recreate`` if how it runs changed (image, command, ports...); for changed files, what the
+  ``on_change`` rules say per file and key (``none``, ``reload``, ``restart``...), ``restart``
+  where no rule says; ``connect`` if only networks changed;
+- same slice but not running: ``start`` (it crashed or was stopped by hand);
+- same slice, changed by hand (drift): put back, or only noted under ``drift: report``; live
+  files changed by hand take what the ``on_change`` rules give the same change from the repo;
+- same slice, running: ``none``, said explicitly;
+- observed but no longer desired: ``stop`` (drivers only report what they started).
+
+Stops come first; then the rest in dependency order (``depends_on``), ties broken by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from reconciler.core.model import Action, ActionKind, Desired, DesiredService, Observed, ObservedService, Plan
+from reconciler.plan.compare import decide
+from reconciler.plan.windows import Window, closed
+
+
+def dependency_order(services: Iterable[DesiredService]) -> list[DesiredService]:
+    """Kahn's algorithm with a sorted ready set: dependencies first, deterministic."""
+    by_name = {s.name: s for s in services}
+    waiting = {n: {d for d in s.depends_on if d in by_name} for n, s in by_name.items()}
+    out: list[DesiredService] = []
+    while waiting:
+        ready = sorted(n for n, deps in waiting.items() if not deps)
+        if not ready:  # repo validation rejects cycles; keep going by name rather than loop
+            ready = [min(waiting)]
+        for n in ready:
+            out.append(by_name[n])
+            del waiting[n]
+        for deps in waiting.values():
+            deps.difference_update(ready)
+    return out
+
+
+def _changed_parts(desired: DesiredService, observed: ObservedService) -> list[tuple[str, str]]:
+    """(part, description) for each part of the slice that differs: file:<path>, runtime,
+    networks, health."""
+    before: Mapping[str, str] = dict(observed.fingerprint)
+    after = desired.fingerprint()
+    if not before:
+        return [("runtime", "slice changed")]
+    parts = []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            kind, _, name = key.partition(":")
+            if kind == "file":
+                what = "added" if key not in before else "removed" if key not in after else "changed"
+                parts.append((kind, f"{name} {what}"))
+            else:
+                parts.append((kind, f"{kind} changed"))
+    return parts or [("runtime", "slice changed")]
+
+
+def _short(commit: str | None) -> str:
+    return commit[:12] if commit else "unknown commit"
+
+
+def plan(desired: Desired, observed: Observed) -> Plan:
+    seen = observed.by_name()
+    wanted = desired.by_name()
+    actions: list[Action] = []
+
+    for o in observed.services:
+        if o.name not in wanted:
+            actions.append(Action(ActionKind.STOP, o.name, "no longer assigned to this node", driver=o.driver))
+        elif o.driver != wanted[o.name].runtime.driver:
+            actions.append(Action(
+                ActionKind.STOP, o.name, f"moves from driver {o.driver} to {wanted[o.name].runtime.driver}",
+                driver=o.driver,
+            ))
+
+    for svc in dependency_order(desired.services):
+        actions.append(_action_for(svc, seen.get(svc.name)))
+
+    return Plan(node=desired.node, commit=desired.commit, actions=tuple(actions))
+
+
+def stage(plan: Plan) -> Plan:
+    """Hold back the changes of services under ``apply: manual``: they become "none", their
+    reason says what `reconciler apply` will do."""
+    held = []
+    for a in plan.actions:
+        if a.desired is not None and a.desired.manual and (a.kind is not ActionKind.NONE or a.sync):
+            held.append(Action(ActionKind.NONE, a.service, f"staged (apply: manual): {a.kind}: {a.reason}",
+                               a.desired, a.driver, staged=True))
+        else:
+            held.append(a)
+    return Plan(plan.node, plan.commit, tuple(held))
+
+
+def in_windows(plan: Plan, windows: Iterable[Window], now: datetime) -> Plan:
+    """Hold back each change whose kind a closed maintenance window gates on this node: it
+    becomes "none" (its files are not touched either), its reason and ``waiting`` say which
+    window it waits for and when that opens."""
+    windows = tuple(windows)
+    if not windows:
+        return plan
+    actions = []
+    for a in plan.actions:
+        shut = closed(a.kind, plan.node, windows, now) if a.kind is not ActionKind.NONE else None
+        actions.append(a if shut is None else _held(a, str(shut), "WINDOW"))
+    return Plan(plan.node, plan.commit, tuple(actions))
+
+
+def hold_back(plan: Plan, kinds: Iterable[ActionKind], why: str, held_by: str) -> Plan:
+    """Hold back every change of these kinds, for ``why`` (``held_by``: a disruption budget's
+    BUDGET)."""
+    kinds = frozenset(kinds)
+    return Plan(plan.node, plan.commit, tuple(_held(a, why, held_by) if a.kind in kinds else a for a in plan.actions))
+
+
+def _held(a: Action, why: str, held_by: str) -> Action:
+    return Action(ActionKind.NONE, a.service, f"{why}: {a.kind}: {a.reason}", a.desired, a.driver,
+                  waiting=f"{a.kind}: {why}", held_by=held_by)
+
+
+def _put_back(svc: DesiredService, o: ObservedService, what: str) -> Action:
+    """Live files changed by hand: the repo's files go back, and the program is brought back onto
+    them with what the ``on_change`` rules ask for the same change made through the repo (the
+    program may have read the hand edit: a reload rule re-reads, a restart rule restarts)."""
+    default = ActionKind.REBOOT if svc.runtime.driver == "host" else ActionKind.RESTART
+    kind, why = decide({"file"}, o.files, svc.files, svc.rules, default)
+    if kind is ActionKind.NONE:
+        return Action(kind, svc.name, f"{what}; put back, nothing restarted ({why})", svc, svc.runtime.driver,
+                      sync=True)
+    return Action(kind, svc.name, f"{what}; {kind} puts the repo's version back ({why})", svc, svc.runtime.driver)
+
+
+def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
+    drv = svc.runtime.driver
+    if o is None or o.driver != drv:
+        return Action(ActionKind.START, svc.name, "not running on this node yet", svc, drv)
+    if o.hash != svc.hash:
+        parts = {p for p, _ in _changed_parts(svc, o)}
+        default = ActionKind.REBOOT if svc.runtime.driver == "host" else ActionKind.RESTART
+        kind, reason = decide(parts, o.files, svc.files, svc.rules, default)
+        if not o.running:  # nothing to reload or connect: start it with the new slice
+            return Action(ActionKind.START, svc.name, f"not running ({o.detail or 'stopped'}); {reason}", svc, drv)
+        if kind is ActionKind.NONE:
+            return Action(kind, svc.name, f"{reason}: files updated, nothing restarted", svc, drv, sync=True)
+        return Action(kind, svc.name, reason, svc, drv)
+    if o.drifted or not o.running:
+        stopped = f"not running ({o.detail or 'stopped'})"
+        if o.drifted.startswith("files:"):  # a start writes the repo's files anyway
+            what = f"{o.drifted} by hand" if o.running else f"{stopped}, {o.drifted} by hand"
+        else:
+            what = f"{o.drifted} changed by hand" if o.drifted else stopped
+        if svc.drift == "report":
+            return Action(ActionKind.NONE, svc.name, f"drift not corrected (policy report): {what}", svc, drv)
+        if o.drifted.startswith("files:") and o.running:
+            return _put_back(svc, o, what)
+        if o.drifted and not o.drifted.startswith("files:"):
+            kind = ActionKind.CONNECT if o.drifted == "networks" else ActionKind.RECREATE
+            return Action(kind, svc.name, what, svc, drv)
+        return Action(ActionKind.START, svc.name, f"{what}; same slice as {_short(o.commit)}", svc, drv)
+    return Action(ActionKind.NONE, svc.name, f"unchanged since {_short(o.commit)}", svc, drv)
+

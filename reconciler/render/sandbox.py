@@ -1,0 +1,331 @@
+"""The Jinja sandbox templates run in, holding each node's render to its ``Limits``.
+
+Jinja's own sandbox stops a template from reaching Python's internals and caps one ``range()``
+at 100,000 items, but two nested loops still run 10**10 times, and ``'x' * 10**10`` or a string
+doubled in a loop asks for gigabytes in one step. So, during one node's render:
+
+- time: a deadline, checked every few hundred steps, where a step is a loop iteration (every
+  ``{% for %}`` iterates through ``Sandbox.paced``, which the code generator wraps around it),
+  a call, an attribute or item lookup, an operator or a chunk of output: a loop that prints
+  nothing stops as surely as one that prints;
+- output: counted as it is generated (see ``render._stream``), per file and per node;
+- values: an operation whose result would pass ``file_bytes`` (repeat, concatenate, pad,
+  format widths, replace, huge powers) is refused before it is built; a result that passes it
+  anyway (a macro's output) is refused once built;
+- depth: an include, import or extends nested deeper than ``include_depth`` is refused.
+
+A limit passed raises ``RenderLimit`` inside the template, so the error carries its line.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from contextvars import ContextVar
+from types import FrameType
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame, optimizeconst
+
+from reconciler.core.errors import RenderLimit
+from reconciler.core.limits import Limits, size
+
+_CHECK_EVERY = 256  # steps between clock reads: cheap, and still many checks per second
+
+
+class Budget:
+    """What one node's render may still spend; every template of the node draws on it."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.deadline = time.monotonic() + limits.render_seconds
+        self.spent = 0  # output of the node so far (characters while streaming, then bytes)
+        self.steps = 0
+
+    @property
+    def too_late(self) -> str:
+        return f"rendering took longer than {self.limits.render_seconds:g} s (render limit)"
+
+    def late(self) -> str | None:
+        self.steps += 1
+        if self.steps % _CHECK_EVERY == 0 and time.monotonic() > self.deadline:
+            return self.too_late
+        return None
+
+    def tick(self) -> None:
+        over = self.late()
+        if over is not None:
+            raise RenderLimit(over)
+
+    def value(self, length: int) -> None:
+        if length > self.limits.file_bytes:
+            raise RenderLimit(f"a value larger than {size(self.limits.file_bytes)} (render limit)")
+
+    def output(self, more: int, file_so_far: int, what: str) -> str | None:
+        """Count ``more`` output of the node; why it must stop, if it must."""
+        self.spent += more
+        if file_so_far > self.limits.file_bytes:
+            return f"{what} is larger than {size(self.limits.file_bytes)} (render limit)"
+        if self.spent > self.limits.node_bytes:
+            return f"the node's files are larger than {size(self.limits.node_bytes)} (render limit)"
+        return self.too_late if time.monotonic() > self.deadline else None
+
+
+_BUDGET: ContextVar[Budget | None] = ContextVar("render_budget", default=None)
+
+
+class budget_in_use:  # noqa: N801 (used as a function: ``with budget_in_use(budget):``)
+    """The budget every hook of the sandbox draws on while a template runs. A class, not a
+    generator under ``contextlib.contextmanager``: entered once per rendered file, 60,000
+    times in a fleet diff, where the generator's machinery was a fortieth of the time."""
+
+    __slots__ = ("budget", "token")
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+
+    def __enter__(self) -> None:
+        self.token = _BUDGET.set(self.budget)
+
+    def __exit__(self, *exc: object) -> None:
+        _BUDGET.reset(self.token)
+
+
+# Widths and precisions in printf-style ("%-10.3s", "%*d") and format-style ("{:>{w}}") strings.
+_PRINTF = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d*)(?:\.(\*|\d*))?")
+_FIELD_SPEC = re.compile(r"\{[^{}]*?:((?:[^{}]|\{[^{}]*\})*)\}")
+
+
+def _number(digits: str) -> int:
+    return int(digits) if len(digits) <= 12 else 10**12  # int() refuses thousands of digits
+
+
+def _format_width(fmt: str, args: Iterable[Any]) -> int:
+    """The widest padding or precision ``fmt`` asks for; with ``*`` or a nested field, the
+    width comes from the arguments, so their integers count too."""
+    widths = [0]
+    from_args = False
+    for m in _PRINTF.finditer(fmt):
+        for digits in m.groups():
+            from_args = from_args or digits == "*"
+            widths += [_number(digits)] if digits and digits != "*" else []
+    for m in _FIELD_SPEC.finditer(fmt):
+        from_args = from_args or "{" in m.group(1)
+        widths += [_number(d) for d in re.findall(r"\d+", m.group(1))]
+    if from_args:
+        widths += [a for a in args if isinstance(a, int)]
+    return max(widths)
+
+
+_SIZED = (str, bytes, list, tuple)  # a tuple, not ``str | bytes ...``: that builds a union per call
+
+
+def _length(value: Any) -> int:
+    return len(value) if isinstance(value, _SIZED) else 0
+
+
+def _result_size(name: str, value: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
+    """What a string filter or method would build, for the few that can build a lot from a
+    small input; 0 for the rest (their results are checked once built)."""
+    n = _length(value)
+    if name in ("center", "ljust", "rjust", "zfill", "expandtabs", "batch", "slice"):
+        return max([n, *(a for a in (*args, *kwargs.values()) if isinstance(a, int))])
+    if name == "indent" and isinstance(value, str):
+        width = args[0] if args else kwargs.get("width", 4)
+        return n + (value.count("\n") + 1) * (_length(width) or (width if isinstance(width, int) else 0))
+    if name == "replace" and isinstance(value, str) and len(args) >= 2:
+        old, new = str(args[0]), str(args[1])
+        return n + (value.count(old) if old else n + 1) * len(new)
+    if name == "join" and isinstance(value, str) and args and isinstance(args[0], Sequence):
+        return len(value) * len(args[0])
+    if name == "format" and isinstance(value, str):
+        return n + _format_width(value, (*args, *kwargs.values()))
+    return 0
+
+
+def _paced_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    skip = 1 if hasattr(func, "jinja_pass_arg") else 0  # @pass_context and kin take that first
+
+    @functools.wraps(func)  # keeps jinja_pass_arg, so Jinja passes the same arguments
+    def paced(*args: Any, **kwargs: Any) -> Any:
+        budget = _BUDGET.get()
+        if budget is None:
+            return func(*args, **kwargs)
+        budget.tick()
+        if len(args) > skip:
+            budget.value(_result_size(name, args[skip], args[skip + 1:], kwargs))
+        result = func(*args, **kwargs)
+        budget.value(_length(result) if isinstance(result, str) else 0)
+        return result
+
+    return paced
+
+
+class _Generator(CodeGenerator):
+    """Jinja's code generator with two hooks the sandbox cannot otherwise see: every loop
+    iterates through ``environment.paced``, and ``~`` joins through ``environment.joined``."""
+
+    def visit_For(self, node: nodes.For, frame: Frame) -> None:
+        node.iter = nodes.Call(nodes.EnvironmentAttribute("paced"), [node.iter], [], None, None,
+                               lineno=node.iter.lineno)
+        super().visit_For(node, frame)
+
+    @optimizeconst
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        # As CodeGenerator.visit_Concat, with the join function passed to environment.joined.
+        if frame.eval_ctx.volatile:
+            join = "(markup_join if context.eval_ctx.volatile else str_join)"
+        else:
+            join = "markup_join" if frame.eval_ctx.autoescape else "str_join"
+        self.write("environment.joined((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write(f"), {join})")
+
+
+@jinja2.pass_eval_context
+def _join(eval_ctx: jinja2.nodes.EvalContext, value: Iterable[Any], d: str = "",
+          attribute: str | int | None = None) -> str:
+    """Jinja's ``join``, without a ``str()`` call per item when every item is a string already
+    (a group's member names: at 250 names a file, most of rendering a fleet's configs). A
+    string's ``str()`` is itself; a list with anything else in it takes Jinja's way."""
+    if attribute is None and not eval_ctx.autoescape and type(value) in (list, tuple):
+        try:
+            return str(d).join(value)
+        except TypeError:
+            pass
+    return jinja2.filters.sync_do_join(eval_ctx, value, d, attribute)
+
+
+class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, paced and bounded by the ``Budget`` in use (none: unbounded)."""
+
+    code_generator_class = _Generator
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        # lipsum(n) loops n times in plain Python, out of reach of every check here.
+        self.globals.pop("lipsum", None)
+        self.filters = {name: _paced_filter(name, f) for name, f in {**self.filters, "join": _join}.items()}
+        self.over_limit: MutableMapping[str, str] = {}  # template -> first node it passed a limit for
+        self._top: dict[str, jinja2.Template] = {}
+
+    @property
+    def sources(self) -> Mapping[str, str]:
+        """Repo path -> text of every template this environment can load."""
+        loaded: Mapping[str, str] = getattr(self.loader, "sources", {})
+        return loaded
+
+    def paced(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        budget = _BUDGET.get()
+        if budget is None:
+            yield from iterable
+            return
+        # The clock is read as each loop starts and every few hundred items: nested loops
+        # check at each start of the inner one, and the hot path stays a counter.
+        for i, item in enumerate(iterable):
+            if i % _CHECK_EVERY == 0 and time.monotonic() > budget.deadline:
+                raise RenderLimit(budget.too_late)
+            yield item
+
+    def joined(self, parts: Sequence[Any], join: Callable[[Sequence[Any]], str]) -> str:
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.tick()
+            budget.value(sum(len(p) for p in parts if isinstance(p, str)))
+        return join(parts)
+
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.tick()
+            budget.value(self._binop_size(operator, left, right))
+        return super().call_binop(context, operator, left, right)
+
+    @staticmethod
+    def _binop_size(operator: str, left: Any, right: Any) -> int:
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(times, int) and isinstance(seq, (str, list, tuple)):
+                    return len(seq) * times
+        if operator == "+":
+            return _length(left) + _length(right)
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+            # Bytes of the result: a number past 2**65536 cannot even be printed (Python stops
+            # int -> str at 4300 digits), and computing it first could take minutes.
+            bits = right * max(left.bit_length() - 1, 0)
+            return bits // 8 if bits <= 65536 else sys.maxsize
+        if operator == "%" and isinstance(left, str):
+            return len(left) + _format_width(left, right if isinstance(right, tuple) else (right,))
+        return 0
+
+    def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        budget = _BUDGET.get()
+        if budget is None:
+            return super().call(__context, __obj, *args, **kwargs)
+        budget.tick()
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):  # a string method: "x".center(10 ** 9)
+            budget.value(_result_size(getattr(__obj, "__name__", ""), owner, args, kwargs))
+        result = super().call(__context, __obj, *args, **kwargs)
+        budget.value(len(result) if isinstance(result, str) else 0)
+        return result
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.tick()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.tick()
+        return super().getitem(obj, argument)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        fmt = super().wrap_str_format(value)
+        if fmt is None:
+            return None
+        spec: str = value.__self__
+
+        @functools.wraps(fmt)
+        def bounded(*args: Any, **kwargs: Any) -> str:
+            budget = _BUDGET.get()
+            if budget is not None:
+                budget.value(len(spec) + _format_width(spec, (*args, *kwargs.values())))
+            return fmt(*args, **kwargs)
+
+        return bounded
+
+    def file_template(self, name: str) -> jinja2.Template:
+        """A service's file template, loaded at the top (no include depth to check there): the
+        cache lookup of ``get_template`` (lock, weakref, the stack walk below) once per name."""
+        tpl = self._top.get(name)
+        if tpl is None:
+            tpl = self._top[name] = self.get_template(name)
+        return tpl
+
+    def get_template(self, name: str | jinja2.Template, parent: str | None = None,
+                     globals: MutableMapping[str, Any] | None = None) -> jinja2.Template:
+        budget = _BUDGET.get()
+        if budget is not None:
+            # Called from a running template for include, import and extends: each template
+            # nested on the stack runs in a frame of its compiled ``root`` function.
+            sources = self.sources
+            depth = 0
+            frame: FrameType | None = sys._getframe(1)
+            while frame is not None:
+                depth += frame.f_code.co_name == "root" and frame.f_code.co_filename in sources
+                frame = frame.f_back
+            if depth > budget.limits.include_depth:
+                raise RenderLimit(f"includes nest deeper than {budget.limits.include_depth} (render limit)")
+        return super().get_template(name, parent, globals)

@@ -1,0 +1,326 @@
+"""SOPS files of the deployment repo (``secrets/*.yaml``), read without the ``sops`` binary.
+
+Pure: bytes and keys in, values out; no file is opened here (the agent reads the identity file,
+the repo loader reads the SOPS files from the tree). What the format is, as SOPS writes it:
+
+- every leaf value is ``ENC[AES256_GCM,data:<b64>,iv:<b64>,tag:<b64>,type:<str|int|float|bool|bytes>]``:
+  AES-256-GCM under the file's data key, 32-byte nonce, the tag apart, and as additional data
+  the path of mapping keys to the value joined with ``:`` plus a trailing ``:`` (a list item
+  has its list's path; indexes are not part of it);
+- ``sops.age``: one entry per recipient, ``enc`` the data key age-encrypted to it (armored);
+- ``sops.mac``: SHA-512 over every value's plaintext in document order, upper-case hex,
+  encrypted like a value with ``sops.lastmodified`` as additional data: a value swapped,
+  removed or added without the data key is refused.
+
+Handled: YAML files, age recipients, ``unencrypted_suffix``/``encrypted_suffix`` and their
+regex forms, ``mac_only_encrypted``. Not handled (refused with a clear error): PGP, KMS and
+Vault keys without an age recipient, ``key_groups`` with Shamir thresholds, JSON/INI/dotenv
+stores. A value never appears in an error raised here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyrage
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from reconciler.core.errors import BadInput, InvalidRepo
+
+ENC = re.compile(r"^ENC\[AES256_GCM,data:(.*),iv:(.+),tag:(.+),type:(.+)\]$", re.S)
+# The constant SOPS feeds the MAC first when only encrypted values are authenticated, so the two
+# kinds of MAC never coincide (sops.go, MACOnlyEncryptedInitialization).
+MAC_ONLY_ENCRYPTED_INIT = bytes.fromhex("8a3fd2ad54ce66527b1034f3d147be0b0b975b3bf44f72c6fdadec8176f27d69")
+
+
+class SecretUnreadable(BadInput):
+    """This node cannot decrypt a secret it needs: not a recipient (any more), or the file does
+    not verify. Permanent until a new commit: the node keeps running what it has."""
+
+    reason = "SECRET_UNREADABLE"
+
+
+@dataclass(frozen=True)
+class SopsFile:
+    """One ``secrets/*.yaml`` as committed: encrypted values and their metadata, no key needed."""
+
+    path: str
+    tree: Mapping[str, Any]  # the document without ``sops``: values still ENC[...]
+    recipients: Mapping[str, str]  # age public key -> the data key encrypted to it (armored)
+    lastmodified: str
+    mac: str
+    unencrypted_suffix: str = ""
+    encrypted_suffix: str = ""
+    unencrypted_regex: str = ""
+    encrypted_regex: str = ""
+    mac_only_encrypted: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The secrets this file defines (top-level keys: ``secrets.<name>`` in templates)."""
+        return tuple(sorted(self.tree))
+
+
+def _rfc3339(value: Any) -> str:
+    """``lastmodified`` as SOPS formats it for the MAC's additional data (Go's RFC3339, UTC)."""
+    if isinstance(value, datetime.datetime):
+        value = value.astimezone(datetime.UTC) if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+        return str(value.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return str(value)
+
+
+def parse(path: str, data: Any) -> SopsFile:
+    """A loaded YAML document as a SOPS file, or InvalidRepo naming ``path``."""
+    if not isinstance(data, dict) or not isinstance(data.get("sops"), dict):
+        raise InvalidRepo("not a SOPS file (no sops: metadata); encrypt it with `sops --encrypt --in-place`",
+                          file=path)
+    meta = data["sops"]
+    if meta.get("key_groups") or meta.get("shamir_threshold"):
+        raise InvalidRepo("sops key_groups / shamir_threshold are not supported: list age recipients only", file=path)
+    recipients: dict[str, str] = {}
+    for entry in meta.get("age") or ():
+        if not isinstance(entry, dict) or not isinstance(entry.get("recipient"), str) \
+                or not isinstance(entry.get("enc"), str):
+            raise InvalidRepo("sops.age: each entry needs a recipient and an enc", file=path)
+        recipients[entry["recipient"]] = entry["enc"]
+    if not recipients:
+        raise InvalidRepo("no age recipient in sops metadata (PGP, KMS and Vault keys are not supported)", file=path)
+    if not isinstance(meta.get("mac"), str) or "lastmodified" not in meta:
+        raise InvalidRepo("sops metadata lacks mac or lastmodified", file=path)
+    tree = {k: v for k, v in data.items() if k != "sops"}
+    for key in tree:
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise InvalidRepo(f"secret name {key!r} is not an identifier (templates read secrets.<name>)", file=path)
+    return SopsFile(
+        path=path, tree=tree, recipients=recipients, lastmodified=_rfc3339(meta["lastmodified"]), mac=meta["mac"],
+        unencrypted_suffix=str(meta.get("unencrypted_suffix") or ""),
+        encrypted_suffix=str(meta.get("encrypted_suffix") or ""),
+        unencrypted_regex=str(meta.get("unencrypted_regex") or ""),
+        encrypted_regex=str(meta.get("encrypted_regex") or ""),
+        mac_only_encrypted=bool(meta.get("mac_only_encrypted")),
+    )
+
+
+def identities(text: str, file: str) -> tuple[pyrage.x25519.Identity, ...]:
+    """The age identities of an identity file (``age-keygen``'s format: comments, one key a line)."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            out.append(pyrage.x25519.Identity.from_str(line))
+        except pyrage.IdentityError:
+            # The line is a private key, or meant to be one: never echo it.
+            raise BadInput("not an age identity (AGE-SECRET-KEY-1...)", file=file, line=n) from None
+    if not out:
+        raise BadInput("no age identity in the file", file=file)
+    return tuple(out)
+
+
+def public_keys(keys: Iterable[pyrage.x25519.Identity]) -> frozenset[str]:
+    return frozenset(str(k.to_public()) for k in keys)
+
+
+def _encrypted(f: SopsFile, path: list[str]) -> bool:
+    """Whether SOPS encrypted the value at ``path`` (sops.go, Tree.shouldBeEncrypted)."""
+    encrypted = True
+    if f.unencrypted_suffix and any(p.endswith(f.unencrypted_suffix) for p in path):
+        encrypted = False
+    if f.encrypted_suffix:
+        encrypted = any(p.endswith(f.encrypted_suffix) for p in path)
+    if f.unencrypted_regex and any(re.search(f.unencrypted_regex, p) for p in path):
+        encrypted = False
+    if f.encrypted_regex:
+        encrypted = any(re.search(f.encrypted_regex, p) for p in path)
+    return encrypted
+
+
+def _leaves(value: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
+    """Leaves in document order, each with its SOPS path (list items share their list's)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, [*path, str(k)])
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v, path)
+    elif value is not None:
+        yield path, value
+
+
+def _open(f: SopsFile, value: str, key: bytes, aad: str, where: str) -> tuple[bytes, str]:
+    """(plaintext, type) of one ENC[...] value; SecretUnreadable naming the file and key path."""
+    m = ENC.match(value)
+    if m is None:
+        raise SecretUnreadable(f"{where}: not an ENC[AES256_GCM,...] value", file=f.path)
+    try:
+        data, iv, tag = (base64.b64decode(m[i], validate=True) for i in (1, 2, 3))
+        return AESGCM(key).decrypt(iv, data + tag, aad.encode()), m[4]
+    except (binascii.Error, ValueError, InvalidTag):
+        raise SecretUnreadable(f"{where}: does not decrypt with the file's data key (tampered?)", file=f.path) from None
+
+
+def _typed(plain: bytes, kind: str, f: SopsFile, where: str) -> tuple[Any, bytes]:
+    """The value as its type, and the bytes the MAC takes for it (SOPS' ToBytes)."""
+    text = plain.decode("utf-8", errors="strict") if kind != "bytes" else ""
+    try:
+        if kind == "str":
+            return text, plain
+        if kind == "bytes":
+            return plain, plain
+        if kind == "int":
+            return int(text), str(int(text)).encode()
+        if kind == "float":
+            return float(text), plain
+        if kind == "bool":
+            # strconv.ParseBool's spellings; the MAC takes Python's own True/False, as SOPS does.
+            b = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}[text.lower()]
+            return b, str(b).encode()
+    except (KeyError, ValueError):
+        pass
+    raise SecretUnreadable(f"{where}: a value of type {kind} that SOPS would not write", file=f.path)
+
+
+def _plain_bytes(value: Any) -> bytes:
+    """SOPS' ToBytes for a value left unencrypted (``*_unencrypted`` keys)."""
+    if isinstance(value, bool):
+        return b"True" if value else b"False"
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, datetime.datetime | datetime.date):
+        return value.isoformat().encode()
+    return str(value).encode()
+
+
+def data_key(f: SopsFile, keys: Iterable[pyrage.x25519.Identity]) -> bytes | None:
+    """The file's data key, if one of ``keys`` is among its recipients; None otherwise."""
+    keys = tuple(keys)
+    mine = public_keys(keys)
+    for recipient, enc in sorted(f.recipients.items()):
+        if recipient not in mine:
+            continue
+        try:
+            key: bytes = pyrage.decrypt(enc.encode(), list(keys))
+        except pyrage.DecryptError:
+            raise SecretUnreadable(f"the data key for {recipient} does not decrypt with this node's identity",
+                                   file=f.path) from None
+        if len(key) != 32:
+            raise SecretUnreadable("the data key is not 32 bytes", file=f.path)
+        return key
+    return None
+
+
+def decrypt(f: SopsFile, key: bytes) -> dict[str, Any]:
+    """The file's values, the MAC checked. SecretUnreadable if anything does not verify."""
+    mac = hashlib.sha512()
+    if f.mac_only_encrypted:
+        mac.update(MAC_ONLY_ENCRYPTED_INIT)
+
+    def walk(value: Any, path: list[str]) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v, [*path, str(k)]) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, path) for v in value]
+        if value is None:
+            return None
+        encrypted = _encrypted(f, path)
+        where = ".".join(path)
+        if encrypted and value == "":
+            out, raw = "", b""  # SOPS leaves an empty string as it is
+        elif encrypted:
+            if not isinstance(value, str):
+                raise SecretUnreadable(f"{where}: a plain value where SOPS writes ENC[...]", file=f.path)
+            plain, kind = _open(f, value, key, ":".join(path) + ":", where)
+            out, raw = _typed(plain, kind, f, where)
+        else:
+            out, raw = value, _plain_bytes(value)
+        if encrypted or not f.mac_only_encrypted:
+            mac.update(raw)
+        return out
+
+    values = {k: walk(v, [k]) for k, v in f.tree.items()}
+    stored, kind = _open(f, f.mac, key, f.lastmodified, "sops.mac")
+    if kind != "str" or stored.decode(errors="replace") != mac.hexdigest().upper():
+        raise SecretUnreadable("MAC mismatch: the file was changed without its data key", file=f.path)
+    return values
+
+
+# What the key of a secret file's hash is derived with (HMAC of this under the file's data key).
+HASH_LABEL = b"reconciler: hash of a rendered file that holds a secret, v1"
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A SOPS file this node decrypted: its values, and the key its secret files are hashed with."""
+
+    values: Mapping[str, Any]
+    # HMAC-SHA256 of ``HASH_LABEL`` under the file's data key: what hashes a rendered file that
+    # holds one of these values (``FileSpec.key``). A plain SHA-256 of such a file, printed in a
+    # note or a review, would let anyone who reads the repo try passwords against it offline;
+    # keyed, it cannot be checked without the data key. Derived from the data key, not the node's
+    # own: every recipient hashes alike, it changes exactly when sops makes a new data key
+    # (``--rotate``, when the values' ciphertext, and so a reviewer's markers, change too), and a
+    # key's leak (the agent keeps it in its private records, for drift) opens no value.
+    hash_key: bytes = field(repr=False)
+
+
+def open_files(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Identity]) -> dict[str, Opened]:
+    """Path -> the opened file, for every file encrypted to one of ``keys``; the others are left
+    alone (another group's secrets: this node never holds them)."""
+    keys = tuple(keys)
+    out = {}
+    for path in sorted(files):
+        key = data_key(files[path], keys)
+        if key is not None:
+            out[path] = Opened(decrypt(files[path], key), hmac.new(key, HASH_LABEL, hashlib.sha256).digest())
+    return out
+
+
+def unlock(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Identity]) -> dict[str, dict[str, Any]]:
+    """Path -> values of every file encrypted to one of ``keys`` (see ``open_files``)."""
+    return {path: dict(f.values) for path, f in open_files(files, keys).items()}
+
+
+def file_key(hash_keys: Sequence[bytes]) -> bytes:
+    """The key that hashes a rendered file holding values of these files (``Opened.hash_key``,
+    in path order); b"" for none: a file with no value in it hashes plain."""
+    if len(hash_keys) <= 1:
+        return hash_keys[0] if hash_keys else b""
+    return hmac.new(b"".join(hash_keys), HASH_LABEL, hashlib.sha256).digest()
+
+
+def placeholders(f: SopsFile) -> dict[str, Any]:
+    """What a reviewer's render (no key) sees instead of values: a marker per leaf naming it,
+    with a short hash of its ciphertext. SOPS keeps a value's nonce when an edit leaves it
+    unchanged, so an unchanged secret keeps its marker and a changed one shows as changed."""
+
+    def walk(value: Any, path: list[str]) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v, [*path, str(k)]) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, path) for v in value]
+        digest = hashlib.sha256(str(value).encode()).hexdigest()[:12]
+        return f"<secret {'.'.join(path)} {digest}>"
+
+    return {k: walk(v, [k]) for k, v in f.tree.items()}
+
+
+def named_values(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(dotted name, value as text) of every leaf, for telling where a value is and never what."""
+    for path, value in _leaves(dict(values), []):
+        if str(value):
+            yield ".".join(path), str(value)
+
+
+def leaf_strings(values: Mapping[str, Any]) -> frozenset[str]:
+    """Every value as text, to recognise it in a rendered file (empty ones match everything)."""
+    return frozenset(str(v) for _, v in _leaves(dict(values), []) if str(v))

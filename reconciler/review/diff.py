@@ -1,0 +1,480 @@
+"""What a commit will do, per node, before it is merged: rendered file diffs and the plan.
+
+Both commits are rendered for every node; the plan for B is made against "A as applied", the
+same pure planner a node runs, so the plan hash printed here is the one a node writes in its
+note when it applies B on top of A: a reviewer approves an exact plan.
+"""
+
+from __future__ import annotations
+
+import gc
+import html
+import multiprocessing
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.core.errors import BadInput, ReconcilerError
+from reconciler.core.model import ActionKind, Desired, FileSpec, Observed, ObservedService, Plan
+from reconciler.fleet.rollout import plan_rollout
+from reconciler.plan.linediff import unified
+from reconciler.plan.planner import plan as make_plan
+from reconciler.render.inputs import Inputs
+from reconciler.render.node import render_node
+from reconciler.repo.load import DeploymentRepo, load_repo
+from reconciler.repo.planes import CutoverStep, cutover_steps
+from reconciler.repo.tree import Tree
+from reconciler.repo.yamlfile import Problem, RepoProblems
+from reconciler.upgrades.rules import Stage, Upgrade, bases, describe, fleet_upgrades_of, held_back, stage_of, upgraded
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    service: str
+    path: str
+    text: str  # unified diff; a note for binary or unreadable content
+
+    def to_dict(self) -> dict[str, str]:
+        return {"service": self.service, "path": self.path, "diff": self.text}
+
+
+@dataclass(frozen=True)
+class NodeDiff:
+    node: str
+    plan: Plan
+    files: tuple[FileDiff, ...]
+    upgrade: tuple[str, ...] = ()  # the upgrade steps this node runs, each with its barrier
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "plan_hash": self.plan.hash, "files": [f.to_dict() for f in self.files],
+                "actions": [a.to_dict() for a in self.plan.changes], "upgrade": list(self.upgrade)}
+
+
+def load_at(tree: Tree) -> DeploymentRepo:
+    """The repo at one of a review's two commits; a problem in it names that commit."""
+    try:
+        return load_repo(tree)
+    except BadInput as exc:
+        raise exc.in_commit(tree.label) from None
+
+
+def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo | None, list[Problem], int, int]:
+    """``reconciler validate``: the repo (None when it does not load), each problem located, and
+    how many nodes and service instances rendered. ``keys`` (age identities): also look for the
+    values of the secrets they open in plain text elsewhere in the repo."""
+    problems: list[Problem] = []
+    nodes = services = 0
+    try:
+        repo = load_repo(tree)
+    except RepoProblems as exc:
+        return None, exc.problems, 0, 0
+    problems += trust_problems(tree)
+    for node in sorted(repo.nodes):
+        try:
+            services += len(render_node(repo, node, tree.label).services)
+            nodes += 1
+        except BadInput as exc:
+            message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
+            problems.append(Problem(exc.file or "?", exc.line, message))
+    keys = tuple(keys)
+    if keys:
+        try:
+            problems += plain_text_secrets(tree, repo, keys)
+        except BadInput as exc:  # a file these keys should open and cannot: said, never its value
+            problems.append(Problem(exc.file or "?", exc.line, str(exc).split(": ", 1)[-1]))
+    return repo, problems, nodes, services
+
+
+def trust_problems(tree: Tree) -> list[Problem]:
+    """The repo's ``trust/`` files read as a node reads them in a rotation: one it cannot read
+    refuses the commit on every node (``BAD_TRUST_ROOT``), so it must not merge."""
+    from reconciler.trust.sshsig import parse_allowed_signers
+    from reconciler.trust.verify import TRUST_DIR, parse_revoked
+
+    problems = []
+    for name, parse in (("allowed_signers", parse_allowed_signers), ("revoked", parse_revoked)):
+        path = f"{TRUST_DIR}/{name}"
+        try:
+            if tree.exists(path):
+                parse(tree.read(path).decode(), path)
+        except UnicodeDecodeError:
+            problems.append(Problem(path, None, "not UTF-8 text"))
+        except BadInput as exc:
+            problems.append(Problem(exc.file or path, exc.line, str(exc).split(": ", 1)[-1]))
+    return problems
+
+
+PLAIN_MIN = 8  # shorter values ("true", a port) would match plain text by chance
+
+
+def plain_text_secrets(tree: Tree, repo: DeploymentRepo, keys: Iterable[Any]) -> list[Problem]:
+    """Secret values (those ``keys`` open) that also appear in plain text anywhere else in the
+    repo, e.g. a password pasted into inventory.yaml: each located by file and line, naming the
+    secret, never showing the value. Values under ``PLAIN_MIN`` characters are not looked for."""
+    from reconciler.render.secrets import named_values, unlock
+
+    opened = unlock(repo.secret_files, keys)
+    wanted = {value.encode(): f"{name} of {path}" for path, values in opened.items()
+              for name, value in named_values(values) if len(value) >= PLAIN_MIN}
+    if not wanted:
+        return []
+    paths = []
+    for entry in tree.listdir(""):
+        if entry in ("secrets", ".git"):
+            continue
+        below = tree.files(entry)
+        paths += below if below else [entry]
+    problems = []
+    for path in paths:
+        try:
+            data = tree.read(path, repo.limits.file_bytes)
+        except (OSError, ReconcilerError):
+            continue  # load_repo reports what cannot be read
+        for value, what in wanted.items():
+            at = data.find(value)
+            if at >= 0:
+                problems.append(Problem(path, data.count(b"\n", 0, at) + 1,
+                                        f"a plain-text value matches secret {what}: use {{{{ secrets.<name> }}}}"))
+    return problems
+
+
+def as_applied(desired: Desired) -> Observed:
+    """What a node observes once ``desired`` is applied and healthy."""
+    return Observed(desired.node, tuple(
+        ObservedService(s.name, s.runtime.driver, True, s.hash, desired.commit, None, "",
+                        tuple(sorted(s.fingerprint().items())), "", s.files)
+        for s in desired.services))
+
+
+def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
+    out = []
+    before, after = a.by_name(), b.by_name()
+    for name in sorted(set(before) | set(after)):
+        files_a = before[name].files if name in before else ()
+        files_b = after[name].files if name in after else ()
+        if len(files_a) == 1 and len(files_b) == 1 and files_a[0].path == files_b[0].path:  # most services
+            pairs: list[tuple[str, FileSpec | None, FileSpec | None]] = [(files_a[0].path, files_a[0], files_b[0])]
+        else:
+            fa, fb = {f.path: f for f in files_a}, {f.path: f for f in files_b}
+            pairs = [(path, fa.get(path), fb.get(path)) for path in sorted(set(fa) | set(fb))]
+        for path, old, new in pairs:
+            if old is not None and new is not None and old.content == new.content and old.mode == new.mode:
+                continue
+            la = old.lines if old else []
+            lb = new.lines if new else []
+            if (old is not None and old.secret) or (new is not None and new.secret):
+                # Never the content of a file that holds a secret: that it changed, and short hashes.
+                text = (f"<secret changed> {node}/{name}/{path}: sha256 {old.sha256[:12] if old else '(none)'}"
+                        f" -> {new.sha256[:12] if new else '(none)'}\n")
+                if old is not None and new is not None and old.mode != new.mode:
+                    text = f"mode {old.mode:04o} -> {new.mode:04o}\n" + text
+            elif la is None or lb is None:
+                text = "binary content differs\n"
+            else:
+                text = unified(la, lb, f"a/{node}/{name}/{path}", f"b/{node}/{name}/{path}")
+                if old is not None and new is not None and old.mode != new.mode:
+                    text = f"mode {old.mode:04o} -> {new.mode:04o}\n" + text
+            out.append(FileDiff(name, path, text))
+    return out
+
+
+@dataclass(frozen=True)
+class _Review:
+    """What every node's diff reads alike (workers inherit it when forked)."""
+
+    repo_a: DeploymentRepo
+    a: str
+    repo_b: DeploymentRepo
+    b: str
+    inputs: Inputs | None
+    base: Mapping[str, tuple[str, DeploymentRepo]]
+    upgrades: Mapping[str, Upgrade]
+    stage: Stage | None
+
+
+# Below this many nodes a diff is quicker than starting workers.
+PARALLEL_FROM = 64
+_JOB: _Review | None = None  # the review a forked worker diffs its nodes of
+
+
+def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
+               nodes: list[str] | None = None, *, every_service: bool = False,
+               jobs: int | None = None) -> list[NodeDiff]:
+    """Per node, B's files and plan against A as applied. A service is rendered only where its
+    inputs differ between A and B (``inputs``): the others would render the same bytes at both,
+    plan "none" and show no file, so a stand-in takes their place on both sides. A one-service
+    change across 1000 nodes renders that service only. ``every_service``: render them all (what
+    the tests compare against). The one thing skipping changes: a service that fails to render
+    at A and at B with the same inputs is not reported here (``validate`` reports it).
+    ``jobs``: worker processes (None: one per CPU this process may use); each node's diff is
+    independent of the others', so the output and the first error (in node order) are the same."""
+    names = nodes or sorted(set(repo_a.nodes) | set(repo_b.nodes))
+    inputs = None if every_service else Inputs(repo_a, repo_b)
+    rollout = plan_rollout(repo_b.settings, repo_b.nodes, repo_b.members)
+    order = [n for _, members in rollout.batches() for n in members]
+    # A review compares with A alone: every node's base is A (a node's stage history is the agent's).
+    base = bases(set(repo_a.nodes) | set(repo_b.nodes), [(a, repo_a)])
+    upgrades = fleet_upgrades_of(repo_b, upgraded(repo_b, base), order)
+    review = _Review(repo_a, a, repo_b, b, inputs, base, upgrades, stage_of(repo_b))
+    for node in names:
+        if node not in repo_a.nodes and node not in repo_b.nodes:
+            repo_b.node(node)  # raises UnknownNode
+    workers = min(jobs or usable_cpus(), -(-len(names) // PARALLEL_FROM))
+    if workers <= 1:
+        return [_diff_node(review, node) for node in names]
+    return _in_workers(review, names, workers)
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _in_workers(review: _Review, names: list[str], workers: int) -> list[NodeDiff]:
+    global _JOB
+    # Forked, so each worker starts with both repos loaded (each compiles the templates it
+    # renders, in parallel with the others); small chunks even out nodes that render more.
+    size = max(1, len(names) // (workers * 8))
+    chunks = [names[i:i + size] for i in range(0, len(names), size)]
+    _JOB = review
+    # What this process holds is moved out of the collector's sight while the workers run: a
+    # worker's collection would otherwise write to every inherited object's header, copying the
+    # pages of both loaded repos into each worker (a tenth of a fleet diff's CPU).
+    gc.freeze()
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            out: list[NodeDiff] = []
+            for part in pool.imap(_diff_chunk, chunks):  # in order: the first error is the serial one's
+                out += part
+            return out
+    finally:
+        _JOB = None
+        gc.unfreeze()
+
+
+def _diff_chunk(names: list[str]) -> list[NodeDiff]:
+    assert _JOB is not None
+    return [_diff_node(_JOB, node) for node in names]
+
+
+def _diff_node(r: _Review, node: str) -> NodeDiff:
+    fresh = r.inputs.changed(node) if r.inputs is not None else None
+    da, db = (_render_at(repo, node, commit, fresh) for repo, commit in ((r.repo_a, r.a), (r.repo_b, r.b)))
+    held = held_back(r.repo_b, node, r.base)
+    if held:  # outside the commit's stage: these stay as at A
+        kept = da.by_name()
+        db = Desired(node, r.b, tuple(kept[s.name] if s.name in held and s.name in kept else s for s in db.services))
+    steps = tuple(line for up in r.upgrades.values() if node in up.participants for line in describe(up, node))
+    if held and r.stage is not None:
+        steps += (f"{', '.join(sorted(held))}: kept at their version (not in stage {r.stage.name})",)
+    plan = make_plan(db, as_applied(da))
+    # A review keeps what it prints: not every rendered file of every action (a worker would
+    # send them all back).
+    plan = Plan(plan.node, plan.commit, tuple(a.without_desired() for a in plan.actions))
+    return NodeDiff(node, plan, tuple(file_diffs(node, da, db)), steps)
+
+
+def _render_at(repo: DeploymentRepo, node: str, commit: str, only: frozenset[str] | None) -> Desired:
+    if node not in repo.nodes:
+        return Desired(node, commit, ())
+    try:
+        return render_node(repo, node, commit, only=only)
+    except BadInput as exc:  # which of the two commits fails to render
+        raise exc.in_commit(commit) from None
+
+
+def cutover(repo_a: DeploymentRepo, repo_b: DeploymentRepo, diffs: list[NodeDiff]) -> tuple[CutoverStep, ...]:
+    """For a commit that moves the VIP networks from one control plane to another: the nodes
+    that leave them, then those that join them once the first noted it (see ``controlplane``)."""
+    moves = (ActionKind.START, ActionKind.STOP)  # a VIP holder (vip.services) starts or stops with its plane
+    connects = {d.node: tuple(a.service for a in d.plan.changes if a.kind is ActionKind.CONNECT
+                              or (a.kind in moves and a.service in repo_b.vip_services)) for d in diffs}
+    return cutover_steps(repo_a, repo_b, [d.node for d in diffs], connects)
+
+
+# Most disruptive first: what a reviewer must see before anything else.
+DISRUPTION: tuple[ActionKind, ...] = (
+    ActionKind.REBOOT, ActionKind.DRAIN_RESTART, ActionKind.RECREATE, ActionKind.RESTART, ActionKind.STOP,
+    ActionKind.START, ActionKind.RELOAD, ActionKind.CONNECT, ActionKind.NONE,
+)
+
+
+def _severity(kind: ActionKind) -> int:
+    return DISRUPTION.index(kind) if kind in DISRUPTION else len(DISRUPTION)
+
+
+def summary(diffs: list[NodeDiff]) -> dict[str, dict[str, int]]:
+    """Per action, most disruptive first: how many nodes have it, and how many service instances."""
+    nodes: Counter[str] = Counter()
+    instances: Counter[str] = Counter()
+    for d in diffs:
+        kinds = [str(a.kind) for a in d.plan.changes]
+        instances.update(kinds)
+        nodes.update(set(kinds))
+    return {str(k): {"nodes": nodes[str(k)], "services": instances[str(k)]} for k in DISRUPTION if str(k) in nodes}
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one service does on a set of nodes that all do the same thing to it: same action,
+    same reason, same changed lines in the same files. Diff context lines may differ (a host
+    name, a port three lines away), so the diff shown is the first node's."""
+
+    service: str
+    kind: ActionKind
+    reason: str
+    files: tuple[tuple[str, int, int], ...]  # path, lines added, lines removed
+    nodes: tuple[str, ...]
+    diff: str  # the first node's diff of the service's files
+    upgrade: tuple[str, ...] = ()
+
+
+def _changed_lines(text: str) -> tuple[str, ...]:
+    """The +/- lines of a unified diff without its headers, which name the node."""
+    return tuple(line for line in text.splitlines()
+                 if line[:1] in "+-" and not line.startswith(("+++ ", "--- ")))
+
+
+def changes(diffs: list[NodeDiff]) -> list[Change]:
+    """Nodes grouped per service by what the service does there; most disruptive first."""
+    groups: dict[tuple[Any, ...], list[tuple[str, str]]] = {}
+    for d in diffs:
+        actions = {a.service: a for a in d.plan.changes}
+        files: dict[str, list[FileDiff]] = {}
+        for f in d.files:
+            files.setdefault(f.service, []).append(f)
+        for service in sorted(set(actions) | set(files)):
+            action = actions.get(service)
+            kind = action.kind if action is not None else ActionKind.NONE
+            reason = action.reason if action is not None else "files change, nothing to restart"
+            mine = files.get(service, [])
+            stats = tuple((f.path, *_counts(f.text)) for f in mine)
+            steps = tuple(u for u in d.upgrade if u.startswith(f"{service}:") or f" {service} " in u)
+            key = (service, kind, reason, stats, tuple(_changed_lines(f.text) for f in mine), steps)
+            groups.setdefault(key, []).append((d.node, "".join(f.text for f in mine)))
+    out = [Change(k[0], k[1], k[2], k[3], tuple(n for n, _ in members), members[0][1], k[5])
+           for k, members in groups.items()]
+    worst: dict[str, int] = {}
+    for c in out:
+        worst[c.service] = min(worst.get(c.service, len(DISRUPTION)), _severity(c.kind))
+    return sorted(out, key=lambda c: (worst[c.service], c.service, _severity(c.kind), c.nodes))
+
+
+def _counts(text: str) -> tuple[int, int]:
+    lines = _changed_lines(text)
+    return sum(1 for x in lines if x.startswith("+")), sum(1 for x in lines if x.startswith("-"))
+
+
+def node_set(nodes: tuple[str, ...], groups: Mapping[str, Sequence[str]], everyone: int) -> str:
+    """A short name for a set of nodes: "every node", whole inventory groups, then the rest, so
+    that 500 nodes do not take 500 names in a comment."""
+    if len(nodes) == everyone and everyone > 1:
+        return f"every node ({everyone})"
+    left = set(nodes)
+    named = []
+    for g, members in sorted(groups.items(), key=lambda x: (-len(x[1]), x[0])):
+        if len(members) > 1 and set(members) <= left:
+            named.append(f"group {g} ({len(members)})")
+            left -= set(members)
+    rest = sorted(left)
+    if len(rest) > 12:  # a long tail: a few names and a count, the details have them all
+        rest = [*rest[:10], f"{len(rest) - 10} more"]
+    return ", ".join(named + rest)
+
+
+def markdown(diffs: list[NodeDiff], a: str, b: str, *, groups: Mapping[str, Sequence[str]] | None = None,
+             max_bytes: int | None = None, artifact_url: str | None = None,
+             steps: Sequence[CutoverStep] = ()) -> str:
+    """A pull-request comment for a reviewer: the summary (most disruptive first), then per
+    service the nodes grouped by what it does there, then each group's diff folded.
+
+    ``max_bytes``: cut (whole sections, from the end) to fit a forge's comment limit, with a line
+    saying what was left out and where the full report is (``artifact_url``)."""
+    head = [f"### reconciler diff `{a[:12]}`..`{b[:12]}`", ""]
+    summ = summary(diffs)
+    unchanged = sum(1 for d in diffs if not d.plan.changes and not d.files)
+    if not summ and unchanged == len(diffs):
+        head.append(f"No node changes ({len(diffs)} nodes rendered).")
+        return "\n".join(head) + "\n"
+    head += ["| action | nodes | services |", "|---|---:|---:|"]
+    head += [f"| {k} | {v['nodes']} | {v['services']} |" for k, v in summ.items()]
+    head += ["", f"{len(diffs) - unchanged} of {len(diffs)} nodes change; {unchanged} unchanged."]
+    if steps:
+        head += ["", "#### Cutover of the VIP networks, in order (each step gated on the notes)", ""]
+        head += [_html(step.line(i)) for i, step in enumerate(steps, 1)]
+    found = changes(diffs)
+    names = {id(c): node_set(c.nodes, groups or {}, len(diffs)) for c in found}
+    overview = ["", "#### Per service", ""]
+    blocks: list[str] = []
+    for c in found:
+        files = ", ".join(f"`{p}` (+{plus} -{minus})" for p, plus, minus in c.files) or "no file"
+        blocks.append(f"- **{c.service}** on {_html(names[id(c)])}: **{c.kind}**, {files}: {_html(_short(c.reason))}")
+    details = ["", "#### Details", ""]
+    for c in found:
+        body = [f"<details><summary>{c.service} on {_html(names[id(c)])}: {c.kind}</summary>", ""]
+        if c.reason != _short(c.reason):
+            body += [f"Why: {_html(_short(c.reason, 2000))}", ""]  # -o json has it whole
+        if names[id(c)].endswith(" more"):  # the short name left some out: here they all are
+            body += [f"Nodes: {', '.join(c.nodes)}.", ""]
+        if len(c.nodes) > 1:
+            body += [f"The diff shown is {c.nodes[0]}'s; the others change the same lines.", ""]
+        if c.upgrade:
+            body += ["Upgrade steps, in order (each waits at its barrier):", ""]
+            body += [f"1. {_html(u)}" for u in c.upgrade] + [""]
+        if c.diff:
+            fence = "`" * max(3, _longest_backticks(c.diff) + 1)
+            body += [f"{fence}diff", c.diff.rstrip("\n"), fence, ""]
+        body.append("</details>")
+        blocks.append("\n".join(body))
+    parts = ["\n".join(head + overview)] + blocks[:len(found)] + ["\n".join(details)] + blocks[len(found):]
+    return _fit(parts, max_bytes, artifact_url, a, b)
+
+
+def _fit(parts: list[str], max_bytes: int | None, artifact_url: str | None, a: str, b: str) -> str:
+    """Join ``parts`` (the head, one line per change, the details heading, one folded diff per
+    change); past ``max_bytes`` keep the longest run of whole parts that fits with the note."""
+    full = "\n".join(parts) + "\n"
+    if max_bytes is None or len(full.encode()) <= max_bytes:
+        return full
+    where = (f"the full report is at {artifact_url}" if artifact_url else
+             f"the full report: `reconciler diff {a[:12]} {b[:12]} -o markdown`")
+
+    def note(left_out: int) -> str:
+        return f"\n\n**Cut to fit {max_bytes} bytes**: {left_out} of {len(parts) - 1} sections left out; {where}\n"
+
+    budget = max_bytes - len(note(len(parts)).encode())  # the note with its widest count
+    kept: list[str] = []
+    size = 0
+    for part in parts:
+        size += len(part.encode()) + 1
+        if size > budget:
+            break
+        kept.append(part)
+    text = "\n".join(kept) + note(len(parts) - max(1, len(kept)))
+    # Only a head larger than the limit gets here cut mid-text; the note goes last all the same.
+    if len(text.encode()) > max_bytes:
+        end = note(len(parts) - 1)
+        text = text.encode()[:max_bytes - len(end.encode())].decode(errors="ignore") + end
+    return text
+
+
+def _longest_backticks(text: str) -> int:
+    longest = run = 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    return longest
+
+
+def _short(reason: str, limit: int = 200) -> str:
+    """A reason as long as a line: one that names every changed key of a big file can run to
+    kilobytes (600 added lines: 27 kB), and a comment has a limit."""
+    return reason if len(reason) <= limit else reason[:limit - 1] + "…"
+
+
+def _html(text: str) -> str:
+    return html.escape(text, quote=False)
