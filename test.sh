@@ -29,9 +29,9 @@ fi
 .venv/bin/mypy reconciler
 # The benchmarks import the tests' servers (tests/nginx.py, tests/ports.py): checked with them, so a
 # change to a helper's signature cannot break a bench that no test runs.
-MYPYPATH=tests:bench .venv/bin/mypy --ignore-missing-imports bench
+MYPYPATH=tests:bench .venv/bin/mypy bench
 # The tests themselves, with their helpers (conftest, ports, the fixture modules) as imports.
-MYPYPATH=tests .venv/bin/mypy --ignore-missing-imports tests
+MYPYPATH=tests .venv/bin/mypy tests
 # The layers of the loop (pyproject.toml [tool.importlinter]): quiet when kept, the report when broken.
 layers=$(.venv/bin/lint-imports --no-cache 2>&1) || { echo "$layers" >&2; exit 1; }
 exec .venv/bin/pytest "$@"

@@ -22,7 +22,7 @@ import docker
 
 from reconciler.agent import Agent
 from reconciler.drivers.docker import DockerDriver
-from reconciler.settings.agent import AgentConfig, TrustConfig
+from reconciler.settings import AgentConfig, TrustConfig
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "Merge",
        "GIT_COMMITTER_EMAIL": "merge@example.org", "GIT_CONFIG_GLOBAL": "/dev/null"}

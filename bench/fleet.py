@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from reconciler.agent import Agent
-from reconciler.daemon.loop import node_offset
-from reconciler.settings.agent import AgentConfig, TrustConfig
+from reconciler.daemon.supervisor import node_offset
+from reconciler.settings import AgentConfig, TrustConfig
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "Merge",
        "GIT_COMMITTER_EMAIL": "merge@example.org", "GIT_CONFIG_GLOBAL": "/dev/null"}

@@ -31,7 +31,8 @@ import jinja2
 from reconciler.render.inputs import Inputs
 from reconciler.repo.load import load_repo
 from reconciler.repo.tree import open_tree
-from reconciler.review.diff import diff_repos, summary, usable_cpus
+from reconciler.review.diff import diff_repos, usable_cpus
+from reconciler.review.report import summary
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
        "GIT_COMMITTER_EMAIL": "b@x", "GIT_CONFIG_GLOBAL": "/dev/null"}

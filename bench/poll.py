@@ -37,7 +37,7 @@ from fleet import free_port
 
 from reconciler.agent import Agent
 from reconciler.drivers.process import ProcessDriver
-from reconciler.settings.agent import AgentConfig, TrustConfig
+from reconciler.settings import AgentConfig, TrustConfig
 from reconciler.source.mirror import Source
 from reconciler.source.probe import TipProbe
 

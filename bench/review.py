@@ -18,7 +18,8 @@ from plan import generate, git  # bench/plan.py: the same generated repo
 
 from reconciler.repo.load import load_repo
 from reconciler.repo.tree import open_tree
-from reconciler.review.diff import diff_repos, markdown
+from reconciler.review.diff import diff_repos
+from reconciler.review.report import markdown
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from poll import ENV, git, make_key
 
 from reconciler.agent import Agent
 from reconciler.drivers.process import ProcessDriver
-from reconciler.settings.agent import AgentConfig, TrustConfig
+from reconciler.settings import AgentConfig, TrustConfig
 
 SERVICE = """\
 version: "{version}"

@@ -27,9 +27,9 @@ from server import NOTES_PER_NODE
 
 from reconciler.agent import Agent
 from reconciler.core.errors import ReconcilerError
-from reconciler.daemon.loop import Every, node_offset
+from reconciler.daemon.supervisor import Every, node_offset
 from reconciler.drivers.process import ProcessDriver
-from reconciler.settings.agent import AgentConfig, TrustConfig
+from reconciler.settings import AgentConfig, TrustConfig
 
 SERVICE = ("runtime:\n  command: [python3, idle.py]\nfiles:\n  - {path: idle.py, source: idle.py}\n"
            "  - {path: idle.conf, template: idle.conf.j2}\n")

@@ -23,7 +23,7 @@ from ports import free_port as free_port  # re-exported: tests import it from he
 from ports import wait_listening
 
 from reconciler.agent import Agent
-from reconciler.settings.agent import AgentConfig, SecretsConfig, TrustConfig
+from reconciler.settings import AgentConfig, SecretsConfig, TrustConfig
 
 pytest_plugins = ["docker_fixtures", "systemd_fixtures", "gitolite_fixtures", "registry_fixtures"]
 
@@ -251,7 +251,7 @@ def agents(tmp_path: Path, merge_key: SigningKey) -> Iterator[Callable[..., Agen
         return agent
 
     yield make
-    from reconciler.agent import drivers_for
+    from reconciler.node.context import drivers_for
 
     for agent in made:
         with contextlib.suppress(Exception):

@@ -18,14 +18,15 @@ from conftest import NODES, Deployment, git
 from reconciler.agent import Agent
 from reconciler.core.errors import RemoteError
 from reconciler.core.model import ActionKind, RunState
+from reconciler.node.operations import plan
 
 CONTROLLER_SERVICES = ["db", "identity", "lb", "node-exporter"]
 COMPUTE_SERVICES = ["compute-agent", "node-exporter"]
 
 
 def pids(agent: Agent) -> dict[str, int | None]:
-    from reconciler.agent import drivers_for
     from reconciler.drivers.observe import observe
+    from reconciler.node.context import drivers_for
 
     return {o.name: o.pid for o in observe(agent.cfg.node, drivers_for(agent.cfg, None)).services}
 
@@ -214,7 +215,7 @@ def test_notes_survive_the_loss_of_the_state_dir(
 
 def test_plan_is_a_dry_run(deployment: Deployment, agents: Callable[..., Agent]) -> None:
     cmp1 = agents("cmp1", deployment.url)
-    the_plan, fetched = cmp1.plan()
+    the_plan, fetched = plan(cmp1.ctx)
     assert fetched
     assert [(str(a.kind), a.service) for a in the_plan.actions] == [
         ("start", "compute-agent"), ("start", "node-exporter")]

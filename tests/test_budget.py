@@ -28,8 +28,9 @@ from conftest import Deployment, SigningKey
 from test_cli import cli, node_args
 
 from reconciler.agent import Agent
-from reconciler.fleet.budget import Budget, next_ticket, parse_budgets, wait
+from reconciler.fleet.budget import next_ticket, wait
 from reconciler.fleet.notes import Claim
+from reconciler.repo.budgets import Budget, parse_budgets
 
 CONTROLLERS = ("ctl1", "ctl2", "ctl3")
 BUDGET = """

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reconciler.core.compare import Domain, _changes, _has_header, _ini_changes, domains, flatten
 from reconciler.core.model import FileSpec
-from reconciler.plan.compare import Domain, _changes, _has_header, _ini_changes, domains, flatten
 
 
 def changed(path: str, old: str, new: str) -> list[tuple[str | None, str]]:

@@ -16,7 +16,8 @@ from conftest import SigningKey, git, small_deployment
 from reconciler.fleet.notes import Note
 from reconciler.fleet.rollout import FleetView, Rollout, Verdict, decide
 from reconciler.render.node import render_node
-from reconciler.repo.load import DeploymentRepo, load_repo
+from reconciler.repo.definitions import DeploymentRepo
+from reconciler.repo.load import load_repo
 from reconciler.repo.planes import Mode
 from reconciler.repo.tree import DirTree
 
@@ -95,7 +96,7 @@ def test_cutover_moves_the_vip_and_the_order_is_detach_then_attach(tmp_path: Pat
     assert lb(cut, "ctl1")[0] == ("internal",) and cut.services_of("ctl1") == ("lb",)
     assert "peers = ctl1,ctl2,ctl3\n" in lb(cut, "ctl1")[1]  # the old plane still sees only itself
     assert "peers = ctl4\n" in lb(cut, "ctl4")[1]
-    from reconciler.repo.planes import order
+    from reconciler.repo.cutover import order
 
     assert order(isolated, cut, cut.nodes) == (("ctl1", "ctl2", "ctl3"), ("ctl4",))
     assert order(cut, isolated, cut.nodes) == (("ctl4",), ("ctl1", "ctl2", "ctl3"))  # the revert

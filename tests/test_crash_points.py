@@ -1,6 +1,6 @@
 """Kill the agent at every side effect of a run, in turn, and check that one more run finishes.
 
-A side effect is whatever ``reconciler.faults.point`` numbers: file renames, spawns, signals,
+A side effect is whatever ``reconciler.core.faults.point`` numbers: file renames, spawns, signals,
 ledger writes, notes written and pushed. For each kind of change (a restart, a reload, a
 recreate, an operator's rollback and unpin) the run is first counted, then, for every point N,
 a new commit of that kind is made and the agent is killed (SIGKILL, in a forked child) just
@@ -34,7 +34,8 @@ from test_faults import processes_of
 
 from reconciler.agent import Agent
 from reconciler.core import faults
-from reconciler.settings.agent import AgentConfig, TrustConfig
+from reconciler.node import operations
+from reconciler.settings import AgentConfig, TrustConfig
 
 APP = '''\
 import http.server, json, os, signal, sys
@@ -214,10 +215,10 @@ def test_killed_at_every_side_effect_of_a_rollback_and_an_unpin(node: Node, tmp_
     node.run()
 
     def rollback(agent: Agent) -> object:
-        return agent.rollback("web")
+        return operations.rollback(agent.ctx, "web")
 
     def unpin(agent: Agent) -> object:
-        return agent.unpin("web")
+        return operations.unpin(agent.ctx, "web")
 
     points = count_points(node, rollback, tmp_path / "rollback.log")
     node.run()

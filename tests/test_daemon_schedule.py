@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from reconciler.daemon.loop import Every
+from reconciler.daemon.supervisor import Every
 
 
 def test_a_job_repeats_until_stopped() -> None:

@@ -230,7 +230,7 @@ def test_drift_by_stop_and_by_remove_is_put_back_or_reported(dock: DockerDeploym
 
 def test_the_supervisor_restarts_a_container_that_died_from_what_it_reads_each_tick(
         dock: DockerDeployment, agents: Callable[..., Agent], docker_engine: docker.DockerClient) -> None:
-    from reconciler.daemon.loop import Supervisor
+    from reconciler.daemon.supervisor import Supervisor
     from reconciler.drivers.docker import DockerDriver
 
     node = agents(dock.node, dock.url)

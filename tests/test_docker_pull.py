@@ -33,7 +33,8 @@ from registry_fixtures import Registry
 from reconciler.agent import Agent
 from reconciler.core.errors import ConfigError
 from reconciler.drivers.registry import PullFailed, RegistryLogin, redact, registry_of, split_reference
-from reconciler.settings.agent import DockerConfig, load_config
+from reconciler.node.operations import retry
+from reconciler.settings import DockerConfig, load_config
 
 WORKER = """\
 description: a worker that only runs
@@ -225,7 +226,7 @@ def test_a_registry_login_from_the_config_pulls_and_its_password_is_never_writte
 
     # The right one, written to the same file: read at the next pull, no restart of the agent.
     password_file.write_text(private_registry.password + "\n")
-    assert agent.retry() == c2
+    assert retry(agent.ctx) == c2
     result = agent.reconcile_once()
     assert result.exit_code == 0, result.report
     assert image in worker(docker_engine, node).image.tags

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import Deployment, SigningKey, demo_secrets, wait_for
 
-from reconciler.agent import Agent, drivers_for
+from reconciler.agent import Agent
 from reconciler.core.errors import Busy
 from reconciler.core.model import ObservedService
-from reconciler.daemon.loop import Supervisor
+from reconciler.daemon.supervisor import Supervisor
 from reconciler.drivers.observe import observe
+from reconciler.node.context import drivers_for
 
 
 def pids(agent: Agent) -> dict[str, int | None]:
@@ -149,7 +150,7 @@ def test_a_pass_does_not_sweep_the_record_the_supervisor_is_writing(
     import threading
     import time
 
-    from reconciler.node.steps import prepare
+    from reconciler.node.reconcile import prepare
 
     cmp1 = agents("cmp1", deployment.url)
     assert cmp1.reconcile_once().exit_code == 0
@@ -159,7 +160,7 @@ def test_a_pass_does_not_sweep_the_record_the_supervisor_is_writing(
     swept = threading.Event()
 
     def a_pass_starts() -> None:
-        prepare(cmp1)
+        prepare(cmp1.ctx)
         swept.set()
 
     with cmp1.state.services_lock():
@@ -311,7 +312,7 @@ def test_a_ref_lock_left_by_a_killed_git_fetch_is_removed_once_no_git_can_hold_i
     deployment: Deployment, agents: Callable[..., Agent], caplog: pytest.LogCaptureFixture, shown: bool
 ) -> None:
     from reconciler.core.errors import RemoteError
-    from reconciler.source.mirror import GIT_TIMEOUT
+    from reconciler.source.gitrun import GIT_TIMEOUT
 
     ctl1 = agents("ctl1", deployment.url)
     assert ctl1.reconcile_once().exit_code == 0

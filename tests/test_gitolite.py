@@ -11,8 +11,9 @@ from pathlib import Path
 from conftest import NODES, Deployment, git
 from gitolite_fixtures import Gitolite
 
-from reconciler.agent import Agent, drivers_for
+from reconciler.agent import Agent
 from reconciler.drivers.observe import observe
+from reconciler.node.context import drivers_for
 
 ROLLOUT = """\
 rollout:

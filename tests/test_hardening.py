@@ -25,6 +25,7 @@ from conftest import Deployment, SigningKey, age_args, wait_for
 from needs import unavailable
 
 from reconciler.agent import Agent
+from reconciler.node.operations import retry
 
 CANARY = """\
 rollout:
@@ -431,4 +432,4 @@ def test_a_node_that_lost_its_disk_does_not_retry_a_commit_its_own_note_says_fai
 
     assert result.report is None and result.skipped.startswith("failed here before"), result
     assert (deployment.note("ctl1", bad) or {})["state"] == "failed"
-    assert fresh.retry() == bad
+    assert retry(fresh.ctx) == bad

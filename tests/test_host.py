@@ -13,7 +13,7 @@ from pathlib import Path
 from conftest import Deployment, SigningKey, small_deployment
 
 from reconciler.agent import Agent
-from reconciler.settings.agent import HostConfig, TrustConfig
+from reconciler.settings import HostConfig, TrustConfig
 
 HOST = """\
 driver: host
@@ -130,7 +130,7 @@ def test_drain_restart_runs_the_hooks_around_the_restart(
 
 def test_a_reboot_steps_hook_that_hangs_or_fails_is_a_reason_not_a_traceback() -> None:
     from reconciler.drivers.hostaccess import HostAccess
-    from reconciler.upgrades.runner import _host_command
+    from reconciler.drivers.steprun import host_command as _host_command
 
     host = HostAccess()
     assert _host_command(host, "true", 5) == ""

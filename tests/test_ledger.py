@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from reconciler.core.model import ActionKind, Report, ResultState, ServiceResult, Verdict
 from reconciler.fleet import notes
 from reconciler.fleet.rollout import FleetView, decide, plan_rollout
-from reconciler.ledger.ledger import IllegalTransition, Ledger, Pin, Proof, Version
+from reconciler.ledger import IllegalTransition, Ledger, Pin, Proof, Version
 
 COMMITS = ("c1", "c2", "c3")
 commits = st.sampled_from(COMMITS)
@@ -150,7 +150,7 @@ def test_a_first_wave_state_db_is_migrated_into_the_tables(tmp_path: Path) -> No
     assert ledger.verdict("c1") is Verdict.APPLIED and ledger.verdict("c2") is Verdict.FAILED
     assert ledger.converged() == ("c1", {"web": "h1"})
     assert [(p.service, p.commit, p.head) for p in ledger.pins()] == [("web", "c1", "c2")]
-    assert ledger.get_meta("notes_pushed") == "abc"
+    assert ledger.notes_pushed().tip == "abc"
     assert [r.commit for r in ledger.history("web")] == ["c1"]
     # The migrated failure is a failure like any other: staged only after a healthy run of it
     # (c3, never seen here, may be staged by any run).

@@ -20,11 +20,11 @@ from conftest import SigningKey, git, small_deployment
 from reconciler.agent import Agent
 from reconciler.core.errors import BadInput, RenderLimit, RepoLimit, YamlLimit
 from reconciler.core.limits import Limits
+from reconciler.core.yamlfile import RepoProblems, load_yaml
 from reconciler.render.node import render_node
 from reconciler.render.sandbox import Sandbox
 from reconciler.repo.load import load_repo
 from reconciler.repo.tree import DirTree
-from reconciler.repo.yamlfile import RepoProblems, load_yaml
 
 ONE_NODE = {
     "reconciler.yaml": "format: 1\nname: small\n",

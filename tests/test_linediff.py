@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.plan.linediff import _ends, _grouped, _opcodes, unified
+from reconciler.review.linediff import _ends, _grouped, _opcodes, unified
 
 # Few distinct lines, so files repeat lines and share runs: the cases where a diff can go wrong.
 LINES = st.lists(st.sampled_from(["a\n", "b\n", "c\n", "\n", "[x]\n", "k = 1\n"]), max_size=30)

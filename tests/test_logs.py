@@ -85,8 +85,8 @@ def test_logs_of_a_service_the_node_does_not_run_is_one_line_and_exit_2(
 def test_a_service_log_past_its_limit_is_rotated_by_the_supervisor_without_a_restart(
     deployment: Deployment, agents: Callable[..., Agent]
 ) -> None:
-    from reconciler.daemon.loop import Supervisor
-    from reconciler.drivers.process import LOG_LIMIT
+    from reconciler.daemon.supervisor import Supervisor
+    from reconciler.drivers.servicelog import LOG_LIMIT
 
     ctl1 = agents("ctl1", deployment.url)
     assert ctl1.reconcile_once().exit_code == 0

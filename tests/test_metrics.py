@@ -25,9 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.agent import Agent
 from reconciler.core.errors import ConfigError
-from reconciler.daemon.loop import Outputs
+from reconciler.daemon.afterpass import Outputs
 from reconciler.daemon.metrics import EXPORTED
-from reconciler.settings.agent import MetricsConfig, load_config
+from reconciler.settings import MetricsConfig, load_config
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

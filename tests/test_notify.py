@@ -28,8 +28,9 @@ from conftest import Deployment, SigningKey, git
 
 from reconciler.agent import Agent
 from reconciler.core.errors import ConfigError
-from reconciler.daemon.loop import Outputs
-from reconciler.settings.agent import NotifyConfig, WebhookConfig
+from reconciler.daemon.afterpass import Outputs
+from reconciler.node.operations import retry
+from reconciler.settings import NotifyConfig, WebhookConfig
 
 SECRET_ENV = "RECONCILER_TEST_WEBHOOK_SECRET"
 SECRET = "s3cret-7f1d2c-never-written-anywhere"
@@ -131,7 +132,7 @@ def test_a_failed_commit_is_sent_once_signed_after_two_refused_deliveries(
 
     # The same failed commit again: a retry that fails the same way, then a restarted agent that
     # sees the same result. Nothing more is sent.
-    assert ctl1.retry() == bad
+    assert retry(ctl1.ctx) == bad
     again = ctl1.reconcile_once()
     assert again.report is not None and again.report.state == "failed" and again.commit == bad
     outputs(again)
@@ -236,7 +237,7 @@ def test_a_secret_variable_that_is_not_set_stops_the_start(
     ({"apprise": "not-a-url"}, "notify.apprise must be a list of apprise URLs"),
 ])
 def test_bad_notify_settings_are_one_line_errors(tmp_path: Path, notify: dict[str, object], error: str) -> None:
-    from reconciler.settings.agent import load_config
+    from reconciler.settings import load_config
 
     config = tmp_path / "agent.yaml"
     config.write_text(yaml.safe_dump({"node": "ctl1", "remote": "file:///nowhere.git", "notify": notify}))
@@ -252,7 +253,7 @@ def test_a_hand_edit_under_drift_report_is_sent_once_and_counted(
     from conftest import free_port
     from test_metrics import labelled, scrape, value
 
-    from reconciler.settings.agent import MetricsConfig
+    from reconciler.settings import MetricsConfig
 
     monkeypatch.setenv(SECRET_ENV, SECRET)
     deployment.write("services/identity/service.yaml", deployment.read("services/identity/service.yaml")

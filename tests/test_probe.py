@@ -24,7 +24,7 @@ from test_rollout import roll_out_with_two_controllers_side_by_side
 
 from reconciler.agent import Agent
 from reconciler.core.errors import ConfigError, RemoteError
-from reconciler.settings.agent import RemoteConfig, load_config
+from reconciler.settings import RemoteConfig, load_config
 from reconciler.source.mirror import Source
 from reconciler.source.probe import TipProbe
 

@@ -23,6 +23,7 @@ from test_faults import _cli, processes_of
 from reconciler.agent import Agent
 from reconciler.core.model import ActionKind
 from reconciler.drivers.process import ProcessDriver
+from reconciler.node.operations import plan
 
 
 def live_file(agent: Agent, service: str, path: str) -> Path:
@@ -48,7 +49,7 @@ def test_a_hand_edit_of_a_live_file_is_put_back_with_the_least_its_rules_allow(
     os.kill(before["identity"], signal.SIGHUP)  # type: ignore[arg-type]
     wait_for(lambda: get_json(identity)["token_ttl"] == 60, what="the hand edit served")
 
-    the_plan, _ = ctl1.plan()
+    the_plan, _ = plan(ctl1.ctx)
     assert by_service(the_plan.actions)["identity"] == (
         "reload", "files: identity.conf changed by hand; reload puts the repo's version back "
                   "(only [token] ttl changed in identity.conf)")
@@ -66,7 +67,7 @@ def test_a_hand_edit_of_a_live_file_is_put_back_with_the_least_its_rules_allow(
     # The file goes and another appears: no rule explains a whole file, so a restart.
     conf.unlink()
     live_file(ctl1, "identity", "notes.txt").write_text("tuning ideas\n")
-    the_plan, _ = ctl1.plan()
+    the_plan, _ = plan(ctl1.ctx)
     kind, reason = by_service(the_plan.actions)["identity"]
     assert kind == "restart" and reason.startswith("files: identity.conf missing, notes.txt added by hand; ")
 
@@ -91,7 +92,7 @@ def test_under_drift_report_a_hand_edit_is_named_and_left_alone(
     edited = conf.read_text().replace("ttl = 3600", "ttl = 60")
     conf.write_text(edited)
 
-    the_plan, _ = ctl1.plan()
+    the_plan, _ = plan(ctl1.ctx)
     assert by_service(the_plan.actions)["identity"] == (
         "none", "drift not corrected (policy report): files: identity.conf changed by hand")
     result = ctl1.reconcile_once()

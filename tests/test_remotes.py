@@ -33,7 +33,7 @@ from ports import free_port, wait_listening
 from test_cli import as_json, cli
 
 from reconciler.agent import Agent
-from reconciler.settings.agent import RemoteConfig
+from reconciler.settings import RemoteConfig
 
 WORKERS = "port = {{ port_base + ports.identity }}"
 

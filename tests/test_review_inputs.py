@@ -19,9 +19,11 @@ from reconciler.core.errors import ReconcilerError
 from reconciler.core.model import DesiredService
 from reconciler.render import node as render
 from reconciler.render.inputs import Inputs, same
-from reconciler.repo.load import DeploymentRepo, ServiceDef, load_repo
+from reconciler.repo.definitions import DeploymentRepo, ServiceDef
+from reconciler.repo.load import load_repo
 from reconciler.repo.tree import DirTree, open_tree
-from reconciler.review.diff import diff_repos, markdown
+from reconciler.review.diff import diff_repos
+from reconciler.review.report import markdown
 
 A, B = "a" * 40, "b" * 40
 CONTROLLERS = {"ctl1", "ctl2", "ctl3"}

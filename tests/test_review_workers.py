@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from reconciler.core.errors import BadInput
-from reconciler.repo.load import DeploymentRepo, load_repo
+from reconciler.repo.definitions import DeploymentRepo
+from reconciler.repo.load import load_repo
 from reconciler.repo.tree import DirTree
 from reconciler.review import diff as review
-from reconciler.review.diff import PARALLEL_FROM, diff_repos, markdown
+from reconciler.review.diff import PARALLEL_FROM, diff_repos
+from reconciler.review.report import markdown
 
 A, B = "a" * 40, "b" * 40
 NODES = 2 * PARALLEL_FROM + 3  # enough for two workers

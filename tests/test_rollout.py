@@ -19,6 +19,7 @@ from conftest import NODES, Deployment, SigningKey, age_args, git
 
 from reconciler.agent import Agent
 from reconciler.fleet.rollout import WHOLE_READ_EVERY
+from reconciler.node.operations import retry, rollback, unpin
 
 ROLLOUT = """\
 rollout:
@@ -109,7 +110,7 @@ def test_waves_in_order_then_a_failing_canary_halts_the_fleet_and_a_revert_rolls
     # The canary does not loop on the failed commit, until an operator asks for one more try.
     again = fleet["ctl1"].reconcile_once()
     assert again.report is None and again.exit_code == 0
-    assert fleet["ctl1"].retry() == bad
+    assert retry(fleet["ctl1"].ctx) == bad
     assert fleet["ctl1"].reconcile_once().report.state == "failed"  # type: ignore[union-attr]
 
     config = tmp_path / "ctl2.yaml"
@@ -225,9 +226,9 @@ def test_manual_rollback_with_the_remote_down_pins_until_the_branch_moves(
     assert "pins" not in note and any("pin of identity" in e for e in cast(list[str], note.get("events", [])))
 
     # unpin: the next run brings the service back to the head without waiting for a new commit.
-    node.rollback("identity", to=c1)
+    rollback(node.ctx, "identity", to=c1)
     assert "workers" not in live.read_text()
-    assert node.unpin("identity")
+    assert unpin(node.ctx, "identity")
     node.reconcile_once()
     assert "workers = 4" in live.read_text()
 
@@ -259,7 +260,7 @@ def test_manual_instantiate_mode_stages_until_an_operator_applies(
 
 
 def _pids(agent: Agent) -> dict[str, int | None]:
-    from reconciler.agent import drivers_for
     from reconciler.drivers.observe import observe
+    from reconciler.node.context import drivers_for
 
     return {o.name: o.pid for o in observe(agent.cfg.node, drivers_for(agent.cfg, None)).services}

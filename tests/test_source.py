@@ -16,7 +16,7 @@ from test_faults import FakeClock
 
 from reconciler.agent import Agent
 from reconciler.core.errors import RemoteError
-from reconciler.source import mirror as source_module
+from reconciler.source import gitrun as source_module
 from reconciler.source.mirror import RECHECK_EVERY, Source
 
 

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 from needs import unavailable
 
 from reconciler.core.errors import BadInput
+from reconciler.trust.sshkeys import SignatureError
 from reconciler.trust.sshsig import (
     AllowedSigner,
-    SignatureError,
     find_signer,
     parse_allowed_signers,
     parse_signature,
@@ -664,7 +664,7 @@ def test_reading_the_trust_root_loads_no_openssl_bindings(keys: Keys) -> None:
     """An idle agent parses its allowed signers at start; the signature code loads with the
     first commit it verifies (issue 17: the idle agent's memory)."""
     text = f"{ALICE} {keys.pub('ed25519')}\n{ALICE} {keys.pub('ecdsa256')}\n{ALICE} {keys.pub('rsa')}\n"
-    probe = ("import sys; from reconciler.sshsig import parse_allowed_signers as p; "
+    probe = ("import sys; from reconciler.trust.sshsig import parse_allowed_signers as p; "
              f"assert len(p({text!r}, 's')) == 3; print('cryptography' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

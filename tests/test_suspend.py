@@ -17,8 +17,9 @@ from conftest import Deployment, SigningKey
 from test_cli import as_json, cli, node_args
 from test_metrics import parse, value
 
-from reconciler.agent import Agent, drivers_for
+from reconciler.agent import Agent
 from reconciler.drivers.observe import observe
+from reconciler.node.context import drivers_for
 
 WORKERS = ("port = {{ port_base + ports.identity }}", "port = {{ port_base + ports.identity }}\nworkers = 4")
 

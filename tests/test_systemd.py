@@ -14,7 +14,7 @@ import pytest
 from conftest import Deployment, SigningKey, small_deployment
 
 from reconciler.agent import Agent
-from reconciler.settings.agent import HostConfig, TrustConfig
+from reconciler.settings import HostConfig, TrustConfig
 
 pytestmark = pytest.mark.usefixtures("docker_cleanup")
 

@@ -20,8 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.agent import Agent
-from reconciler.settings.agent import TrustConfig
-from reconciler.trust.verify import Gate, Policy, TrustError, load_root, verify_commit, verify_range
+from reconciler.settings import TrustConfig
+from reconciler.trust.commits import verify_commit
+from reconciler.trust.root import Policy, TrustError, load_root
+from reconciler.trust.verify import Gate, verify_range
 
 
 def ssh_keygen_agrees(repo_dir: Path, commit: str, allowed: Path, accepted: bool) -> None:
@@ -76,8 +78,8 @@ def test_unsigned_head_is_refused_noted_and_nothing_changes(deployment: Deployme
 
 
 def cmp1_observed(agent: Agent) -> list:  # type: ignore[type-arg]
-    from reconciler.agent import drivers_for
     from reconciler.drivers.observe import observe
+    from reconciler.node.context import drivers_for
 
     return list(observe(agent.cfg.node, drivers_for(agent.cfg, None)).services)
 
@@ -417,7 +419,7 @@ def test_a_revocation_that_names_no_key_is_refused_not_read_as_revoking_nothing(
 
 def test_a_revocation_list_the_node_adopted_before_these_checks_still_loads_without_its_bad_lines(
         caplog: pytest.LogCaptureFixture) -> None:
-    from reconciler.trust.verify import parse_revoked
+    from reconciler.trust.root import parse_revoked
 
     good = "SHA256:" + "A" * 43
     assert parse_revoked(f"3AA5C34371567BD2\n{good}\n", "state/revoked", strict=False) == {good}
@@ -425,7 +427,7 @@ def test_a_revocation_list_the_node_adopted_before_these_checks_still_loads_with
 
 
 def test_a_revocation_list_takes_openpgp_fingerprints_as_gpg_prints_them() -> None:
-    from reconciler.trust.verify import parse_revoked
+    from reconciler.trust.root import parse_revoked
 
     printed = "  0D69 E11F 12BD BA07 7B37  2642 6AE8 DB89 19C6 F80F  # gpg --fingerprint"
     v6 = "a" * 64
@@ -518,7 +520,7 @@ def test_the_repo_can_require_bindings_and_cannot_drop_the_requirement_unbound(
     "subject\n\nReconciler-Branch: main\n\nlast paragraph is prose\n",
 ])
 def test_trailers_are_read_as_git_reads_them(message: str, tmp_path: Path) -> None:
-    from reconciler.trust.verify import trailers
+    from reconciler.trust.commits import trailers
 
     out = subprocess.run(["git", "interpret-trailers", "--parse", "--no-divider"], input=message,
                          capture_output=True, text=True, check=True).stdout
@@ -670,7 +672,7 @@ def test_a_range_is_accepted_exactly_when_every_unsigned_commit_has_a_seal_after
 
 def test_trust_settings_for_seals_and_bindings_are_read_and_checked(tmp_path: Path) -> None:
     from reconciler.core.errors import ConfigError
-    from reconciler.settings.agent import load_config
+    from reconciler.settings import load_config
 
     cfg_file = tmp_path / "agent.yaml"
     cfg_file.write_text("node: cmp1\nremote: /srv/cloud.git\ntrust:\n  allowed_signers: /etc/r/allowed\n"

@@ -520,7 +520,7 @@ def test_a_reboot_post_step_reboots_the_computes_one_at_a_time_once_everyone_is_
 ) -> None:
     """A kernel that comes with the upgrade: once every node runs version 2, each compute is
     drained, rebooted and undrained, the second only after the first is back."""
-    from reconciler.settings.agent import HostConfig
+    from reconciler.settings import HostConfig
 
     log = tmp_path / "host.log"
     fleet = {}
@@ -619,7 +619,7 @@ def test_killed_at_every_side_effect_of_the_pass_that_reboots_the_node_reboots_o
     It is killed at each numbered side effect of that pass in turn (each time on a fresh
     upgrade commit) and polled again: every time the upgrade finishes, the node rebooted
     exactly once for that commit, and its note says so."""
-    from reconciler.settings.agent import HostConfig
+    from reconciler.settings import HostConfig
 
     reboots = tmp_path / "reboots.log"
     boot = tmp_path / "cmp1.boot_id"

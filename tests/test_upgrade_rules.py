@@ -12,10 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.core.model import Scope
-from reconciler.upgrades.rules import Stage, Step, StepAction, Upgrade, barrier, bases, version_changed
+from reconciler.repo.steps import Stage, Step, StepAction
+from reconciler.upgrades.rules import Upgrade, barrier, bases, version_changed
 
 if TYPE_CHECKING:
-    from reconciler.repo.load import DeploymentRepo, ServiceDef
+    from reconciler.repo.definitions import DeploymentRepo, ServiceDef
 
 NODES = ("ctl1", "ctl2", "ctl3")
 STEPS = (Step("pin", StepAction.PIN, values={"rpc": "1"}), Step("stop", StepAction.STOP),

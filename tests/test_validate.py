@@ -13,10 +13,11 @@ import pytest
 from conftest import git
 
 from reconciler.core.errors import BadInput, RenderError, UnknownNode
+from reconciler.core.yamlfile import RepoProblems
 from reconciler.render.node import render_node
-from reconciler.repo.load import RENDER_NAMES, load_repo
+from reconciler.repo.checks import RENDER_NAMES
+from reconciler.repo.load import load_repo
 from reconciler.repo.tree import DirTree
-from reconciler.repo.yamlfile import RepoProblems
 
 SMALL = {
     "reconciler.yaml": "format: 1\nname: small\n",
@@ -220,7 +221,7 @@ def test_cli_render_unknown_node_exits_2_with_one_line(tmp_path: Path) -> None:
 
 def test_agent_config_errors_are_located_and_flags_override(tmp_path: Path) -> None:
     from reconciler.core.errors import ConfigError
-    from reconciler.settings.agent import load_config
+    from reconciler.settings import load_config
 
     cfg_file = tmp_path / "agent.yaml"
     cfg_file.write_text("node: n1\nremote: /srv/cloud.git\ninterval: 30\npoll_every: 5\n")
@@ -306,7 +307,7 @@ def test_render_with_both_node_and_all_says_which_to_give(tmp_path: Path) -> Non
 
 def test_a_variable_named_like_one_the_render_gives_is_refused(tmp_path: Path) -> None:
     # Before: {{ node }} in a template still said the node's name, and the variable was lost.
-    from reconciler.render.node import context
+    from reconciler.render.variables import context
 
     loaded = load_repo(DirTree(make(tmp_path / "ok")))
     given = context(loaded, "n1", loaded.services["api"])

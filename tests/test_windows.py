@@ -23,7 +23,8 @@ from test_suspend import running
 
 from reconciler.agent import Agent
 from reconciler.core.model import ActionKind
-from reconciler.plan.windows import Window, WindowError, closed, parse_duration
+from reconciler.node import operations
+from reconciler.repo.windows import Window, WindowError, closed, parse_duration
 
 PARIS = ZoneInfo("Europe/Paris")
 
@@ -56,7 +57,7 @@ def test_a_restart_waits_for_its_window_while_a_reload_goes_through_and_the_roll
     deployment.edit("services/db/templates/db.conf.j2", "name = db-{{ node }}", "name = db-{{ node }}-a")
     head = deployment.commit("identity: longer tokens; db: new member name")
 
-    plan, _ = ctl1.plan()
+    plan, _ = operations.plan(ctl1.ctx)
     by_service = {a.service: a for a in plan.actions}
     assert by_service["identity"].kind is ActionKind.RELOAD
     assert by_service["db"].kind is ActionKind.NONE
@@ -149,7 +150,7 @@ def test_an_upgrades_reboot_post_step_waits_for_the_reboot_window(
     its upgrade goes through and the reboot waits, noted with the window's next opening."""
     from test_upgrade import COMPUTE_STEPS, steps_of_nodes, versioned
 
-    from reconciler.settings.agent import HostConfig
+    from reconciler.settings import HostConfig
 
     clock = Clock(datetime(2026, 11, 23, 12, 0, tzinfo=PARIS))  # a Monday
     reboots, boot = tmp_path / "reboots.log", tmp_path / "cmp1.boot_id"

@@ -22,21 +22,9 @@ import click
 from reconciler import __version__
 from reconciler.cli.bundle import bundle
 from reconciler.cli.common import Failed, emit_json, err
-from reconciler.cli.node import (
-    agent_command,
-    apply,
-    history,
-    logs,
-    plan,
-    prepull,
-    resume,
-    retry,
-    rollback,
-    status,
-    suspend,
-    unpin,
-    verify,
-)
+from reconciler.cli.inspect import history, logs, status
+from reconciler.cli.node import agent_command, apply, plan, prepull, rollback, verify
+from reconciler.cli.operate import resume, retry, suspend, unpin
 from reconciler.cli.repo import diff, render, validate
 from reconciler.cli.review import review_post
 from reconciler.core.errors import ReconcilerError

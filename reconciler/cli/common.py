@@ -19,7 +19,7 @@ import click
 from reconciler.agent import Agent
 from reconciler.core.atomic import atomic_write
 from reconciler.core.errors import BadInput, DiskFull, ReconcilerError
-from reconciler.settings.agent import AgentConfig, load_config
+from reconciler.settings import AgentConfig, load_config
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -17,7 +17,7 @@ from reconciler.core.errors import ReconcilerError
 if TYPE_CHECKING:
     from reconciler.fleet.rollout import FleetView
     from reconciler.fleet.status import CommitInfo, NodeStatus, StepTable
-    from reconciler.repo.load import DeploymentRepo
+    from reconciler.repo.definitions import DeploymentRepo
 
 # A node in one of these states has stopped the rollout of the commit: nobody after it starts.
 STOPPED = ("error", "failed", "halted", "refused")
@@ -72,7 +72,7 @@ class FleetSource:
     def snapshot(self, rev: str | None) -> Snapshot:
         from reconciler.fleet.rollout import plan_rollout
         from reconciler.fleet.status import CommitInfo, fleet_status, stage_labels, step_table
-        from reconciler.upgrades.runner import bases_in
+        from reconciler.upgrades.history import bases_in
 
         git, commit, view = self.read(rev)
         # The repo at the commit (and the ancestors its stages point back to): for the order of

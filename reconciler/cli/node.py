@@ -1,5 +1,7 @@
-"""Commands on this node: they take the agent's settings (--config, flags) and act on, or read,
-its state directory. ``status --fleet`` is handed to ``fleet``, ``verify --repo`` to ``repo``.
+"""Commands that run the node's passes: they take the agent's settings (--config, flags) and
+act on its state directory: ``plan``, ``apply``, ``agent``, ``rollback``, ``prepull``, and
+``verify`` of the mirror's commits. ``verify --repo`` is handed to ``repo``; the commands that
+read the node are ``inspect``, those that steer it between passes ``operate``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from typing import Any
 
 import click
 
-from reconciler.agent import RunResult
 from reconciler.cli.common import (
     Failed,
     agent_config,
@@ -25,8 +26,9 @@ from reconciler.cli.common import (
     output_option,
     style,
 )
-from reconciler.core.errors import BadInput, ReconcilerError
-from reconciler.drivers.observe import observe
+from reconciler.core.errors import ReconcilerError
+from reconciler.node import operations
+from reconciler.node.run import RunResult
 
 
 @click.command()
@@ -48,7 +50,7 @@ def plan(agent_opts: dict[str, Any], rev: str | None, no_fetch: bool, output: st
       2  bad input or refused: bad settings, a problem in the repo, an unsigned commit
     """
     agent = node_agent(agent_opts)
-    the_plan, _ = agent.plan(fetch=not no_fetch and rev is None, rev=rev)
+    the_plan, _ = operations.plan(agent.ctx, fetch=not no_fetch and rev is None, rev=rev)
     if output == "json":
         emit_json(the_plan.to_dict())
         return
@@ -168,7 +170,8 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
       2  bad input or refused, nothing applied: a problem in the repo at that commit, an
          unsigned or rewound commit, bad settings
     """
-    from reconciler.daemon.loop import Outputs, run_daemon
+    from reconciler.daemon.afterpass import Outputs
+    from reconciler.daemon.loop import run_daemon
 
     settings = {"interval": interval, "jitter": jitter, "metrics_textfile": metrics_textfile}
     the_agent = node_agent(agent_opts, **settings)
@@ -236,138 +239,6 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
 
 @click.command()
 @agent_options
-@click.option("--fleet", is_flag=True, help="The whole rollout from every node's notes (fetches them).")
-@click.option("--rev", help="With --fleet: the commit to show [the branch head].")
-@click.option("--html", "html_file", type=click.Path(path_type=Path), help="With --fleet: also write a page.")
-@click.option("--html-refresh", type=click.IntRange(min=1), metavar="SECONDS",
-              help="With --html: the page reloads itself every SECONDS (served from a CI artifact) [off].")
-@click.option("--repo", "repo_dir", type=click.Path(path_type=Path),
-              help="With --fleet: a clone of the deployment repo; its notes fetched from --remote [origin]. "
-                   "The default with no node settings: the current directory.")
-@click.option("--watch", is_flag=True, help="With --fleet: read again until every node applied, failed, halted "
-                                             "or refused the commit; exit 0 when all applied, 1 otherwise.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="With --watch: seconds between reads.")
-@output_option
-def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: Path | None,
-           html_refresh: int | None, repo_dir: Path | None, watch: bool, interval: float, output: str) -> None:
-    """What runs on this node now, from which commit, and the last run's verdict; with --fleet,
-    every node's state for a commit, per wave.
-
-    \b
-    Example:
-      reconciler status --config /etc/reconciler/agent.yaml -o json
-      reconciler status --fleet --config /etc/reconciler/agent.yaml --html rollout.html
-      reconciler status --fleet --repo . --watch --interval 30   # from any clone, a CI job
-      reconciler status --fleet --repo . --html rollout.html --html-refresh 60
-
-    \b
-    Exit codes:
-      0  printed; with --fleet: no node failed, halted, refused or errored on the commit
-         (with --watch: every node applied it)
-      1  with --fleet: a node failed, halted, refused or errored on the commit (the rollout
-         is stopped); or the remote did not answer
-      2  bad input: no node in the state dir, bad settings, an unknown --rev, not a clone,
-         an --html FILE that cannot be written
-    """
-    if html_refresh is not None and html_file is None:
-        raise BadInput("--html-refresh goes with --html")
-    if fleet:
-        from reconciler.cli.fleet import show_fleet
-
-        show_fleet(agent_opts, rev, html_file, output, repo_dir=repo_dir, watch=watch, interval=interval,
-                   html_refresh=html_refresh)
-        return
-    if repo_dir is not None or watch:
-        raise BadInput("--repo and --watch go with --fleet")
-    cfg = agent_config(agent_opts, remote="unused")
-    from reconciler.agent import drivers_for
-    from reconciler.ledger.ledger import Ledger
-    from reconciler.ledger.statedir import State
-
-    State(cfg.state_dir, create=False)
-    ledger = Ledger.open(cfg.state_dir, create=False)
-    observed = observe(cfg.node, drivers_for(cfg, None))
-    last = ledger.last_run()
-    head = ledger.mark().commit
-    record = ledger.record(head) if head else None
-    converged = ledger.converged()
-    applied = converged[0] if converged else None
-    pins = [p.to_dict() for p in ledger.pins()]
-    suspended = ledger.suspension()
-    if output == "json":
-        emit_json({"node": cfg.node, "head": head, "verdict": str(record.verdict) if record else None,
-                   "applied_commit": applied, "pins": pins, "last_run": last, "suspended": suspended,
-                   **observed.to_dict()})
-        return
-    out.print(f"node {cfg.node}: head {head[:12] if head else 'none yet'}"
-              + (f" {style(str(record.verdict))}" if record else "")
-              + (f"; last run {last['commit'][:12]} {style(last['state'])}" if last else ""))
-    if suspended:
-        out.print(f"suspended by {escape(suspended.get('by', '?'))} since {suspended.get('since', '?')}: "
-                  f"{escape(suspended.get('reason') or 'no reason given')}; nothing is applied")
-    table = new_table("service", "driver", "running", "pid", "commit", "hash", "pinned")
-    pinned = {p["service"]: p["commit"] for p in pins}
-    for s in observed.services:
-        table.add_row(s.name, s.driver, style("ok") if s.running else style("failed"), str(s.pid or "-"),
-                      (s.commit or "")[:12], (s.hash or "")[:12], pinned.get(s.name, "")[:12])
-    out.print(table)
-
-
-@click.command()
-@agent_options
-@click.argument("service", required=False)
-@click.option("--limit", default=30, show_default=True)
-@click.option("--fleet", is_flag=True, help="The branch's commits, each with what every node noted on it.")
-@click.option("--repo", "repo_dir", type=click.Path(path_type=Path),
-              help="With --fleet: a clone of the deployment repo (as status --fleet --repo).")
-@output_option
-def history(agent_opts: dict[str, Any], service: str | None, limit: int, fleet: bool, repo_dir: Path | None,
-            output: str) -> None:
-    """What this node applied, per service, newest first; with --fleet, the branch's commits
-    and how many nodes applied, failed or halted each.
-
-    \b
-    Example:
-      reconciler history identity --state-dir /var/lib/reconciler
-      reconciler history --fleet --repo . --limit 10
-
-    \b
-    Exit codes:
-      0  printed (an empty history too, without SERVICE)
-      1  with --fleet: the remote did not answer
-      2  bad input: no node in the state dir, bad settings, not a clone, a SERVICE with no
-         history on this node
-    """
-    if fleet:
-        from reconciler.cli.fleet import show_fleet_history
-
-        show_fleet_history(agent_opts, repo_dir, limit, output)
-        return
-    cfg = agent_config(agent_opts, node="local", remote="unused")
-    from datetime import UTC, datetime
-
-    from reconciler.ledger.ledger import Ledger
-    from reconciler.ledger.statedir import State
-
-    State(cfg.state_dir, create=False)
-    ledger = Ledger.open(cfg.state_dir, create=False)
-    rows = ledger.history(service, limit)
-    known = ledger.services_in_history() if service and not rows else []
-    if service and not rows and service not in known:  # a typo read as "nothing happened to it" misleads
-        raise BadInput(f"service {service!r}: not in this node's history (it has: {', '.join(known) or 'none'})")
-    if output == "json":
-        emit_json([r.to_dict() for r in rows])
-        return
-    table = new_table("time", "service", "commit", "action", "result", "reason")
-    for r in rows:
-        when = datetime.fromtimestamp(r.time, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(when, r.service, r.commit[:12], r.action, style(r.result), escape(r.detail or r.reason))
-    out.print(table)
-
-
-@click.command()
-@agent_options
 @click.argument("service")
 @click.option("--to", "to", help="Commit to put the service back to [its previous good one].")
 @output_option
@@ -390,178 +261,7 @@ def rollback(agent_opts: dict[str, Any], service: str, to: str | None, output: s
       2  bad input or refused: an unknown service or commit, nothing earlier to go back
          to, an earlier commit that is not signed by a trusted key
     """
-    _finish_run(node_agent(agent_opts).rollback(service, to), output)
-
-
-@click.command()
-@agent_options
-@click.argument("service")
-@output_option
-def unpin(agent_opts: dict[str, Any], service: str, output: str) -> None:
-    """Release a pin made by `rollback`: the next run brings SERVICE to the branch head.
-
-    With -o json: {"service": SERVICE, "released": true}.
-
-    \b
-    Example:
-      reconciler unpin identity --config /etc/reconciler/agent.yaml
-
-    \b
-    Exit codes:
-      0  the pin is released
-      1  another run holds the lock
-      2  bad input: SERVICE is not pinned on this node (NOT_PINNED), bad settings
-    """
-    the_agent = node_agent(agent_opts)
-    if not the_agent.unpin(service):
-        error = BadInput(f"service {service} is not pinned on node {the_agent.cfg.node}", reason="NOT_PINNED")
-        if output == "json":
-            raise Failed(error, {"service": service, "released": False})
-        raise error
-    if output == "json":
-        emit_json({"service": service, "released": True})
-        return
-    out.print(f"{service}: pin released; the next run applies the branch head")
-
-
-@click.command()
-@agent_options
-@output_option
-def retry(agent_opts: dict[str, Any], output: str) -> None:
-    """Try the branch head again on this node after it failed here (it is not retried on its own).
-
-    With -o json: {"retry": COMMIT} (null when there is nothing to retry).
-
-    \b
-    Example:
-      reconciler retry --config /etc/reconciler/agent.yaml && reconciler apply --config ...
-
-    \b
-    Exit codes:
-      0  the head will be tried again on the next run, or there is nothing to retry
-      1  another run holds the lock
-      2  bad input: bad settings
-    """
-    failed = node_agent(agent_opts).retry()
-    if output == "json":
-        emit_json({"retry": failed})
-        return
-    out.print(f"will try {failed[:12]} again on the next run" if failed else "nothing to retry")
-
-
-@click.command()
-@agent_options
-@click.argument("service")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing what the service writes, until interrupted.")
-@click.option("-n", "--lines", type=click.IntRange(min=0), default=50, show_default=True,
-              help="How many of the last lines to print first.")
-@output_option
-def logs(agent_opts: dict[str, Any], service: str, follow: bool, lines: int, output: str) -> None:
-    """A service's own output, from its driver: the process driver's log file (rotated files
-    followed), the container's log, or journalctl for the systemd unit. With -o json (not with
-    -f): {"service", "driver", "output"}.
-
-    \b
-    Example:
-      reconciler logs identity --config /etc/reconciler/agent.yaml -n 100
-      reconciler logs db -f --config /etc/reconciler/agent.yaml
-
-    \b
-    Exit codes:
-      0  printed (with -f: until interrupted)
-      1  the runtime did not answer (a docker engine down)
-      2  bad input: SERVICE does not run on this node (UNKNOWN_SERVICE), bad settings
-    """
-    cfg = agent_config(agent_opts, remote="unused")
-    from reconciler.agent import drivers_for
-    from reconciler.ledger.statedir import State
-
-    State(cfg.state_dir, create=False)  # a read: no state dir is made for it
-    found = [(d, o) for d in drivers_for(cfg, None).values() for o in d.observe() if o.name == service]
-    if not found:
-        known = sorted({o.name for d in drivers_for(cfg, None).values() for o in d.observe()})
-        raise BadInput(f"service {service} does not run on node {cfg.node} (it runs: {', '.join(known) or 'nothing'})",
-                       reason="UNKNOWN_SERVICE")
-    driver = found[0][0]
-    if output == "json":
-        if follow:
-            raise BadInput("-f prints as the service writes: not with -o json")
-        text = b"".join(driver.logs(service, lines, False)).decode(errors="replace")
-        emit_json({"service": service, "driver": driver.name, "output": text})
-        return
-    stream = sys.stdout.buffer
-    try:
-        for chunk in driver.logs(service, lines, follow):
-            stream.write(chunk)
-            stream.flush()
-    except KeyboardInterrupt:  # -f ends with ^C: not an error
-        pass
-
-
-@click.command()
-@agent_options
-@click.option("--reason", default="", help="Why: shown in the node's note, status and metrics.")
-@output_option
-def suspend(agent_opts: dict[str, Any], reason: str, output: str) -> None:
-    """Hold this node still: passes still fetch, verify and observe, report drift and what they
-    would do, and apply nothing until `reconciler resume`. Again: the reason changes.
-
-    With -o json: {"node": NODE, "suspended": {"reason", "by", "since"}, "already": BOOL}.
-
-    \b
-    Example:
-      reconciler suspend --reason "disk swap, ticket 4411" --config /etc/reconciler/agent.yaml
-
-    \b
-    Exit codes:
-      0  suspended (or its reason updated); a node that never ran yet starts out suspended
-      2  bad input: bad settings
-    """
-    from reconciler.node.operations import invoker
-    from reconciler.node.operations import suspend as suspend_node
-
-    the_agent = node_agent(agent_opts)
-    already = suspend_node(the_agent, reason, invoker())
-    record = the_agent.ledger.suspension() or {}
-    if output == "json":
-        emit_json({"node": the_agent.cfg.node, "suspended": record, "already": already})
-        return
-    out.print(f"{the_agent.cfg.node}: suspended by {record.get('by', '?')} since {record.get('since', '?')}"
-              + (f": {escape(reason)}" if reason else "") + ("" if not already else " (reason updated)")
-              + "; nothing is applied until `reconciler resume`")
-
-
-@click.command()
-@agent_options
-@output_option
-def resume(agent_opts: dict[str, Any], output: str) -> None:
-    """Lift `reconciler suspend`: the next pass converges. A fleet-wide `suspend: true` in the
-    repo stays until a commit removes it.
-
-    With -o json: {"node": NODE, "resumed": {"reason", "by", "since"} or null}.
-
-    \b
-    Example:
-      reconciler resume --config /etc/reconciler/agent.yaml && reconciler agent --once --config ...
-
-    \b
-    Exit codes:
-      0  resumed, or it was not suspended
-      2  bad input: bad settings
-    """
-    from reconciler.node.operations import resume as resume_node
-
-    the_agent = node_agent(agent_opts)
-    lifted = resume_node(the_agent)
-    if output == "json":
-        emit_json({"node": the_agent.cfg.node, "resumed": lifted})
-        return
-    if lifted is None:
-        out.print(f"{the_agent.cfg.node}: not suspended")
-        return
-    still = the_agent.ledger.suspension()
-    out.print(f"{the_agent.cfg.node}: resumed; the next pass applies the branch head"
-              + (f" (the repo still suspends the fleet: {escape(still.get('reason', ''))})" if still else ""))
+    _finish_run(operations.rollback(node_agent(agent_opts).ctx, service, to), output)
 
 
 @click.command()
@@ -590,7 +290,7 @@ def prepull(agent_opts: dict[str, Any], commit: str | None, no_fetch: bool, outp
          commit, an unknown COMMIT, bad settings
     """
     the_agent = node_agent(agent_opts)
-    at, images = the_agent.prepull(fetch=not no_fetch and commit is None, rev=commit)
+    at, images = operations.prepull(the_agent.ctx, fetch=not no_fetch and commit is None, rev=commit)
     failed = [p for p in images if p.result == "failed"]
     error = None
     if failed:

@@ -26,11 +26,11 @@ from reconciler.cli.common import (
 )
 from reconciler.core.errors import BadInput
 from reconciler.core.model import Desired
-from reconciler.settings.agent import AgentConfig
+from reconciler.settings import AgentConfig
 
 if TYPE_CHECKING:
     from reconciler.review.diff import NodeDiff
-    from reconciler.trust.verify import Verdict
+    from reconciler.trust.root import Verdict
 
 
 @click.command()
@@ -57,8 +57,8 @@ def validate(repo_dir: Path, rev: str | None, age_identity: Path | None, output:
       0  valid: every node renders
       2  a problem in the repo (each one printed), or bad input (no such directory or commit)
     """
+    from reconciler.core.yamlfile import RepoProblems
     from reconciler.repo.tree import open_tree
-    from reconciler.repo.yamlfile import RepoProblems
     from reconciler.review.diff import validate_tree
 
     tree = open_tree(repo_dir, rev)
@@ -198,7 +198,8 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
          a --report-file that cannot be written
     """
     from reconciler.repo.tree import open_tree
-    from reconciler.review.diff import cutover, diff_repos, load_at, markdown, summary
+    from reconciler.review.diff import cutover, diff_repos, load_at
+    from reconciler.review.report import markdown, summary
 
     if output != "markdown" and (max_bytes or artifact_url or report_file):
         raise BadInput("--max-bytes, --artifact-url and --report-file go with -o markdown")
@@ -231,7 +232,7 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
 def _print_diff(diffs: list[NodeDiff]) -> None:
     from rich.syntax import Syntax
 
-    from reconciler.review.diff import summary
+    from reconciler.review.report import summary
 
     for d in diffs:
         if not d.plan.changes and not d.files:
@@ -257,7 +258,8 @@ def verify_in_repo(cfg: AgentConfig, repo_dir: Path, spec: str) -> list[Verdict]
     """``verify --repo``: the commits of any git repo against the trust root given as options."""
     import pygit2
 
-    from reconciler.trust.verify import Gate, Policy, load_root, verify_range
+    from reconciler.trust.root import Policy, load_root
+    from reconciler.trust.verify import Gate, verify_range
 
     t = cfg.trust
     node_root = load_root(t.allowed_signers, t.gpg_home, t.revoked, t.sealers)

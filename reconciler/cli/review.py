@@ -15,7 +15,7 @@ from reconciler.cli.common import out, write_output
 from reconciler.core.errors import BadInput
 
 if TYPE_CHECKING:
-    from reconciler.review.diff import Change
+    from reconciler.review.report import Change
 
 
 @click.command("review-post")
@@ -59,8 +59,9 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
          that cannot be written (nothing is posted)
     """
     from reconciler.repo.tree import open_tree
-    from reconciler.review.diff import changes, diff_repos, markdown, validate_tree
+    from reconciler.review.diff import diff_repos, validate_tree
     from reconciler.review.forge import GERRIT_LIMIT, GITHUB_LIMIT, MARKER, Forge, Gerrit, GitHub, GroupStatus, Review
+    from reconciler.review.report import changes, markdown
 
     the_forge: Forge
     if forge == "github":

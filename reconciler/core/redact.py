@@ -6,8 +6,9 @@ what it sent). The agent keeps such output where it explains a failure: the erro
 the command line's report. Every one of those goes through a ``Redactor`` first, which
 replaces each secret value the node decrypted by ``<secret NAME>``.
 
-Pure: text in, text out. The agent builds it from the values it decrypted (``secrets``) and
-wires it into the ledger, the apply stage and the upgrader.
+Pure: text in, text out. The one cleaner of secret values: the agent builds it from the values
+of every repo it decrypted (``render.secrets.secret_values``, the one list of them) and wires it
+into the ledger, the apply stage and the upgrader.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Redactor:
 
     @staticmethod
     def of(named: Iterable[tuple[str, str]]) -> Redactor:
-        """From (dotted name, value as text) pairs, e.g. ``secrets.named_values``."""
+        """From (dotted name, value as text) pairs, e.g. of ``secrets.secret_values``."""
         return Redactor().plus(named)
 
     def plus(self, named: Iterable[tuple[str, str]]) -> Redactor:

@@ -3,11 +3,13 @@
 The supervisor never waits on the network: a pass holds the services lock only while it
 observes and changes services, not while it fetches or pushes, and the supervisor runs in its
 own scheduler thread. One daemon per state dir (``agent.lock``, held for the daemon's life).
+Here the daemon's life: its start (or its resumption after a re-execution), its passes, the
+signals that stop it and the hand-over that re-executes it. The timers and the supervisor are
+``supervisor``; what follows each pass, ``afterpass``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import signal
@@ -15,250 +17,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reconciler.agent import Agent
 from reconciler.core.errors import Busy, ReconcilerError
 from reconciler.daemon import shed
-from reconciler.daemon.notify import Notifier
-from reconciler.drivers import Driver
-from reconciler.drivers.process import ProcessDriver
-from reconciler.node.steps import RunResult
-from reconciler.settings.agent import AgentConfig
-
-if TYPE_CHECKING:
-    from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.afterpass import Outputs, Shedding, VerdictLog
+from reconciler.daemon.supervisor import Every, Supervisor, node_offset
+from reconciler.node.run import RunResult
+from reconciler.settings import AgentConfig
 
 log = logging.getLogger("reconciler.agent")
 
 STOP_GRACE = 10.0  # seconds a stop waits for a pass in flight
-
-
-class Supervisor:
-    """Restart services that died, with exponential backoff per service."""
-
-    BACKOFF_MAX = 60.0
-    STABLE_AFTER = 30.0
-
-    def __init__(self, agent: Agent, clock: Callable[[], float] = time.monotonic) -> None:
-        self.agent = agent
-        self.clock = clock
-        self.failures: dict[str, int] = {}
-        self.next_try: dict[str, float] = {}
-        self.up_since: dict[str, float] = {}
-
-    def tick(self) -> list[str]:
-        """One check; returns the services restarted. Skips while a pass changes services."""
-        restarted = []
-        try:
-            with self.agent.state.services_lock():
-                for driver in self.agent.drivers(None).values():
-                    if isinstance(driver, ProcessDriver):
-                        driver.rotate_logs()  # the services' own logs must not fill the disk
-                    for o in driver.liveness():
-                        if o.drift == "report":
-                            continue  # hands off: a stop by hand is noted by the next run, not undone
-                        if self._check(driver, o.name, o.running, o.commit or "", o.hash):
-                            restarted.append(o.name)
-        except Busy:
-            pass
-        return restarted
-
-    def _check(self, driver: Driver, svc: str, running: bool, commit: str, hash_: str | None) -> bool:
-        now = self.clock()
-        if running:
-            if now - self.up_since.setdefault(svc, now) >= self.STABLE_AFTER:
-                self.failures.pop(svc, None)
-            return False
-        self.up_since.pop(svc, None)
-        if now < self.next_try.get(svc, 0.0):
-            return False
-        n = self.failures.get(svc, 0)
-        self.failures[svc] = n + 1
-        self.next_try[svc] = now + min(self.BACKOFF_MAX, 2.0**n)
-        try:
-            driver.revive(svc)
-            ok, detail = True, f"restart #{n + 1} after crash"
-        except ReconcilerError as exc:
-            ok, detail = False, self.agent.redact(str(exc))
-        log.warning("%s: service %s was not running: %s", self.agent.cfg.node, svc, detail)
-        self.agent.ledger.log(svc, commit, hash_, "revive", "ok" if ok else "failed", "supervisor", detail)
-        return ok
-
-
-def node_offset(node: str, jitter: float) -> float:
-    """A fixed offset per node in [0, jitter): nodes spread out even with identical clocks."""
-    if jitter <= 0:
-        return 0.0
-    h = int.from_bytes(hashlib.sha256(node.encode()).digest()[:8], "big")
-    return (h / 2**64) * jitter
-
-
-class VerdictLog:
-    """Logs what a pass came to, once, and again only when it changes. Failures, refusals and
-    halts are logged by the pass itself (once per commit and reason, with the reason code and
-    the service's last output); this adds the quiet outcomes: applied, staged, waiting."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.last: tuple[str, str, str] | None = None
-
-    def __call__(self, result: RunResult) -> None:
-        if result.error is not None or result.skipped or (result.report is not None and result.report.reason):
-            self.last = None
-            return
-        if result.report is not None:
-            key = (result.commit, str(result.report.state), "")
-            text = str(result.report.state)
-        elif result.waiting:
-            key = (result.commit, "waiting", result.waiting)
-            text = f"waiting: {result.waiting}"
-        else:
-            key = (result.commit, "unchanged", "")
-            text = "unchanged"
-        if key == self.last:
-            return
-        self.last = key
-        log.info("%s @ %s: %s", result.node, result.commit[:12], text)
-
-
-class Outputs:
-    """What follows every pass: notifications sent, metrics refreshed (and the textfile written).
-    Built before the first pass, so a bad setting (a secret's variable unset, an address in use)
-    stops the start with a one-line error. After a pass, neither may fail it: a problem is
-    logged once (``strict``: raised, for ``agent --once``, whose exit code should say so)."""
-
-    def __init__(self, agent: Agent) -> None:
-        cfg = agent.cfg
-        self.agent = agent
-        self.notifier = Notifier(cfg.notify, cfg.state_dir) if cfg.notify.enabled else None
-        self.metrics: Metrics | None = None
-        if cfg.metrics.listen or cfg.metrics.textfile:
-            # Imported only when asked for: prometheus-client is 12 MB of an idle agent's RSS.
-            from reconciler.daemon.metrics import Metrics
-
-            self.metrics = Metrics(agent)
-
-    def serve(self, adopt: int | None = None) -> int | None:
-        """``/metrics`` on the configured address; the port it listens on. ``adopt``: the
-        socket the interpreter this one replaced listened on."""
-        if self.metrics is None or self.agent.cfg.metrics.listen is None:
-            if adopt is not None:
-                os.close(adopt)
-            return None
-        return self.metrics.serve(self.agent.cfg.metrics.listen, adopt)
-
-    def listening(self) -> int | None:
-        return None if self.metrics is None else self.metrics.listening()
-
-    def __call__(self, result: RunResult | None, error: ReconcilerError | None = None, strict: bool = False) -> None:
-        if self.notifier is not None and result is not None:
-            try:
-                self.notifier.after_pass(result)
-            except Exception as exc:  # a notification must never cost the node its pass
-                if strict and isinstance(exc, ReconcilerError):
-                    raise
-                self.agent.say_once(("notify", str(exc)), logging.WARNING, "%s: notifications: %s", self.agent.cfg.node,
-                                    exc)
-        if self.metrics is not None:
-            try:
-                self.metrics.after_pass(result, error)
-            except ReconcilerError as exc:
-                if strict:
-                    raise
-                self.agent.say_once(("metrics", str(exc)), logging.WARNING, "%s: metrics: %s", self.agent.cfg.node,
-                                    exc)
-
-    def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-
-
-class Every:
-    """Run ``job`` in its own thread at ``first``, then every ``seconds`` after each due time,
-    one run at a time; runs missed while one was in flight are not made up. ``later(delay)``:
-    the next run waits ``delay`` seconds from now (a backoff). The phase is fixed: no random
-    delay per run, so a node waiting on a wave notices its predecessors' notes within one
-    interval (nodes are spread by their offsets, ``node_offset``). A thread per job, so a pass
-    stuck on a stalled git server never holds up the supervisor's restarts. (Replaces
-    apscheduler: two interval jobs did not need its ~150 modules and ~8 MB in an idle agent.)"""
-
-    def __init__(self, name: str, seconds: float, job: Callable[[], object], stop: threading.Event, *,
-                 first: float = 0.0) -> None:
-        self.seconds, self.job, self.stop = seconds, job, stop
-        self.due = time.monotonic() + first
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def later(self, delay: float) -> None:
-        self.due = time.monotonic() + delay
-
-    def _run(self) -> None:
-        while not self.stop.wait(max(0.0, self.due - time.monotonic())):
-            due = self.due
-            try:
-                self.job()
-            except Exception:  # a bug in one run must not end the schedule
-                log.exception("%s: unexpected error", self._thread.name)
-            if self.due == due:  # the job did not reschedule itself
-                # The next due time of the same phase that is still ahead (a long run skips some).
-                behind = max(0.0, time.monotonic() - due)
-                self.due = due + self.seconds * (1 + int(behind // self.seconds))
-
-
-class Shedding:
-    """Whether the daemon should re-execute itself now (``shed``): after a quiet pass (nothing to
-    do, nothing failed, nothing waiting) that follows work, when the work left it heavier by
-    ``GROWTH_MB``. A fresh interpreter has done no work, so it never sheds on its first quiet
-    polls, whatever they load: no loop of re-executions."""
-
-    def __init__(self, agent: Agent, reload: Callable[[], AgentConfig] | None) -> None:
-        self.agent = agent
-        self.reload = reload
-        self.start_mb = shed.rss_mb()
-        self.worked = False
-        self.off = not shed.possible()
-        self.code = shed.code_files()  # what this interpreter started from
-
-    def after(self, result: RunResult | None) -> bool:
-        quiet = result is not None and result.error is None and result.report is None and not (
-            result.waiting or result.operation or result.suspended)
-        if not quiet:
-            self.worked = True
-            return False
-        now = shed.rss_mb()
-        return (not self.off and self.worked and now is not None and self.start_mb is not None
-                and now - self.start_mb >= shed.GROWTH_MB)
-
-    def same_config(self) -> bool:
-        """A fresh interpreter reads the config file again: when it no longer says what this
-        one runs with (or no longer parses), keep running; the operator's restart applies it."""
-        if self.reload is None:
-            return True
-        try:
-            same = self.reload() == self.agent.cfg
-        except ReconcilerError as exc:
-            same, why = False, f"it no longer loads: {exc}"
-        else:
-            why = "it changed"
-        if not same:
-            self.agent.say_once(("shed", "config"), logging.WARNING, "%s: not re-executing to give back memory: "
-                                "the config file differs from what this agent started with (%s); restart it "
-                                "to apply the file", self.agent.cfg.node, why)
-        return same
-
-    def same_code(self) -> bool:
-        """A fresh interpreter imports the code installed now: when it is not what this one
-        started from (an upgrade that did not restart the unit), keep running; the operator's
-        restart runs the new code, not a re-execution the operator did not ask for."""
-        if shed.code_files() == self.code:
-            return True
-        self.agent.say_once(("shed", "code"), logging.WARNING, "%s: not re-executing to give back memory: the "
-                            "agent's code in %s changed since it started (an upgrade without a restart); restart "
-                            "it to run the new code", self.agent.cfg.node, shed.CODE)
-        return False
 
 
 def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None,

@@ -12,7 +12,6 @@ which would add process and platform collectors and make two agents in one test 
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -29,18 +28,15 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from reconciler.core.errors import ConfigError, ReconcilerError
 from reconciler.core.model import ActionKind, Verdict
-from reconciler.node.report import PUSHED_TIME_KEY
-from reconciler.node.steps import RunResult
-from reconciler.settings.agent import split_listen
-from reconciler.source.mirror import commit_time
+from reconciler.ledger import Poll
+from reconciler.node.run import RunResult
+from reconciler.settings import split_listen
+from reconciler.source.gitrun import commit_time
 
 if TYPE_CHECKING:
     from reconciler.agent import Agent
 
 log = logging.getLogger("reconciler.metrics")
-
-POLL_KEY = "metrics_last_poll"  # meta: JSON {time, result, commit, head, head_time}
-POLLS_KEY = "metrics_polls"  # meta: JSON result -> count, the polls_total counter kept across restarts
 
 # What a poll came to: a verdict a pass settled on, or one of the outcomes that settle nothing.
 RESULTS = tuple(str(v) for v in Verdict) + ("unchanged", "error")
@@ -93,18 +89,14 @@ def poll_result(result: RunResult | None, error: ReconcilerError | None = None) 
 def record_poll(agent: Agent, result: RunResult | None, error: ReconcilerError | None = None) -> None:
     """The pass (or its error) into the ledger, where the metrics read it back from."""
     word = poll_result(result, error)
-    last = _json(agent.ledger.get_meta(POLL_KEY))
-    head = result.commit if result is not None else str(last.get("head", ""))
-    head_time = last.get("head_time") if head == last.get("head") else None
+    last = agent.ledger.last_poll()
+    head = result.commit if result is not None else (last.head if last is not None else "")
+    head_time = last.head_time if last is not None and head == last.head else None
     if head and head_time is None:
         # Read by git, not through the mirror's pygit2: a node's first quiet pass with metrics on
         # would load it (11 MB) for this one number.
         head_time = _commit_time(agent, head)
-    agent.ledger.set_meta(POLL_KEY, json.dumps({"time": time.time(), "result": word, "head": head,
-                                                "head_time": head_time}, sort_keys=True))
-    polls = {str(k): int(v) for k, v in _json(agent.ledger.get_meta(POLLS_KEY)).items()}
-    polls[word] = polls.get(word, 0) + 1
-    agent.ledger.set_meta(POLLS_KEY, json.dumps(polls, sort_keys=True))
+    agent.ledger.record_poll(Poll(time.time(), word, head, head_time))
 
 
 @dataclass(frozen=True)
@@ -118,19 +110,19 @@ def families(agent: Agent, services: Services | None) -> list[Metric]:
     """The node's metrics now, from the ledger (and ``services`` as observed after the pass)."""
     ledger = agent.ledger
     out: list[Metric] = []
-    last = _json(ledger.get_meta(POLL_KEY))
-    if last:
+    last = ledger.last_poll()
+    if last is not None:
         out.append(GaugeMetricFamily("reconciler_last_poll_timestamp_seconds",
                                      "When the last poll of the branch ended (seconds since the epoch).",
-                                     value=float(last["time"])))
+                                     value=last.time))
         g = GaugeMetricFamily("reconciler_last_poll_result", "What the last poll came to: 1 for its result.",
                               labels=["result"])
         for word in RESULTS:
-            g.add_metric([word], 1.0 if last.get("result") == word else 0.0)
+            g.add_metric([word], 1.0 if last.result == word else 0.0)
         out.append(g)
     c = CounterMetricFamily("reconciler_polls", "Polls of the branch by what they came to.", labels=["result"])
-    for word, n in sorted(_json(ledger.get_meta(POLLS_KEY)).items()):
-        c.add_metric([str(word)], float(n))
+    for word, n in sorted(ledger.poll_counts().items()):
+        c.add_metric([word], float(n))
     out.append(c)
     out.append(GaugeMetricFamily("reconciler_poll_interval_seconds", "Seconds between polls (agent.yaml interval).",
                                  value=agent.cfg.interval))
@@ -142,7 +134,7 @@ def families(agent: Agent, services: Services | None) -> list[Metric]:
         if applied_time is not None:
             out.append(GaugeMetricFamily("reconciler_applied_commit_timestamp_seconds",
                                          "Committer time of the applied commit.", value=float(applied_time)))
-    head, head_time = str(last.get("head") or ""), last.get("head_time")
+    head, head_time = (last.head, last.head_time) if last is not None else ("", None)
     if head:
         out.append(_info("reconciler_head_commit", "The branch head the last poll saw.", head))
     if head and applied:
@@ -183,10 +175,10 @@ def families(agent: Agent, services: Services | None) -> list[Metric]:
     rollbacks.add_metric(["operator"], float(ledger.event_count("rollback of ")))
     out.append(rollbacks)
 
-    pushed = ledger.get_meta(PUSHED_TIME_KEY)
-    if pushed:
+    pushed = ledger.notes_pushed().time
+    if pushed is not None:
         out.append(GaugeMetricFamily("reconciler_last_note_push_timestamp_seconds",
-                                     "When this node's notes were last pushed.", value=float(pushed)))
+                                     "When this node's notes were last pushed.", value=pushed))
     # The ledger's record that passes read too: the metric says what the agent does.
     suspended = ledger.suspension()
     out.append(GaugeMetricFamily("reconciler_suspended", "1 while the agent is suspended.",
@@ -320,14 +312,3 @@ def _commit_time(agent: Agent, commit: str) -> int | None:
             _TIMES.clear()
         _TIMES[key] = found
     return _TIMES[key]
-
-
-def _json(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-

@@ -31,8 +31,8 @@ from urllib.parse import urlsplit, urlunsplit
 from reconciler.core.atomic import atomic_write
 from reconciler.core.errors import ConfigError
 from reconciler.core.model import ResultState, Verdict
-from reconciler.node.steps import RunResult
-from reconciler.settings.agent import NotifyConfig
+from reconciler.node.run import RunResult
+from reconciler.settings import NotifyConfig
 
 log = logging.getLogger("reconciler.notify")
 

@@ -24,72 +24,21 @@ from typing import Any
 
 import docker
 import docker.errors
-import requests
 from docker.models.containers import Container
-from docker.types import Mount
 
 from reconciler.core import faults
 from reconciler.core.errors import ApplyError, ReconcilerError
-from reconciler.core.model import DesiredService, ObservedService, Runtime
+from reconciler.core.model import DesiredService, ObservedService
+from reconciler.drivers import dockernet
 from reconciler.drivers.base import Check
+from reconciler.drivers.dockerengine import PREFIX, EngineDown, connect, has_image, pull
+from reconciler.drivers.dockerspec import create_args
 from reconciler.drivers.files import read_dir, read_record, sync_dir, write_record
-from reconciler.drivers.registry import PullFailed, RegistryLogin, redact, registry_of, split_reference
+from reconciler.drivers.registry import PullFailed, RegistryLogin
 
-PREFIX = "reconciler."
 STOP_TIMEOUT = 10
 
 
-class EngineDown(ApplyError):
-    reason = "ENGINE_DOWN"
-
-
-def _ports(specs: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for spec in specs:
-        spec, _, proto = spec.partition("/")
-        parts = spec.split(":")
-        target = f"{parts[-1]}/{proto or 'tcp'}"
-        out[target] = (parts[0], int(parts[1])) if len(parts) == 3 else int(parts[0])
-    return out
-
-
-def _volumes(specs: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    out = {}
-    for spec in specs:
-        source, target, *mode = spec.split(":")
-        out[source] = {"bind": target, "mode": mode[0] if mode else "rw"}
-    return out
-
-
-def _restart(policy: str) -> dict[str, Any] | None:
-    if not policy:
-        return None
-    name, _, count = policy.partition(":")
-    return {"Name": name, "MaximumRetryCount": int(count or 0)} if name == "on-failure" else {"Name": name}
-
-
-def _healthcheck(items: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
-    hc = dict(items)
-    if not hc:
-        return None
-    out: dict[str, Any] = {"test": ["CMD-SHELL", hc["test"]]}
-    for key in ("interval", "timeout", "start_period"):
-        if key in hc:
-            out[key] = int(float(hc[key]) * 1e9)
-    if "retries" in hc:
-        out["retries"] = int(hc["retries"])
-    return out
-
-
-def _aliases(rt: Runtime, network: str | None) -> tuple[str, ...]:
-    return tuple(a for n, a in rt.aliases if n == network)
-
-
-def _attached(c: Container) -> dict[str, tuple[str, ...]]:
-    """Network -> the aliases the container was given there (not the ids the engine adds)."""
-    nets = c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {}
-    short = {c.id[:12], c.id, c.name}
-    return {n: tuple(a for a in (e or {}).get("Aliases") or () if a not in short) for n, e in nets.items()}
 
 
 class DockerDriver:
@@ -106,12 +55,7 @@ class DockerDriver:
     @property
     def client(self) -> docker.DockerClient:
         if self._client is None:
-            try:
-                self._client = docker.from_env(timeout=60)
-                self._client.ping()
-            except docker.errors.DockerException as exc:
-                self._client = None
-                raise EngineDown(f"node {self.node}: docker engine not reachable: {exc}") from exc
+            self._client = connect(self.node)
         return self._client
 
     def container_name(self, service: str) -> str:
@@ -244,47 +188,11 @@ class DockerDriver:
 
     # images ----------------------------------------------------------------------------
     def has_image(self, image: str) -> bool:
-        try:
-            self.client.images.get(image)
-        except docker.errors.ImageNotFound:
-            return False
-        except docker.errors.APIError as exc:
-            raise EngineDown(f"node {self.node}: docker engine error: {exc.explanation}") from exc
-        except (docker.errors.DockerException, requests.RequestException) as exc:  # the engine went away
-            raise EngineDown(f"node {self.node}: docker engine not reachable: {exc}") from exc
-        return True
+        return has_image(self.client, self.node, image)
 
     def pull(self, image: str) -> bool:
-        """Pull ``image`` unless the engine has it already (a tag is taken as immutable: a new
-        version is a new tag or a digest); True when it was pulled. ``PullFailed`` with the
-        registry's own reason, credentials stripped, when it cannot be had."""
-        if self.has_image(image):
-            return False
-        registry = registry_of(image)
-        login = self.logins.get(registry)
-        auth: dict[str, str] | None = None
-        secrets: list[str] = []
-        if login is not None:
-            secrets = [login.password()]
-            auth = {"username": login.username, "password": secrets[0]}
-        repository, tag = split_reference(image)
-        faults.point("pull", image)
-        try:
-            # The low-level stream: the engine reports a failure half way through as a message in
-            # it (the high-level pull drops those and says only "not found" afterwards).
-            for message in self.client.api.pull(repository, tag=tag, stream=True, decode=True, auth_config=auth):
-                if isinstance(message, dict) and message.get("error"):
-                    raise PullFailed(f"image {image}: pull from {registry} failed: "
-                                     f"{redact(str(message['error']), secrets)}")
-        except docker.errors.APIError as exc:
-            why = redact(str(exc.explanation or exc), secrets)
-            raise PullFailed(f"image {image}: pull from {registry} failed: {why}") from None
-        except (docker.errors.DockerException, requests.RequestException) as exc:  # the engine went away mid-pull
-            raise EngineDown(f"node {self.node}: docker engine error while pulling {image}: "
-                             f"{redact(str(exc), secrets)}") from None
-        if not self.has_image(image):
-            raise PullFailed(f"image {image}: pulled from {registry}, yet the engine does not have it")
-        return True
+        """Pull ``image`` unless the engine has it already; True when it was pulled."""
+        return pull(self.client, self.node, self.logins, image)
 
     def _pull_first(self, svc: DesiredService) -> None:
         """Before anything of the running version is stopped: the new image on the engine, or
@@ -296,38 +204,14 @@ class DockerDriver:
                              reason=exc.reason) from None
 
     # apply -----------------------------------------------------------------------------
-    def _networks(self, names: tuple[str, ...]) -> None:
-        for net in names:
-            if not self.client.networks.list(names=[net]):
-                self.client.networks.create(net, driver="bridge", labels={PREFIX + "owner": self.node})
-
     def _create(self, svc: DesiredService, commit: str) -> Container:
         rt = svc.runtime  # its image is on the engine: start and recreate pull it first
-        self._networks(rt.networks)
-        volumes = _volumes(rt.volumes)
-        volumes[str(self._live(svc.name))] = {"bind": rt.config_dir, "mode": "ro"}
-        labels = {
-            PREFIX + "node": self.node, PREFIX + "service": svc.name, PREFIX + "commit": commit,
-            PREFIX + "hash": svc.hash, PREFIX + "spec-hash": svc.spec_hash,
-            PREFIX + "config-hash": svc.config_hash, PREFIX + "fingerprint": json.dumps(svc.fingerprint()),
-        }
-        first = rt.networks[0] if rt.networks else None
-        endpoints = {first: self.client.api.create_endpoint_config(aliases=list(_aliases(rt, first)))} \
-            if first and _aliases(rt, first) else None
-        env = dict(rt.env)
-        env.update(RECONCILER_NODE=self.node, RECONCILER_SERVICE=svc.name, RECONCILER_COMMIT=commit,
-                   RECONCILER_DATA_DIR=f"/var/lib/{svc.name}")  # a named volume: data outlives containers
+        dockernet.ensure(self.client, self.node, rt.networks)
         try:
-            c = self.client.containers.create(
-                rt.image, command=list(rt.command) or None, name=self.container_name(svc.name), labels=labels,
-                environment=env, ports=_ports(rt.ports), volumes=volumes, user=rt.user or None,
-                restart_policy=_restart(rt.restart), healthcheck=_healthcheck(rt.healthcheck),
-                network=first, networking_config=endpoints, network_mode=rt.network_mode or None,
-                working_dir=rt.config_dir, detach=True, init=True,  # an init as PID 1: signals and reaping
-                mounts=[Mount(f"/var/lib/{svc.name}", f"rc-{self.node}-{svc.name}-data", type="volume")],
-            )
+            c = self.client.containers.create(**create_args(
+                self.client, svc, self.node, commit, self._live(svc.name), self.container_name(svc.name)))
             for net in rt.networks[1:]:
-                self.client.networks.get(net).connect(c, aliases=list(_aliases(rt, net)) or None)
+                self.client.networks.get(net).connect(c, aliases=list(dockernet.aliases(rt, net)) or None)
             c.start()
         except docker.errors.APIError as exc:
             with contextlib.suppress(docker.errors.APIError, UnboundLocalError):
@@ -366,7 +250,7 @@ class DockerDriver:
         previous = self._record(svc.name)
         before = read_dir(self._live(svc.name))
         sync_dir(self._live(svc.name), svc.files)
-        self._sync_networks(c, svc)
+        dockernet.sync(self.client, self.node, c, svc)
         c.restart(timeout=STOP_TIMEOUT)
         try:
             check()
@@ -414,7 +298,7 @@ class DockerDriver:
         previous = self._record(svc.name)
         before = read_dir(self._live(svc.name))
         sync_dir(self._live(svc.name), svc.files)  # the bind-mounted dir: the container sees it now
-        self._sync_networks(c, svc)
+        dockernet.sync(self.client, self.node, c, svc)
         try:
             self._signal_reload(c, svc)
             check()
@@ -463,59 +347,20 @@ class DockerDriver:
             raise ApplyError(f"node {self.node}, service {svc.name}: no container to connect")
         previous = self._record(svc.name)
         c.reload()
-        before = _attached(c)
-        self._sync_networks(c, svc)
+        before = dockernet.attached(c)
+        dockernet.sync(self.client, self.node, c, svc)
         sync_dir(self._live(svc.name), svc.files)
         if check is not None:
             try:
                 check()
             except ReconcilerError as exc:
-                missed = self._restore_networks(c, before)
+                missed = dockernet.restore(self.client, c, before)
                 if previous is not None:
                     write_record(self._dir(svc.name), previous)
                 restored = f"previous networks NOT restored: {missed}" if missed else \
                     f"previous networks restored ({', '.join(sorted(before)) or 'none'})"
                 raise ApplyError(f"{exc}; {restored}") from exc
         self._write_record(svc, commit, c)
-
-    def _restore_networks(self, c: Container, before: dict[str, tuple[str, ...]]) -> str:
-        """The networks (and aliases) it had; returns what could not be put back ("": all was)."""
-        c.reload()
-        now = _attached(c)
-        missed = []
-        for net in sorted(set(now) - set(before)):
-            try:
-                self.client.networks.get(net).disconnect(c)
-            except docker.errors.APIError as exc:
-                missed.append(f"still on {net}: {exc.explanation or exc}")
-        for net in sorted(set(before) - set(now)):
-            try:
-                self.client.networks.get(net).connect(c, aliases=list(before[net]) or None)
-            except docker.errors.APIError as exc:
-                missed.append(f"not back on {net}: {exc.explanation or exc}")
-        return "; ".join(missed)
-
-    def _sync_networks(self, c: Container, svc: DesiredService) -> None:
-        """Leave first, then join: a container moving its VIP name from one network to another
-        is never on both."""
-        if svc.runtime.network_mode == "host":
-            return
-        self._networks(svc.runtime.networks)
-        c.reload()
-        have = _attached(c)
-        rt = svc.runtime
-        want = {n: _aliases(rt, n) for n in rt.networks} or {rt.network_mode or "bridge": ()}
-        try:
-            for net in sorted(have):
-                if net not in want or not set(want[net]) <= set(have[net]):
-                    faults.point("disconnect", f"{c.name} {net}")
-                    self.client.networks.get(net).disconnect(c)
-            for net in sorted(want):
-                if net not in have or not set(want[net]) <= set(have[net]):
-                    faults.point("connect", f"{c.name} {net}")
-                    self.client.networks.get(net).connect(c, aliases=list(want[net]) or None)
-        except docker.errors.APIError as exc:
-            raise ApplyError(f"node {self.node}, service {svc.name}: {exc.explanation or exc}") from exc
 
     def stop(self, name: str) -> None:
         c = self._container(name)
@@ -531,15 +376,7 @@ class DockerDriver:
             with contextlib.suppress(FileNotFoundError):
                 (d / p).unlink()
         shutil.rmtree(d / "live", ignore_errors=True)
-        self._prune_networks()
-
-    def _prune_networks(self) -> None:
-        """Networks this node created and nothing uses any more."""
-        for net in self.client.networks.list(filters={"label": f"{PREFIX}owner={self.node}"}):
-            net.reload()
-            if not net.attrs.get("Containers"):
-                with contextlib.suppress(docker.errors.APIError):
-                    net.remove()
+        dockernet.prune(self.client, self.node)
 
     def revive(self, name: str) -> int | None:
         c = self._container(name)

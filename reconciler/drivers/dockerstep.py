@@ -22,7 +22,7 @@ import docker.errors
 from docker.types import Mount
 
 from reconciler.core.model import DesiredService
-from reconciler.drivers.docker import PREFIX
+from reconciler.drivers.dockerengine import PREFIX
 
 ENGINE_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")  # how this node reaches its engine
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.core.atomic import atomic_write
+from reconciler.core.compare import action_for, domains
 from reconciler.core.errors import ApplyError, BadInput, ReconcilerError
 from reconciler.core.model import ActionKind, DesiredService, FileSpec, ObservedService, Rule
 from reconciler.drivers.base import Check
 from reconciler.drivers.files import read_record, write_record
 from reconciler.drivers.hostaccess import HostAccess
-from reconciler.plan.compare import action_for, domains
 
 PENDING = "reboot-pending.json"
 
@@ -183,6 +183,10 @@ class HostDriver:
             return data
         except (FileNotFoundError, json.JSONDecodeError):
             return None
+
+    def boot_id(self) -> str:
+        """This boot's id: another than the pending reboot's once the node rebooted."""
+        return self.host.boot_id()
 
     def finish_reboot(self, pending: dict[str, Any]) -> None:
         rec = {k: pending[k] for k in ("service", "hash", "fingerprint", "commit", "paths")}

@@ -10,42 +10,23 @@ claim once its change passed its health check. A claim not rewritten for ``expir
 within that time (NTP).
 
 Pure: budgets, claims and a time in, a verdict out. Reading and writing the registers is the
-agent's (``slots``).
+agent's (``slots``); the budgets themselves, as reconciler.yaml defines them, are the repo's
+(``repo.budgets``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
 
 from reconciler.core.model import ActionKind
 from reconciler.fleet.notes import Claim
-from reconciler.plan.windows import WindowError, parse_duration
+from reconciler.repo.budgets import Budget
 
-__all__ = ["DISRUPTIVE", "Budget", "BudgetError", "Wait", "budgets_of", "next_ticket", "parse_budgets", "wait"]
+__all__ = ["DISRUPTIVE", "Wait", "budgets_of", "next_ticket", "wait"]
 
 # What takes a node (or its service) out for a while: what a budget counts.
 DISRUPTIVE = frozenset({ActionKind.RESTART, ActionKind.RECREATE, ActionKind.DRAIN_RESTART, ActionKind.REBOOT})
-EXPIRE_AFTER = timedelta(minutes=15)
-
-
-class BudgetError(ValueError):
-    """A budget that cannot be read: the message says what is wrong with it (no location)."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    group: str
-    members: frozenset[str]
-    max_disrupted: int  # a count; a percentage is resolved against the group's size
-    spec: str  # as written: "1", "25%"
-    expire_after: timedelta = EXPIRE_AFTER
-
-    def live(self, claim: Claim, now: float) -> bool:
-        return claim.state != "free" and now - claim.time <= self.expire_after.total_seconds()
 
 
 @dataclass(frozen=True)
@@ -62,40 +43,6 @@ class Wait:
         if self.choosing:
             return f"waiting (budget): group {b.group} max_disrupted {b.spec}: {who} choosing a ticket"
         return f"waiting (budget): group {b.group} max_disrupted {b.spec}: waiting for {who}"
-
-
-def parse_budgets(spec: Iterable[Mapping[str, Any]], members: Mapping[str, Iterable[str]]
-                  ) -> list[tuple[int, Budget | BudgetError]]:
-    """reconciler.yaml's ``disruption_budgets`` (index, budget or what is wrong with it)."""
-    out: list[tuple[int, Budget | BudgetError]] = []
-    for i, b in enumerate(spec):
-        group = str(b.get("group", ""))
-        if group not in members:
-            out.append((i, BudgetError(f"disruption budget: unknown group {group!r}")))
-            continue
-        nodes = frozenset(members[group])
-        text = str(b.get("max_disrupted", "")).strip()
-        try:
-            if text.endswith("%"):
-                share = float(text[:-1])
-                if not 0 < share <= 100:
-                    raise ValueError
-                count = max(1, math.floor(len(nodes) * share / 100))
-            else:
-                count = int(text)
-                if count < 1:
-                    raise ValueError
-        except ValueError:
-            out.append((i, BudgetError(f"disruption budget of group {group!r}: max_disrupted {text!r} is not a "
-                                       f"count of at least 1 or a percentage like 25%")))
-            continue
-        try:
-            expire = parse_duration(str(b["expire_after"])) if "expire_after" in b else EXPIRE_AFTER
-        except WindowError as exc:
-            out.append((i, BudgetError(f"disruption budget of group {group!r}: expire_after: {exc}")))
-            continue
-        out.append((i, Budget(group, nodes, count, text, expire)))
-    return out
 
 
 def budgets_of(budgets: Iterable[Budget], node: str) -> tuple[Budget, ...]:

@@ -17,7 +17,7 @@ from reconciler.repo.planes import Mode, Placement, Planes
 from reconciler.upgrades.rules import Bases, fleet_upgrades_of, held_back, holding, stage_of, upgraded
 
 if TYPE_CHECKING:
-    from reconciler.repo.load import DeploymentRepo
+    from reconciler.repo.definitions import DeploymentRepo
 
 # One colour per state, no two alike (the page's legend and cells); text on each is black or white,
 # whichever reads better (``ink``).

@@ -19,7 +19,7 @@ from reconciler.core.errors import BadInput, RemoteError
 from reconciler.fleet import notes
 from reconciler.fleet.notes import CLAIM_OBJECT, Claim, Note
 from reconciler.fleet.rollout import FleetView
-from reconciler.source.mirror import GIT_TIMEOUT, git_cause, scrub
+from reconciler.source.gitrun import GIT_TIMEOUT, git_cause, scrub
 from reconciler.source.refs import NOTES_PREFIX
 
 FLEET_PREFIX = "refs/reconciler/fleet/"  # where a fetch puts each node's notes ref

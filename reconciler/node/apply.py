@@ -35,10 +35,10 @@ from reconciler.core.model import (
 )
 from reconciler.core.redact import NONE as NO_SECRETS
 from reconciler.core.redact import Redactor
-from reconciler.drivers import Driver
+from reconciler.drivers import Driver, kinds
 from reconciler.drivers.base import Check, clean_env
 from reconciler.drivers.registry import PullFailed
-from reconciler.ledger.ledger import Ledger, Version
+from reconciler.ledger import Ledger, Version
 
 log = logging.getLogger("reconciler.apply")
 
@@ -312,24 +312,21 @@ class Pulled:
 
 
 def pull_images(desired: Desired, drivers: Mapping[str, Driver]) -> list[Pulled]:
-    """Every image the docker services of ``desired`` run, on the engine: pulled when missing,
-    nothing else touched (no container, no record, no ledger). An image that cannot be pulled
-    is a ``failed`` entry; an engine that does not answer raises ``EngineDown``."""
-    from reconciler.drivers.docker import DockerDriver  # the docker SDK only where it is used
-    from reconciler.drivers.registry import PullFailed
-
-    images: dict[str, list[str]] = {}
+    """Every image the services of ``desired`` whose kind pulls ahead (docker's) run, on the
+    node: pulled when missing, nothing else touched (no container, no record, no ledger). An
+    image that cannot be pulled is a ``failed`` entry; an engine that does not answer raises
+    ``EngineDown``."""
+    images: dict[tuple[str, str], list[str]] = {}
     for svc in desired.services:
-        if svc.runtime.driver == "docker":
-            images.setdefault(svc.runtime.image, []).append(svc.name)
-    if not images:
-        return []
-    docker = drivers["docker"]
-    assert isinstance(docker, DockerDriver)
+        kind = kinds.find(svc.runtime.driver)
+        if kind is not None and kind.prefetch:
+            images.setdefault((svc.runtime.image, svc.runtime.driver), []).append(svc.name)
     out = []
-    for image, services in sorted(images.items()):
+    for (image, driver), services in sorted(images.items()):
+        puller = kinds.prefetching(driver, drivers[driver])
+        assert puller is not None
         try:
-            out.append(Pulled(image, tuple(services), "pulled" if docker.pull(image) else "present"))
+            out.append(Pulled(image, tuple(services), "pulled" if puller.pull(image) else "present"))
         except PullFailed as exc:
             out.append(Pulled(image, tuple(services), "failed", str(exc)))
     return out

@@ -13,19 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.core import faults
 from reconciler.core.errors import RemoteError
-from reconciler.core.model import Report
 from reconciler.fleet import notes
-from reconciler.ledger.ledger import Ledger
-from reconciler.source.mirror import Source
 from reconciler.source.refs import NOTES_PREFIX
 
 if TYPE_CHECKING:
     import pygit2
 
-log = logging.getLogger("reconciler.report")
+    from reconciler.core.model import Report
+    from reconciler.ledger import Ledger
+    from reconciler.source.mirror import Source
 
-PUSHED_KEY = "notes_pushed"
-PUSHED_TIME_KEY = "notes_pushed_time"  # when the last push went through (seconds since the epoch; metrics)
+log = logging.getLogger("reconciler.report")
 
 
 def notes_ref(node: str) -> str:
@@ -84,7 +82,7 @@ class Reporter:
 
     def pending(self) -> bool:
         local = self._local()
-        return local is not None and local != self.ledger.get_meta(PUSHED_KEY)
+        return local is not None and local != self.ledger.notes_pushed().tip
 
     def _fetch_remote_ref(self) -> bool:
         """Bring the remote's copy of our notes ref; False if the remote has none. A fetch of the
@@ -105,7 +103,7 @@ class Reporter:
         try:
             if self._fetch_remote_ref():
                 self.source.run("update-ref", self.ref, self.tracking, what="notes restore in")
-                self.ledger.set_meta(PUSHED_KEY, self._local() or "")
+                self.ledger.set_notes_pushed(self._local())
         except RemoteError as exc:
             log.warning("could not recover notes from the remote yet: %s", exc)
 
@@ -131,8 +129,7 @@ class Reporter:
         except RemoteError as exc:
             log.warning("note not pushed, will retry on the next run: %s", exc)
             return False
-        self.ledger.set_meta(PUSHED_KEY, self._local() or "")
-        self.ledger.set_meta(PUSHED_TIME_KEY, repr(time.time()))
+        self.ledger.set_notes_pushed(self._local(), when=time.time())
         return True
 
     def _contains(self, ref: str) -> bool:

@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+from reconciler.core.compare import decide
 from reconciler.core.model import Action, ActionKind, Desired, DesiredService, Observed, ObservedService, Plan
-from reconciler.plan.compare import decide
-from reconciler.plan.windows import Window, closed
+from reconciler.drivers.kinds import config_change
+from reconciler.repo.windows import Window, closed
 
 
 def dependency_order(services: Iterable[DesiredService]) -> list[DesiredService]:
@@ -130,7 +131,7 @@ def _put_back(svc: DesiredService, o: ObservedService, what: str) -> Action:
     """Live files changed by hand: the repo's files go back, and the program is brought back onto
     them with what the ``on_change`` rules ask for the same change made through the repo (the
     program may have read the hand edit: a reload rule re-reads, a restart rule restarts)."""
-    default = ActionKind.REBOOT if svc.runtime.driver == "host" else ActionKind.RESTART
+    default = config_change(svc.runtime.driver)
     kind, why = decide({"file"}, o.files, svc.files, svc.rules, default)
     if kind is ActionKind.NONE:
         return Action(kind, svc.name, f"{what}; put back, nothing restarted ({why})", svc, svc.runtime.driver,
@@ -144,7 +145,7 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
         return Action(ActionKind.START, svc.name, "not running on this node yet", svc, drv)
     if o.hash != svc.hash:
         parts = {p for p, _ in _changed_parts(svc, o)}
-        default = ActionKind.REBOOT if svc.runtime.driver == "host" else ActionKind.RESTART
+        default = config_change(svc.runtime.driver)
         kind, reason = decide(parts, o.files, svc.files, svc.rules, default)
         if not o.running:  # nothing to reload or connect: start it with the new slice
             return Action(ActionKind.START, svc.name, f"not running ({o.detail or 'stopped'}); {reason}", svc, drv)

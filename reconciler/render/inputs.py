@@ -35,7 +35,8 @@ import jinja2
 from jinja2 import meta, nodes
 
 from reconciler.core.errors import ReconcilerError
-from reconciler.repo.load import DeploymentRepo, ServiceDef
+from reconciler.render.variables import secret_view
+from reconciler.repo.definitions import DeploymentRepo, ServiceDef
 
 # Names the render sets itself (see ``render.context``), compared as described above.
 _OWN = frozenset({"node", "service", "service_version", "release", "pending_release", "groups", "hostvars",
@@ -210,8 +211,6 @@ class Inputs:
         if self.secrets_same and self.a.unlocked is None:
             # A reviewer's view is decided by the files and the node's age_recipient alone.
             return same(vars_a.get("age_recipient"), vars_b.get("age_recipient"))
-        from reconciler.render.node import secret_view
-
         try:
             va, vb = secret_view(self.a, node), secret_view(self.b, node)
         except ReconcilerError:

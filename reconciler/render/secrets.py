@@ -27,14 +27,14 @@ import hashlib
 import hmac
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyrage
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from reconciler.core.errors import BadInput, InvalidRepo
+from reconciler.core.errors import BadInput
+from reconciler.repo.sops import Opened, SopsFile
 
 ENC = re.compile(r"^ENC\[AES256_GCM,data:(.*),iv:(.+),tag:(.+),type:(.+)\]$", re.S)
 # The constant SOPS feeds the MAC first when only encrypted values are authenticated, so the two
@@ -47,67 +47,6 @@ class SecretUnreadable(BadInput):
     not verify. Permanent until a new commit: the node keeps running what it has."""
 
     reason = "SECRET_UNREADABLE"
-
-
-@dataclass(frozen=True)
-class SopsFile:
-    """One ``secrets/*.yaml`` as committed: encrypted values and their metadata, no key needed."""
-
-    path: str
-    tree: Mapping[str, Any]  # the document without ``sops``: values still ENC[...]
-    recipients: Mapping[str, str]  # age public key -> the data key encrypted to it (armored)
-    lastmodified: str
-    mac: str
-    unencrypted_suffix: str = ""
-    encrypted_suffix: str = ""
-    unencrypted_regex: str = ""
-    encrypted_regex: str = ""
-    mac_only_encrypted: bool = False
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The secrets this file defines (top-level keys: ``secrets.<name>`` in templates)."""
-        return tuple(sorted(self.tree))
-
-
-def _rfc3339(value: Any) -> str:
-    """``lastmodified`` as SOPS formats it for the MAC's additional data (Go's RFC3339, UTC)."""
-    if isinstance(value, datetime.datetime):
-        value = value.astimezone(datetime.UTC) if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-        return str(value.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    return str(value)
-
-
-def parse(path: str, data: Any) -> SopsFile:
-    """A loaded YAML document as a SOPS file, or InvalidRepo naming ``path``."""
-    if not isinstance(data, dict) or not isinstance(data.get("sops"), dict):
-        raise InvalidRepo("not a SOPS file (no sops: metadata); encrypt it with `sops --encrypt --in-place`",
-                          file=path)
-    meta = data["sops"]
-    if meta.get("key_groups") or meta.get("shamir_threshold"):
-        raise InvalidRepo("sops key_groups / shamir_threshold are not supported: list age recipients only", file=path)
-    recipients: dict[str, str] = {}
-    for entry in meta.get("age") or ():
-        if not isinstance(entry, dict) or not isinstance(entry.get("recipient"), str) \
-                or not isinstance(entry.get("enc"), str):
-            raise InvalidRepo("sops.age: each entry needs a recipient and an enc", file=path)
-        recipients[entry["recipient"]] = entry["enc"]
-    if not recipients:
-        raise InvalidRepo("no age recipient in sops metadata (PGP, KMS and Vault keys are not supported)", file=path)
-    if not isinstance(meta.get("mac"), str) or "lastmodified" not in meta:
-        raise InvalidRepo("sops metadata lacks mac or lastmodified", file=path)
-    tree = {k: v for k, v in data.items() if k != "sops"}
-    for key in tree:
-        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise InvalidRepo(f"secret name {key!r} is not an identifier (templates read secrets.<name>)", file=path)
-    return SopsFile(
-        path=path, tree=tree, recipients=recipients, lastmodified=_rfc3339(meta["lastmodified"]), mac=meta["mac"],
-        unencrypted_suffix=str(meta.get("unencrypted_suffix") or ""),
-        encrypted_suffix=str(meta.get("encrypted_suffix") or ""),
-        unencrypted_regex=str(meta.get("unencrypted_regex") or ""),
-        encrypted_regex=str(meta.get("encrypted_regex") or ""),
-        mac_only_encrypted=bool(meta.get("mac_only_encrypted")),
-    )
 
 
 def identities(text: str, file: str) -> tuple[pyrage.x25519.Identity, ...]:
@@ -258,21 +197,6 @@ def decrypt(f: SopsFile, key: bytes) -> dict[str, Any]:
 HASH_LABEL = b"reconciler: hash of a rendered file that holds a secret, v1"
 
 
-@dataclass(frozen=True)
-class Opened:
-    """A SOPS file this node decrypted: its values, and the key its secret files are hashed with."""
-
-    values: Mapping[str, Any]
-    # HMAC-SHA256 of ``HASH_LABEL`` under the file's data key: what hashes a rendered file that
-    # holds one of these values (``FileSpec.key``). A plain SHA-256 of such a file, printed in a
-    # note or a review, would let anyone who reads the repo try passwords against it offline;
-    # keyed, it cannot be checked without the data key. Derived from the data key, not the node's
-    # own: every recipient hashes alike, it changes exactly when sops makes a new data key
-    # (``--rotate``, when the values' ciphertext, and so a reviewer's markers, change too), and a
-    # key's leak (the agent keeps it in its private records, for drift) opens no value.
-    hash_key: bytes = field(repr=False)
-
-
 def open_files(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Identity]) -> dict[str, Opened]:
     """Path -> the opened file, for every file encrypted to one of ``keys``; the others are left
     alone (another group's secrets: this node never holds them)."""
@@ -315,12 +239,19 @@ def placeholders(f: SopsFile) -> dict[str, Any]:
 
 
 def named_values(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """(dotted name, value as text) of every leaf, for telling where a value is and never what."""
+    """(dotted name, value as text) of every leaf, for telling where a value is and never what;
+    not the empty ones (an empty text is in every text)."""
     for path, value in _leaves(dict(values), []):
         if str(value):
             yield ".".join(path), str(value)
 
 
-def leaf_strings(values: Mapping[str, Any]) -> frozenset[str]:
-    """Every value as text, to recognise it in a rendered file (empty ones match everything)."""
-    return frozenset(str(v) for _, v in _leaves(dict(values), []) if str(v))
+def secret_values(opened: Mapping[str, Opened] | None) -> Iterator[tuple[str, str, str]]:
+    """(file, dotted name, value as text) of every value of the opened files (an unlocked repo's
+    ``unlocked``, or ``open_files``; None: none opened), in path order: the one list of what must
+    never show. The agent cleans every output it captures of these (``core.redact.Redactor``),
+    a review looks for them in the repo's plain text."""
+    files = opened or {}
+    for path in sorted(files):
+        for name, text in named_values(files[path].values):
+            yield path, name, text

@@ -16,235 +16,30 @@ bounded by ``Limits`` (file size, YAML nodes) and never goes through a symlink (
 
 from __future__ import annotations
 
-import functools
-import graphlib
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
 
-from reconciler.core.errors import BadInput, InvalidRepo, UnknownNode
+from reconciler.core.errors import BadInput, InvalidRepo
 from reconciler.core.limits import LIMITS, Limits
-from reconciler.core.model import ActionKind, Rule
-from reconciler.fleet.budget import Budget, BudgetError, parse_budgets
-from reconciler.plan.windows import Window, WindowError, parse_windows
-from reconciler.render.secrets import Opened, SopsFile
-from reconciler.render.secrets import parse as parse_sops
+from reconciler.core.yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml, safe_load
+from reconciler.drivers.kinds import ceiling
+from reconciler.repo.budgets import Budget, BudgetError, parse_budgets
+from reconciler.repo.checks import (
+    check_dependencies,
+    check_driver_names,
+    check_drivers,
+    check_planes,
+    check_upgrades,
+    check_var_names,
+    check_waves,
+    selected,
+)
+from reconciler.repo.definitions import DeploymentRepo, FileDecl, GroupDef, NodeDef, ServiceDef
+from reconciler.repo.sops import SopsFile
+from reconciler.repo.sops import parse as parse_sops
+from reconciler.repo.steps import Stage, check_steps, parse_post, parse_steps
 from reconciler.repo.tree import Tree
-from reconciler.repo.yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml, safe_load
-from reconciler.upgrades.rules import PostStep, Stage, Step, StepAction, check_steps, parse_post, parse_steps
-
-if TYPE_CHECKING:
-    from reconciler.repo.planes import Planes
-
-
-@dataclass(frozen=True)
-class FileDecl:
-    path: str
-    mode: int
-    template: str | None
-    source: str | None
-    line: int | None
-
-
-@dataclass(frozen=True)
-class ServiceDef:
-    name: str
-    file: str  # services/<name>/service.yaml, for error messages
-    driver: str | None
-    depends_on: tuple[str, ...]
-    command: tuple[str, ...]
-    env: Mapping[str, str]
-    container: Mapping[str, Any]  # image, ports, volumes, networks, restart, user, healthcheck, config_dir
-    drift: str
-    on_change: tuple[Mapping[str, Any], ...]
-    reload: Mapping[str, str]
-    escalate_to: str
-    drain: str
-    undrain: str
-    manual: bool
-    files: tuple[FileDecl, ...]
-    health: Mapping[str, Any]
-    defaults: Mapping[str, Any]
-    templates: Mapping[str, str]  # repo path -> text, every file under services/<name>/templates/
-    sources: Mapping[str, bytes]  # repo path -> bytes
-    lines: Mapping[str, int | None] = field(default_factory=dict)
-    version: str = ""  # the release of the service's software: a change runs ``upgrade``
-    upgrade: tuple[Step, ...] = ()
-    upgrade_after: tuple[str, ...] = ()
-
-    def template_path(self, name: str) -> str:
-        return f"services/{self.name}/templates/{name}"
-
-    @functools.cached_property
-    def rules(self) -> tuple[Rule, ...]:
-        """``on_change`` as the planner reads it: built once per definition, not once per node."""
-        return tuple(Rule(str(r["file"]), ActionKind(r["action"]), tuple(str(k) for k in r.get("keys", ())),
-                          str(r.get("unit", "")), str(r.get("command", ""))) for r in self.on_change)
-
-    def source_path(self, name: str) -> str:
-        return f"services/{self.name}/files/{name}"
-
-    @functools.cached_property
-    def files_in_order(self) -> tuple[FileDecl, ...]:
-        """``files`` by path, the order a service's files render and print in."""
-        return tuple(sorted(self.files, key=lambda d: d.path))
-
-
-@dataclass(frozen=True)
-class GroupDef:
-    name: str
-    services: tuple[str, ...]
-    vars: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class NodeDef:
-    name: str
-    groups: tuple[str, ...]
-    driver: str | None
-    vars: Mapping[str, Any]
-    manual: bool = False
-    release: str = ""  # what it runs ("": the inventory's)
-    pending_release: str = ""  # what it is being deployed as (see ``controlplane``)
-    mode: str = ""  # normal | isolated | cutover; "": derived from the pending release
-    line: int | None = None  # in inventory.yaml
-
-
-@dataclass(frozen=True)
-class DeploymentRepo:
-    label: str  # commit id or directory
-    name: str
-    settings: Mapping[str, Any]
-    release: str
-    vars: Mapping[str, Any]
-    groups: Mapping[str, GroupDef]
-    nodes: Mapping[str, NodeDef]
-    services: Mapping[str, ServiceDef]
-    limits: Limits = LIMITS  # what rendering this repo may cost (see ``render``)
-    post_upgrade: tuple[PostStep, ...] = ()
-    stages: Mapping[str, Stage] = field(default_factory=dict)  # reconciler.yaml `stages`, by name
-    windows: tuple[Window, ...] = ()  # reconciler.yaml `windows`: when each kind of disruption may happen
-    budgets: tuple[Budget, ...] = ()  # reconciler.yaml `disruption_budgets`: how many of a group at once
-    secret_files: Mapping[str, SopsFile] = field(default_factory=dict)  # secrets/*.yaml, still encrypted
-    # Path -> the secret files this node decrypted, values and hash key (the agent sets it with
-    # its identity); None where no key is at hand (review, validate): templates see placeholders.
-    unlocked: Mapping[str, Opened] | None = None
-    # The agent has no age identity configured (so ``unlocked`` is empty): said in the error of a
-    # template that reads a secret, which is then a setup to fix on the node, not a rotation.
-    no_identity: bool = False
-    # This commit's cutover failed where it attached (the agent read the failed note): placed as
-    # if its cutover nodes were isolated, so the old plane re-attaches (see ``controlplane``).
-    cutover_aborted: bool = False
-
-    @functools.cached_property
-    def planes(self) -> Planes:
-        """Every node's release, mode and VIP attachment at this commit."""
-        from reconciler.repo.planes import compute
-
-        return compute(self)
-
-    def node(self, name: str) -> NodeDef:
-        try:
-            return self.nodes[name]
-        except KeyError:
-            known = ", ".join(sorted(self.nodes))
-            raise UnknownNode(
-                f"node {name!r} is not in the inventory (known: {known})", file="inventory.yaml"
-            ) from None
-
-    def services_of(self, node: str) -> tuple[str, ...]:
-        """The node's services: the union of its groups' services, sorted by name."""
-        names: set[str] = set()
-        for g in self.node(node).groups:
-            names.update(self.groups[g].services)
-        if self.vip_services and not self.planes[node].attached:
-            names -= self.vip_services  # they hold the VIPs themselves: off the live plane, not run
-        return tuple(sorted(names))
-
-    @functools.cached_property
-    def vip_services(self) -> frozenset[str]:
-        from reconciler.repo.planes import vip_services
-
-        return vip_services(self.settings)
-
-    @functools.cached_property
-    def vip_networks(self) -> frozenset[str]:
-        from reconciler.repo.planes import vip_networks
-
-        return vip_networks(self.settings)
-
-    def peers(self, node: str) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
-        """``groups`` and ``hostvars`` as ``node``'s templates see them: every node, or only the
-        nodes of its own plane when it, or they, are split off (see ``controlplane``)."""
-        planes = self.planes
-        if not planes.active:
-            return self.group_members, self.hostvars
-        seen = planes.visible(node)
-        hit = self._peer_views.get(seen)
-        if hit is None:
-            hit = ({g: [n for n in ns if n in seen] for g, ns in self.group_members.items()},
-                   {n: v for n, v in self.hostvars.items() if n in seen})
-            self._peer_views[seen] = hit
-        return hit
-
-    @functools.cached_property
-    def _peer_views(self) -> dict[frozenset[str], tuple[dict[str, list[str]], dict[str, dict[str, Any]]]]:
-        return {}
-
-    @functools.cached_property
-    def group_members(self) -> dict[str, list[str]]:
-        """Group -> sorted member nodes; computed once per repo (templates of every node use it)."""
-        return {g: list(self.members(g)) for g in sorted(self.groups)}
-
-    @functools.cached_property
-    def hostvars(self) -> dict[str, dict[str, Any]]:
-        """Node -> its variables; computed once per repo, not once per rendered service."""
-        return {n: self.node_vars(n) for n in sorted(self.nodes)}
-
-    def members(self, group: str) -> tuple[str, ...]:
-        return tuple(sorted(n for n, d in self.nodes.items() if group in d.groups))
-
-    def node_vars(self, node: str) -> dict[str, Any]:
-        """Variables of a node, precedence low to high: repo vars, then each of the node's
-        groups in the order the node lists them, then the node's own vars."""
-        merged: dict[str, Any] = dict(self.vars)
-        nd = self.node(node)
-        for g in nd.groups:
-            merged.update(self.groups[g].vars)
-        merged.update(nd.vars)
-        return merged
-
-    def check_drivers(self) -> list[Problem]:
-        """What each node's driver needs from a service: a command, or an image."""
-        problems = []
-        for node in sorted(self.nodes):
-            for name in self.services_of(node):
-                svc, driver = self.services[name], self.driver_of(node, name)
-                if driver != "host" and any(r.get("action") == "reboot" for r in svc.on_change):
-                    problems.append(Problem(svc.file, svc.lines.get("runtime"),
-                                            f"node {node} runs {name} with {driver}: only a host service "
-                                            "(driver: host) can ask for a reboot"))
-                # Each path on its own: one absolute path among relative ones would be written
-                # outside the service's config dir.
-                wrong = [f for f in svc.files if f.path.startswith("/") != (driver == "host")]
-                if wrong:
-                    where = "absolute" if driver == "host" else "relative to its config dir"
-                    problems.append(Problem(svc.file, wrong[0].line, f"node {node} runs {name} with {driver}: "
-                                            f"file path {wrong[0].path!r} must be {where}"))
-                if driver == "docker" and not svc.container.get("image"):
-                    problems.append(Problem(svc.file, svc.lines.get("runtime"),
-                                            f"node {node} runs {name} with docker: runtime needs an image"))
-                elif driver not in ("docker", "host") and not svc.command:
-                    problems.append(Problem(svc.file, svc.lines.get("runtime"),
-                                            f"node {node} runs {name} with {driver}: runtime needs a command"))
-        return problems
-
-    def driver_of(self, node: str, service: str) -> str:
-        svc = self.services[service]
-        nd = self.node(node)
-        return svc.driver or nd.driver or str(self.settings.get("defaults", {}).get("driver", "process"))
+from reconciler.repo.windows import Window, WindowError, parse_windows
 
 
 def _problem(exc: BadInput, file: str) -> Problem:
@@ -277,7 +72,7 @@ def _doc(tree: Tree, path: str, schema_name: str, problems: list[Problem], limit
     except BadInput as exc:
         problems.append(_problem(exc, path))
         return None
-    found = check_schema(doc, schema_name)
+    found = check_schema(doc, schema_name) + check_driver_names(doc)
     problems.extend(found)
     return None if found else doc
 
@@ -369,7 +164,7 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
         drift=str(data.get("drift", "correct")),
         on_change=tuple(data.get("on_change", [])),
         reload={k: str(v) for k, v in data.get("reload", {}).items()},
-        escalate_to=str(data.get("escalate_to", "reboot" if data.get("driver") == "host" else "recreate")),
+        escalate_to=str(data.get("escalate_to", ceiling(data.get("driver")))),
         drain=str(data.get("drain", "")),
         manual=data.get("apply") == "manual",
         undrain=str(data.get("undrain", "")),
@@ -442,14 +237,14 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
                                    inventory.line(("nodes", nname)))
 
     if inventory is not None:
-        problems.extend(_check_var_names(inventory, services))
+        problems.extend(check_var_names(inventory, services))
     secret_files = _secret_files(tree, limits, problems)
-    problems.extend(_check_dependencies(services))
+    problems.extend(check_dependencies(services))
     post = parse_post(settings.data.get("post_upgrade", ())) if settings is not None else ()
-    problems.extend(_check_upgrades(services, post, groups, nodes, settings))
+    problems.extend(check_upgrades(services, post, groups, nodes, settings))
     stages = _stages(settings, groups, nodes, problems) if settings is not None else {}
     if settings is not None:
-        _check_waves(settings, groups, nodes, problems)
+        check_waves(settings, groups, nodes, problems)
     windows = _windows(settings, groups, nodes, problems) if settings is not None else ()
     budgets = _budgets(settings, groups, nodes, problems) if settings is not None else ()
     if problems:
@@ -471,10 +266,8 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         budgets=budgets,
         secret_files=secret_files,
     )
-    problems = repo.check_drivers()
+    problems = check_drivers(repo)
     if not problems:
-        from reconciler.repo.planes import check as check_planes
-
         problems = check_planes(repo, {n: d.line for n, d in nodes.items()})
     if problems:
         raise RepoProblems(problems)
@@ -509,7 +302,7 @@ def _stages(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[st
     ``rollout.stage`` names."""
     out = {}
     for name, spec in (settings.data.get("stages") or {}).items():
-        chosen = _selected(spec, f"stage {name!r}", settings.line(("stages", name)), groups, nodes, problems)
+        chosen = selected(spec, f"stage {name!r}", settings.line(("stages", name)), groups, nodes, problems)
         out[str(name)] = Stage(str(name), chosen)
     wanted = (settings.data.get("rollout") or {}).get("stage")
     if wanted and wanted not in out:
@@ -517,38 +310,6 @@ def _stages(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[st
         problems.append(Problem("reconciler.yaml", settings.line(("rollout", "stage")),
                                 f"rollout.stage {wanted!r} is not a stage (stages: {known})"))
     return out
-
-
-def _selected(spec: Mapping[str, Any], what: str, line: int | None, groups: Mapping[str, GroupDef],
-              nodes: Mapping[str, NodeDef], problems: list[Problem]) -> frozenset[str]:
-    """The nodes a stage or a wave names (a ``group``, or ``nodes``: names or globs); an unknown
-    group, or a pattern that names no node, is a problem (a typo would select nobody)."""
-    if "group" in spec:
-        if spec["group"] not in groups:
-            problems.append(Problem("reconciler.yaml", line, f"{what}: unknown group {spec['group']!r}"))
-        return frozenset(n for n, d in nodes.items() if spec["group"] in d.groups)
-    chosen: set[str] = set()
-    for pattern in spec.get("nodes", ()):
-        hits = {n for n in nodes if fnmatchcase(n, str(pattern))}
-        if not hits:
-            problems.append(Problem("reconciler.yaml", line, f"{what}: {pattern!r} names no node"))
-        chosen |= hits
-    return frozenset(chosen)
-
-
-def _check_waves(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],
-                 problems: list[Problem]) -> None:
-    """A wave that names no node would be dropped from the rollout without a word, and a batch
-    of 0 read as 1: each is a typo the operator should hear of before the commit goes out."""
-    for i, wave in enumerate((settings.data.get("rollout") or {}).get("waves") or ()):
-        name = wave.get("name", f"wave{i + 1}")
-        _selected(wave, f"rollout wave {name!r}", settings.line(("rollout", "waves", i)), groups, nodes, problems)
-        batch = str(wave.get("batch", "1"))
-        digits = re.fullmatch(r"([0-9]+)(%?)", batch)  # anything else, the schema's check reports
-        if digits and not (0 < int(digits[1]) <= 100 if digits[2] else int(digits[1]) >= 1):
-            problems.append(Problem("reconciler.yaml", settings.line(("rollout", "waves", i, "batch")),
-                                    f"rollout wave {name!r}: batch {batch!r} must be at least 1 node, or a "
-                                    "percentage above 0 and at most 100"))
 
 
 def _windows(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[str, NodeDef],
@@ -573,78 +334,3 @@ def _budgets(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mapping[s
         else:
             out.append(b)
     return tuple(out)
-
-
-# The names a render gives every template (render.py builds them); a variable of one of these
-# names would be shadowed by the render's own value without a word.
-RENDER_NAMES = frozenset({"node", "release", "pending_release", "groups", "hostvars", "secrets", "service",
-                          "service_version"})
-
-
-def _check_var_names(inventory: YamlDoc, services: Mapping[str, ServiceDef]) -> list[Problem]:
-    inv = inventory.data
-    places: list[tuple[str, int | None, str, Mapping[str, Any]]] = [
-        ("inventory.yaml", inventory.line(("vars",)), "vars", inv.get("vars") or {})]
-    places += [("inventory.yaml", inventory.line(("groups", g, "vars")), f"group {g!r}: vars", d.get("vars") or {})
-               for g, d in inv["groups"].items()]
-    places += [("inventory.yaml", inventory.line(("nodes", n, "vars")), f"node {n!r}: vars", d.get("vars") or {})
-               for n, d in inv["nodes"].items()]
-    places += [(svc.file, svc.lines.get("defaults"), "defaults", svc.defaults) for svc in services.values()]
-    return [Problem(file, line, f"{what}: {name!r} is a name the render gives every template "
-                                f"({', '.join(sorted(RENDER_NAMES))}): rename the variable")
-            for file, line, what, values in places for name in sorted(set(values) & RENDER_NAMES)]
-
-
-def _check_dependencies(services: Mapping[str, ServiceDef]) -> list[Problem]:
-    problems = []
-    graph: dict[str, set[str]] = {}
-    for svc in services.values():
-        for dep in svc.depends_on:
-            if dep not in services:
-                problems.append(Problem(svc.file, svc.lines.get("depends_on"), f"depends_on: unknown service {dep!r}"))
-        graph[svc.name] = {d for d in svc.depends_on if d in services}
-    return problems + _cycle(services, graph, "depends_on", "dependency cycle")
-
-
-def _cycle(services: Mapping[str, ServiceDef], graph: Mapping[str, set[str]], key: str, what: str) -> list[Problem]:
-    """A cycle in ``graph`` (service -> those it waits on), at the first service's ``key``."""
-    try:
-        graphlib.TopologicalSorter(graph).prepare()
-    except graphlib.CycleError as exc:
-        first = services[exc.args[1][0]]
-        return [Problem(first.file, first.lines.get(key), f"{what}: {' -> '.join(exc.args[1])}")]
-    return []
-
-
-def _check_upgrades(services: Mapping[str, ServiceDef], post: tuple[PostStep, ...], groups: Mapping[str, GroupDef],
-                    nodes: Mapping[str, NodeDef], settings: YamlDoc | None) -> list[Problem]:
-    problems = []
-    for svc in services.values():
-        for name in svc.upgrade_after:
-            if name not in services:
-                problems.append(Problem(svc.file, svc.lines.get("upgrade_after"),
-                                        f"upgrade_after: unknown service {name!r}"))
-        if svc.upgrade and not svc.version and not svc.container.get("image"):
-            problems.append(Problem(svc.file, svc.lines.get("upgrade"),
-                                    "upgrade steps need a `version` (or a runtime image) whose change runs them"))
-    # Each upgrade would wait at its first step for the other to finish: neither would start.
-    problems += _cycle(services, {s.name: {a for a in s.upgrade_after if a in services} for s in services.values()},
-                       "upgrade_after", "upgrade_after cycle")
-    for i, p in enumerate(post):
-        line = settings.line(("post_upgrade", i)) if settings is not None else None
-        for name in (*p.after, *p.services):
-            if name not in services:
-                problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: unknown service {name!r}"))
-        if p.node and p.node not in nodes:
-            problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: unknown node {p.node!r}"))
-        if p.group and p.group not in groups:
-            problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: unknown group {p.group!r}"))
-        if (p.action is StepAction.COMMAND) != bool(p.command.strip()):
-            problems.append(Problem("reconciler.yaml", line,
-                                    f"post_upgrade {p.name!r}: a command (and only action command) needs `command`"))
-        if p.action is not StepAction.REBOOT and (p.drain or p.undrain or p.batch != 1):
-            problems.append(Problem("reconciler.yaml", line,
-                                    f"post_upgrade {p.name!r}: `batch`, `drain` and `undrain` are for action reboot"))
-        if p.action is StepAction.UNPIN and not p.names:
-            problems.append(Problem("reconciler.yaml", line, f"post_upgrade {p.name!r}: action unpin needs `vars`"))
-    return problems

@@ -31,15 +31,12 @@ failed note.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from reconciler.repo.yamlfile import Problem
-
-if TYPE_CHECKING:
-    from reconciler.repo.load import DeploymentRepo
+from reconciler.repo.placement import NodeDef
 
 
 class Mode(StrEnum):
@@ -120,23 +117,19 @@ class Planes:
         return tuple(sorted(n for n in self.cohort(node) if n != node and self.placements[n].mode is Mode.CUTOVER))
 
 
-def planes(repo: DeploymentRepo) -> Planes:
-    """Computed once per repo (``DeploymentRepo.planes``)."""
-    return repo.planes
 
-
-def compute(repo: DeploymentRepo) -> Planes:
-    nodes = repo.nodes
-    release = {n: d.release or repo.release for n, d in nodes.items()}
+def compute(nodes: Mapping[str, NodeDef], group_members: Mapping[str, list[str]], release: str,
+            cutover_aborted: bool) -> Planes:
+    """Every node's placement at one commit (``DeploymentRepo.planes``, computed once per repo):
+    ``release`` is the inventory's, ``group_members`` every group's nodes."""
+    release_of = {n: d.release or release for n, d in nodes.items()}
     pending = {n: d.pending_release for n, d in nodes.items()}
-    plane = {n: pending[n] or release[n] for n in nodes}
+    plane = {n: pending[n] or release_of[n] for n in nodes}
     explicit = {n: Mode(d.mode) if d.mode else None for n, d in nodes.items()}
-    if repo.cutover_aborted:  # the cutover failed where it attached: its nodes go back to isolated
+    if cutover_aborted:  # the cutover failed where it attached: its nodes go back to isolated
         explicit = {n: Mode.ISOLATED if m is Mode.CUTOVER else m for n, m in explicit.items()}
     live: dict[str, set[str]] = {}
-    group_members = repo.group_members
-    for g in repo.groups:
-        members = group_members.get(g, [])
+    for g, members in group_members.items():
         cut = {plane[n] for n in members if explicit[n] is Mode.CUTOVER}
         live[g] = cut or {plane[n] for n in members if explicit[n] is Mode.NORMAL
                           or (not pending[n] and explicit[n] is not Mode.ISOLATED)}
@@ -152,7 +145,7 @@ def compute(repo: DeploymentRepo) -> Planes:
             attached = True
         else:
             attached = all(not live[g] or plane[n] in live[g] for g in d.groups)
-        placements[n] = Placement(release[n], pending[n], mode, derived, attached,
+        placements[n] = Placement(release_of[n], pending[n], mode, derived, attached,
                                   split=mode is not Mode.NORMAL or not attached)
     active = len(set(plane.values())) > 1 or any(m is not None for m in explicit.values())
     return Planes(placements, {g: tuple(m) for g, m in group_members.items()},
@@ -165,98 +158,3 @@ def vip_networks(settings: Mapping[str, Any]) -> frozenset[str]:
 
 def vip_services(settings: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(str(n) for n in (settings.get("vip") or {}).get("services", ()))
-
-
-def check(repo: DeploymentRepo, lines: Mapping[str, int | None]) -> list[Problem]:
-    """What ``validate`` refuses: a VIP network attached to nodes of two releases at once,
-    cutover nodes of one group on two releases, a VIP name no service uses. ``lines``: node ->
-    its line in inventory.yaml."""
-    problems: list[Problem] = []
-    p = planes(repo)
-    nets, vsvcs = vip_networks(repo.settings), vip_services(repo.settings)
-    used = {str(_net_name(e)) for s in repo.services.values() for e in s.container.get("networks", ())}
-    for name in sorted(nets - used):
-        problems.append(Problem("reconciler.yaml", None, f"vip.networks: no service names network {name!r}"))
-    for name in sorted(vsvcs - set(repo.services)):
-        problems.append(Problem("reconciler.yaml", None, f"vip.services: unknown service {name!r}"))
-    for g in sorted(repo.groups):
-        members = repo.members(g)
-        cut = sorted({p[n].plane for n in members if p[n].mode is Mode.CUTOVER})
-        if len(cut) > 1:
-            problems.append(Problem("inventory.yaml", lines.get(members[0]),
-                                    f"group {g}: cutover nodes on releases {', '.join(cut)}: one plane at a time"))
-    for net in sorted(nets):
-        on: dict[str, list[str]] = {}
-        for n in sorted(repo.nodes):
-            if not p[n].attached:
-                continue
-            if any(net in {str(_net_name(e)) for e in repo.services[s].container.get("networks", ())}
-                   for s in repo.services_of(n) if s in repo.services):
-                on.setdefault(p[n].plane, []).append(n)
-        if len(on) > 1:
-            where = "; ".join(f"release {r}: {', '.join(ns)}" for r, ns in sorted(on.items()))
-            last = max(on.items(), key=lambda kv: kv[0])[1][0]
-            problems.append(Problem("inventory.yaml", lines.get(last),
-                                    f"VIP network {net!r} would be attached to two releases at once ({where}); "
-                                    "isolate the new one (pending_release, mode: isolated) or cut over "
-                                    "(mode: cutover)"))
-    return problems
-
-
-def _net_name(entry: Any) -> Any:
-    return entry.get("name") if isinstance(entry, Mapping) else entry
-
-
-def order(before: DeploymentRepo, after: DeploymentRepo, nodes: Iterable[str]) -> tuple[tuple[str, ...],
-                                                                                     tuple[str, ...]]:
-    """For a review: the nodes that leave the VIP networks between the two commits (first),
-    and those that join them (after every node off them at ``after`` noted it)."""
-    pb, pa = planes(before), planes(after)
-    detach, attach = [], []
-    for n in sorted(nodes):
-        was = pb[n].attached if n in before.nodes else None
-        now = pa[n].attached if n in after.nodes else None
-        if was and not now:
-            detach.append(n)
-        elif now and not was and (pa.active or pb.active) and n in before.nodes:
-            attach.append(n)
-    return tuple(detach), tuple(attach)
-
-
-@dataclass(frozen=True)
-class CutoverStep:
-    """One step of a review's cutover order: nodes leaving (or joining) the VIP networks, and
-    per node the services whose networks change live."""
-
-    verb: str  # "detach" | "attach"
-    nodes: Mapping[str, tuple[str, ...]]  # node -> services connected or disconnected
-    releases: tuple[str, ...]
-    after: tuple[str, ...] = ()  # attach: the nodes whose notes it waits for
-
-    def line(self, n: int) -> str:
-        who = "; ".join(f"{node} ({', '.join(svcs) or 'no service'})" for node, svcs in self.nodes.items())
-        text = f"{n}. {self.verb} {who}: release {', '.join(self.releases)}"
-        if self.after:
-            text += f", once {', '.join(self.after)} noted the commit applied and detached"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.verb, "nodes": {n: list(s) for n, s in self.nodes.items()},
-                "releases": list(self.releases), "after": list(self.after)}
-
-
-def cutover_steps(before: DeploymentRepo, after: DeploymentRepo, nodes: Iterable[str],
-                  connects: Mapping[str, tuple[str, ...]]) -> tuple[CutoverStep, ...]:
-    """The order a commit moves the VIP networks in: detach first, then attach (empty when it
-    moves nothing). ``connects``: node -> the services whose networks change there (the plan's)."""
-    detach, attach = order(before, after, nodes)
-    pa, pb = planes(after), planes(before)
-    steps = []
-    if detach:
-        steps.append(CutoverStep("detach", {n: connects.get(n, ()) for n in detach},
-                                 tuple(sorted({pb[n].plane for n in detach}))))
-    if attach:
-        off = tuple(sorted({m for n in attach for m in pa.off(n)}))
-        steps.append(CutoverStep("attach", {n: connects.get(n, ()) for n in attach},
-                                 tuple(sorted({pa[n].plane for n in attach})), off))
-    return tuple(steps)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reconciler.core.errors import BadInput, RemoteError
-from reconciler.source.mirror import safe_url
+from reconciler.source.gitrun import safe_url
 
 MARKER = "<!-- reconciler-diff -->"
 GITHUB_LIMIT = 65536  # characters in an issue comment

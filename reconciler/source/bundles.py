@@ -17,7 +17,7 @@ from pathlib import Path
 
 from reconciler.core import faults
 from reconciler.core.errors import BadInput, DiskFull, RemoteError
-from reconciler.source.mirror import git_cause, git_result, safe_url, scrub
+from reconciler.source.gitrun import git_cause, git_result, safe_url, scrub
 from reconciler.source.refs import NOTES_PREFIX
 
 

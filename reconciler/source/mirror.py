@@ -7,15 +7,11 @@ the head is a stat of the files that hold it (a ``git cat-file`` when they chang
 few minutes), so an idle agent never loads pygit2 (~19 MB of RSS, issue 17) and, with a tip
 probe, runs no git at all.
 
-A poll is one ``ls-remote --heads`` of the one branch with protocol v2: the client sends
-``ref-prefix refs/heads/`` so the server lists branches only, and the cost stays flat however
-many other refs (tags, review refs, other nodes' notes) the remote has. A read remote with a
-tip probe (``probe``) is asked over HTTP first, and git only when the probe does not name the
-head the node has, or a check is due.
-
 The mirror is a cache. The node's memory (high-water mark, verdicts) lives in its state db and
 its notes, so a mirror with a damaged or missing object is re-cloned (``repair``), keeping the
 node's own notes refs when they still read.
+
+Running git is ``gitrun``; the remotes the mirror polls and fetches from are ``remotes``.
 """
 
 from __future__ import annotations
@@ -23,25 +19,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from reconciler.core import faults
 from reconciler.core.errors import CorruptMirror, RemoteError
-from reconciler.core.redact import without_userinfo
+from reconciler.source import gitrun
+from reconciler.source.gitrun import git_cause, safe_url
 from reconciler.source.probe import TipProbe
 from reconciler.source.refs import NOTES_PREFIX, NotPlain, read_ref
+from reconciler.source.remotes import Remotes
 
 if TYPE_CHECKING:
-    import git
     import pygit2
 
 log = logging.getLogger("reconciler.source")
@@ -59,89 +52,10 @@ class HeadRead:
     files: Stat
     at: float
 
-GIT_TIMEOUT = 120.0
+
 RECHECK_EVERY = 300.0
 """Seconds between reads of the head by git while the files that hold it did not change (a
 disk's bit rot keeps a file's stat): how long such damage can wait for the next poll to see it."""
-
-
-CAUSE_MAX = 400
-"""Characters of git's own words kept in a message: enough for a cause, never a screenful."""
-
-_NOISE = re.compile(r"^(hint: |remote: (Enumerating|Counting|Compressing|Total)|(Receiving|Resolving) objects|"
-                    r"Looking up .* done\.$)")
-# With --progress git writes "Connecting to host (port 9418) ... fatal: ..." on one line.
-_CAUSE = re.compile(r"(?:^|\.\.\. )(fatal|error): ", re.IGNORECASE)
-
-
-def safe_url(url: str) -> str:
-    """The URL without credentials, for messages and notes."""
-    return without_userinfo(url)
-
-
-def scrub(text: str, url: str) -> str:
-    """``text`` with no credential of ``url`` left in it: git echoes a URL's user part back
-    where it takes it for a host name (``git://user:pw@host``), with no scheme in front."""
-    text = safe_url(text)
-    userinfo = url.partition("://")[2].split("/", 1)[0].rpartition("@")[0]
-    if userinfo:
-        text = text.replace(userinfo + "@", "")
-        secret = userinfo.partition(":")[2]
-        if secret:
-            text = text.replace(secret, "***")
-    return text
-
-
-def git_cause(stderr: str) -> str:
-    """What git said went wrong, on one line: its first paragraph and every ``fatal:`` and
-    ``error:`` line with the lines that continue it, without hints and progress."""
-    kept: list[str] = []
-    first_paragraph, continuing = True, False
-    for raw in stderr.replace("\r", "\n").splitlines():
-        line = raw.strip()
-        if not line:
-            first_paragraph = continuing = False
-            continue
-        if _NOISE.match(line):
-            continue
-        cause = _CAUSE.search(line)
-        if cause or continuing or first_paragraph:
-            line = line[cause.end():] if cause else line
-            if line not in kept:
-                kept.append(line)
-            continuing = continuing or bool(cause)
-    text = ""
-    for line in kept:
-        # "unable to connect to host:" continues on the next line with the socket's error
-        text += (" " if text.endswith(":") else "; " if text else "") + line
-    return text if len(text) <= CAUSE_MAX else text[: CAUSE_MAX - 3] + "..."
-
-
-_LOCKED = re.compile(r"Unable to create '([^']+\.lock)': File exists")
-
-
-def stale_lock(stderr: str, root: Path) -> Path | None:
-    """The lock file git could not create in the repository at ``root``, when it is older than
-    ``GIT_TIMEOUT``: a git process that died holding it left it (git refuses to guess, and
-    every later fetch fails the same way). None for any other failure, or a younger lock."""
-    found = _LOCKED.search(stderr)
-    if found is None:
-        return None
-    lock = Path(found.group(1))
-    lock = Path(os.path.normpath(lock if lock.is_absolute() else root / lock))
-    try:
-        inside = lock.resolve().is_relative_to(root.resolve())
-        old = time.time() - lock.stat().st_mtime > GIT_TIMEOUT
-    except OSError:
-        return None
-    return lock if inside and old else None
-
-
-def git_env(ssh_command: str | None = None) -> dict[str, str]:
-    env = {"GIT_TERMINAL_PROMPT": "0"}
-    if ssh_command:
-        env["GIT_SSH_COMMAND"] = ssh_command
-    return env
 
 
 @dataclass(frozen=True)
@@ -154,49 +68,19 @@ class Poll:
         return self.remote_head != self.local_head
 
 
-def _progress() -> Any:
-    """Fetch progress on a terminal; silent otherwise. GitPython is imported here only: it is
-    12 MB of RSS and a quarter second of import that an idle daemon never needs (issue 17)."""
-    import git
+class Source(Remotes):
+    """The node's mirror: its head, its notes, a poll and a fetch, and a repair when damaged."""
 
-    class _Progress(git.RemoteProgress):
-        def __init__(self) -> None:
-            super().__init__()
-            self._last = ""
-
-        def update(self, op_code: int, cur_count: Any, max_count: Any = None, message: str = "") -> None:
-            if max_count:
-                stage = {self.COUNTING: "counting", self.COMPRESSING: "compressing",
-                         self.RECEIVING: "receiving", self.RESOLVING: "resolving"}.get(
-                    op_code & self.OP_MASK, "fetching")
-                line = f"\r  fetch: {stage} {int(cur_count)}/{int(max_count)} {message}"
-                if line != self._last:
-                    sys.stderr.write(line.ljust(60))
-                    self._last = line
-            if op_code & self.END and self._last:
-                sys.stderr.write("\n")
-                self._last = ""
-
-    return _Progress()
-
-
-class Source:
     def __init__(
         self, url: str, branch: str, mirror: Path, *, ssh_command: str | None = None,
         progress: bool | None = None, reads: tuple[str, ...] = (), write: str | None = "",
         probes: Mapping[str, TipProbe] | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.reads = reads or (url,)
+        super().__init__(url, branch, mirror, ssh_command=ssh_command, progress=progress, reads=reads,
+                         write=write, probes=probes)
         self.clock = clock
         self._read: HeadRead | None = None
-        self.probes = dict(probes or {})  # read remote -> its tip probe (see ``probe``)
-        self.url = self.reads[0]  # the read remote this pass uses: the first that answered
-        self.write_url = url if write == "" else write  # this node's notes go there (None: nowhere yet)
         self._lag_said = ""
-        self.branch = branch
-        self.path = mirror
-        self.env = git_env(ssh_command)
-        self.progress = sys.stderr.isatty() if progress is None else progress
         self._repo: pygit2.Repository | None = None
         if not (mirror / "HEAD").exists():
             import pygit2
@@ -206,7 +90,7 @@ class Source:
         # Opened by git, not pygit2 (see the module's words): HEAD or config unreadable is
         # found now all the same. What git reads and libgit2 does not is found at the first
         # use of ``repo``, and handled there the same way.
-        opened = git_result(self.path, f"--git-dir={os.path.abspath(self.path)}", "rev-parse", "--git-dir")
+        opened = gitrun.git_result(self.path, f"--git-dir={os.path.abspath(self.path)}", "rev-parse", "--git-dir")
         if opened.returncode != 0:
             self._start_again(git_cause(opened.stderr) or f"git exited with {opened.returncode}")
 
@@ -234,87 +118,6 @@ class Source:
         faults.point("clone", str(fresh))
         pygit2.init_repository(str(fresh), bare=True)
         self._swap(fresh)
-
-    @property
-    def ref(self) -> str:
-        return f"refs/heads/{self.branch}"
-
-    def run(self, *args: str, what: str, cwd: Path | None = None, url: str | None = None,
-            retried: bool = False) -> str:
-        """A git command against the remote (``url``: another than the read remote this pass
-        uses, for messages); its failure is a ``RemoteError`` with git's words. A plain
-        subprocess, as GitPython ran it: C locale (git's messages in English, which
-        ``git_cause`` reads), no stdin, a time limit, one trailing newline stripped."""
-        env = {**os.environ, **self.env, "LANGUAGE": "C", "LC_ALL": "C"}
-        url = url or self.url
-        # Its own process group: on a timeout, the ssh or https helper git started goes with it
-        # (killing git alone left one orphan per poll of a hung remote).
-        proc = subprocess.Popen(["git", "-c", "protocol.version=2", *args], cwd=cwd or self.path, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=GIT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise RemoteError(scrub(f"{what} {safe_url(url)} failed: git did not answer within "
-                                    f"{GIT_TIMEOUT} s", url)) from None
-        if proc.returncode != 0:
-            stderr = err.decode(errors="replace").strip()
-            if not retried and self._unlock(stderr, cwd or self.path):
-                return self.run(*args, what=what, cwd=cwd, url=url, retried=True)
-            raise self._failed(what, stderr, proc.returncode, url)
-        return out.decode(errors="replace").removesuffix("\n")
-
-    def _fetch_shown(self, refspec: str, retried: bool = False) -> None:
-        """The fetch through GitPython, its progress on the terminal; a stale ref lock is
-        cleared as ``run`` clears it."""
-        import git
-
-        progress = _progress()
-        repo = git.Repo(str(self.path))
-        try:
-            with repo.git.custom_environment(**self.env):
-                remote = self._origin(repo)
-                remote.fetch(refspec, progress=progress, no_tags=True, kill_after_timeout=GIT_TIMEOUT)
-        except git.GitCommandError as exc:
-            stderr = self._stderr(exc, progress)
-            if not retried and self._unlock(stderr, self.path):
-                return self._fetch_shown(refspec, retried=True)
-            raise self._failed("fetch from", stderr, exc.status) from None
-
-    def _unlock(self, stderr: str, root: Path) -> bool:
-        """Removed the stale ref lock git failed on (see ``stale_lock``): try once more."""
-        lock = stale_lock(stderr, root)
-        if lock is None:
-            return False
-        # A git of ours killed while it held the lock (its timeout, or a stop that took the
-        # whole cgroup): no git we run lives past GIT_TIMEOUT, so none holds it.
-        with contextlib.suppress(OSError):  # gone already (another command of ours removed it): try again
-            log.warning("removing %s, left by a git process killed %.0f s ago; trying again", lock,
-                        time.time() - lock.stat().st_mtime)
-        faults.point("remove", str(lock))
-        lock.unlink(missing_ok=True)
-        return True
-
-    def _failed(self, what: str, stderr: str, status: object, url: str | None = None) -> RemoteError:
-        """``what URL failed: <git's cause>``, free of credentials."""
-        cause = git_cause(stderr) or f"git exited with {status}"
-        url = url or self.url
-        return RemoteError(scrub(f"{what} {safe_url(url)} failed: {cause}", url))
-
-    @staticmethod
-    def _stderr(exc: git.GitCommandError, progress: Any = None) -> str:
-        """git's own lines of a failed GitPython command."""
-        # With a progress handler GitPython keeps only the lines after the first "fatal:" as
-        # stderr; the handler saw them all.
-        stderr = "\n".join(progress.other_lines + progress.error_lines) if progress else exc.stderr.strip()
-        # GitPython wraps git's stderr as "stderr: '...'"; unwrap to git's own lines
-        if stderr.startswith("stderr: '") and stderr.endswith("'"):
-            stderr = stderr[len("stderr: '"):-1]
-        return str(stderr)
-
     def local_head(self) -> str | None:
         return self.ref_target(self.ref)
 
@@ -333,7 +136,7 @@ class Source:
     def note(self, ref: str, obj: str) -> str | None:
         """The note ``ref`` holds on ``obj`` (None: none), read by git, not pygit2 (see the
         module's words); what git cannot read is asked of pygit2, which says what it always said."""
-        proc = git_result(self.path, "notes", f"--ref={ref}", "show", obj)
+        proc = gitrun.git_result(self.path, "notes", f"--ref={ref}", "show", obj)
         if proc.returncode == 0:
             return proc.stdout
         if proc.returncode == 1 and proc.stderr.startswith("error: no note found for object"):
@@ -342,47 +145,6 @@ class Source:
             return str(self.repo.lookup_note(obj, ref).message)
         except KeyError:
             return None
-
-    def remote_head(self) -> str:
-        """The branch head on the first read remote that answers, from the first on every poll
-        (a mirror that failed is asked again first once it is back); ``self.url`` is that remote
-        for the rest of the pass."""
-        first: RemoteError | None = None
-        for url in self.reads:
-            self.url = url
-            try:
-                return self._head_at(url)
-            except RemoteError as exc:
-                if len(self.reads) == 1:
-                    raise
-                first = first or exc
-                log.warning("%s; trying the next read remote", exc)
-        assert first is not None
-        raise RemoteError(f"no read remote answered ({len(self.reads)} tried); the first: {first}",
-                          reason=first.reason)
-
-    def _head_at(self, url: str) -> str:
-        probe = self.probes.get(url)
-        if probe is None:
-            return self._git_head(url)
-        local = self.local_head()
-        if probe.unmoved(self.ref, local):
-            assert local is not None
-            return local
-        head = self._git_head(url)
-        probe.checked(self.ref, head, local)
-        return head
-
-    def _git_head(self, url: str) -> str:
-        # --heads makes git send "ref-prefix refs/heads/" (a bare pattern would not: ls-remote
-        # patterns match from the tail), so review refs, tags and notes are never listed.
-        out = self.run("ls-remote", "--heads", url, self.ref, what="ref check of")
-        for line in out.splitlines():
-            oid, _, name = line.partition("\t")
-            if name == self.ref:
-                return oid
-        raise RemoteError(f"branch {self.branch!r} not found on {safe_url(url)}", reason="NO_BRANCH")
-
     def lags(self, remote_head: str, local_head: str | None) -> bool:
         """A read mirror behind what this node has (its head an ancestor of ours): it lags, and
         the node stays where it is. Only a mirror: the write remote (the primary) going back is a
@@ -419,14 +181,6 @@ class Source:
         if head is None:
             raise RemoteError(f"fetch from {safe_url(self.url)} brought no {self.ref}")
         return head
-
-    def _origin(self, repo: git.Repo) -> git.Remote:
-        if "origin" not in [r.name for r in repo.remotes]:
-            return repo.create_remote("origin", self.url)
-        origin = repo.remote("origin")
-        if origin.url != self.url:
-            origin.set_url(self.url)
-        return origin
 
     def update(self) -> tuple[str, bool]:
         """One poll; fetch only if the branch moved. Returns (head, fetched). A damaged mirror
@@ -468,7 +222,7 @@ class Source:
         # the whole of both objects, their hashes checked (git's parse_object), as libgit2's
         # strict verification did. No commit-graph: it could name the tree without reading
         # the commit; no replace refs: libgit2 did not follow them.
-        proc = git_result(self.path, "--no-replace-objects", "-c", "core.commitGraph=false",
+        proc = gitrun.git_result(self.path, "--no-replace-objects", "-c", "core.commitGraph=false",
                           "cat-file", "-p", f"{head}^{{tree}}")
         if proc.returncode != 0:
             cause = git_cause(proc.stderr) or f"git exited with {proc.returncode}"
@@ -480,7 +234,7 @@ class Source:
 
     def _tree(self, head: str) -> str:
         """The head's root tree ("": unknown, and every poll reads the head by git)."""
-        proc = git_result(self.path, "--no-replace-objects", "rev-parse", "--verify", "-q", f"{head}^{{tree}}")
+        proc = gitrun.git_result(self.path, "--no-replace-objects", "rev-parse", "--verify", "-q", f"{head}^{{tree}}")
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
     def _stat(self, *oids: str) -> Stat:
@@ -508,7 +262,7 @@ class Source:
         """Does the mirror fail git's connectivity check (every reachable commit and tree
         parsed, blobs looked up)? Asked only when a fetch failed, to tell our damage from the
         remote's trouble."""
-        proc = git_result(self.path, "fsck", "--connectivity-only", "--no-dangling", "--no-progress")
+        proc = gitrun.git_result(self.path, "fsck", "--connectivity-only", "--no-dangling", "--no-progress")
         return proc.returncode != 0
 
     def repair(self, cause: object = "") -> str:
@@ -551,7 +305,7 @@ class Source:
         for ref in refs:
             # A real fetch, not a copy of files: index-pack inflates every object it receives.
             # No "have"s: the damaged side would have to read the commits they name.
-            copied = git_result(fresh, "-c", "fetch.negotiationAlgorithm=noop", "fetch", "--no-tags",
+            copied = gitrun.git_result(fresh, "-c", "fetch.negotiationAlgorithm=noop", "fetch", "--no-tags",
                                 str(self.path), f"+{ref}:{ref}").returncode == 0
             (kept if copied else lost).append(ref)
         return kept, lost
@@ -581,25 +335,3 @@ class Source:
                 faults.point("remove", str(left))
                 shutil.rmtree(left, ignore_errors=True)
 
-
-def commit_time(mirror: Path, commit: str) -> int | None:
-    """The committer time of ``commit`` in ``mirror`` (None: not there), read by git: the
-    metrics of an idle agent ask it after every pass, and must not load pygit2 for it."""
-    proc = git_result(mirror, "show", "-s", "--format=%ct", f"{commit}^{{commit}}", "--")
-    text = proc.stdout.strip()
-    return int(text) if proc.returncode == 0 and text.isdigit() else None
-
-
-def git_result(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """git, never asking a terminal for credentials: its result, never raised (a git that does
-    not answer in time, or a directory that is gone, is a failed result whose words say so).
-    C locale: ``git_cause``, ``note`` and ``bundles`` read git's English."""
-    argv = ["git", *args]
-    try:
-        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT,
-                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, -signal.SIGKILL, "", f"fatal: git did not answer within "
-                                           f"{GIT_TIMEOUT:.0f} s")
-    except OSError as exc:
-        return subprocess.CompletedProcess(argv, 128, "", f"fatal: cannot run git in {cwd}: {exc.strerror}")

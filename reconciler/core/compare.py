@@ -22,7 +22,7 @@ from typing import Any
 from reconciler.core.errors import BadInput
 from reconciler.core.memo import ByIdentity
 from reconciler.core.model import ActionKind, FileSpec, Rule, rank
-from reconciler.repo.yamlfile import safe_load
+from reconciler.core.yamlfile import safe_load
 
 DEFAULT = ActionKind.RESTART
 TOP = "\0top"  # the section of an INI-like file that has none

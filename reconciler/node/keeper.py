@@ -18,23 +18,15 @@ from reconciler.core.atomic import atomic_write
 from reconciler.core.errors import ConfigError
 from reconciler.core.model import Revision, Verdict, VerifiedRevision
 from reconciler.fleet import notes
-from reconciler.ledger.ledger import Ledger
-from reconciler.settings.agent import TrustConfig
-from reconciler.trust.verify import (
-    Decision,
-    Gate,
-    Policy,
-    TrustError,
-    TrustRoot,
-    load_root,
-    parse_revoked,
-    repo_requires_binding,
-    tree_file,
-    verify_commit,
-)
+from reconciler.trust.commits import verify_commit
+from reconciler.trust.root import Policy, TrustError, TrustRoot, load_root, parse_revoked
+from reconciler.trust.verify import Decision, Gate, repo_requires_binding, tree_file
 
 if TYPE_CHECKING:
     import pygit2
+
+    from reconciler.ledger import Ledger
+    from reconciler.settings import TrustConfig
 
 log = logging.getLogger("reconciler.trust")
 
@@ -155,7 +147,7 @@ class TrustKeeper:
     def repo_policy(self, *commits: str | None) -> Policy:
         """The strictest policy the repo asks for at these commits (it can only tighten)."""
         from reconciler.core.errors import BadInput
-        from reconciler.repo.yamlfile import safe_load
+        from reconciler.core.yamlfile import safe_load
 
         policies = [Policy.HEAD]
         for commit in commits:

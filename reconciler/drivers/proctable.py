@@ -1,0 +1,140 @@
+"""The node's process table as the process driver reads it: a process's identity, the
+services' processes found by their marker, and processes stopped by signals.
+
+A pid alone is not proof: a process is its pid and its start time from /proc, so a recycled
+pid is never mistaken for a service's. Every process a service starts carries
+``RECONCILER_INSTANCE=<root>|<node>|<service>|<hash>`` in its environment (``MARKER``), which its
+children inherit: what finds a copy a killed run left before its record named it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.core import faults
+from reconciler.core.errors import ApplyError
+
+STOP_TIMEOUT = 10.0
+
+MARKER = "RECONCILER_INSTANCE"
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A live process as /proc shows it."""
+
+    pid: int
+    ppid: int
+    pgrp: int
+    session: int
+    start_time: str  # clock ticks since boot: with the pid, one process for ever
+
+    @property
+    def leader(self) -> bool:
+        return self.pid == self.pgrp
+
+
+def read_proc(pid: int) -> Proc | None:
+    """The process, None if it is gone or a zombie (reaped here when it is our own child)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)  # reap our own child so the pid can go
+        return None
+    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[3]), fields[19])
+
+
+def start_time_of(pid: int) -> str | None:
+    """Start time of a live (non-zombie) process, in clock ticks since boot; None if gone."""
+    p = read_proc(pid)
+    return p.start_time if p else None
+
+
+def descends(p: Proc, ancestor: int) -> bool:
+    """Whether ``p`` is ``ancestor``, in its group or session, or below it in the process tree."""
+    seen: Proc | None = p
+    for _ in range(64):
+        if seen is None or seen.pid <= 1:
+            return False
+        if ancestor in (seen.pid, seen.pgrp, seen.session):
+            return True
+        seen = read_proc(seen.ppid)
+    return False
+
+
+def started_at(start_time: str) -> float:
+    """A /proc start time as a Unix time."""
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    return boot + int(start_time) / os.sysconf("SC_CLK_TCK")
+
+
+def find_marked(root: Path, node: str) -> dict[str, list[tuple[Proc, str]]]:
+    """Every live process of the services of the driver at ``root`` on ``node``, by service,
+    with the hash it was started for: the marker in its environment, which its children
+    inherit too."""
+    prefix = f"{MARKER}={root}|{node}|".encode()
+    found: dict[str, list[tuple[Proc, str]]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        if prefix not in env:
+            continue
+        value = next((v for v in env.split(b"\0") if v.startswith(prefix)), None)
+        p = read_proc(int(entry.name)) if value else None
+        if value is None or p is None:
+            continue
+        service, _, hash_ = value[len(prefix):].decode(errors="replace").rpartition("|")
+        found.setdefault(service, []).append((p, hash_))
+    return found
+
+
+def stop_targets(procs: Iterable[Proc], recorded: tuple[int, str] | None = None) -> list[tuple[int, str, bool]]:
+    """(pid, start time, whole group?) to signal so that each process goes: a group leader takes
+    its group along; a process whose group is not being stopped is signalled alone (its group
+    may not be the service's)."""
+    procs = list(procs)
+    out: dict[int, tuple[str, bool]] = {}
+    if recorded is not None:
+        out[recorded[0]] = (recorded[1], True)
+    leaders = set(out) | {p.pid for p in procs if p.leader}
+    for p in procs:
+        if p.leader:
+            out.setdefault(p.pid, (p.start_time, True))
+        elif p.pgrp not in leaders:
+            out[p.pid] = (p.start_time, False)
+    return [(pid, start_time, group) for pid, (start_time, group) in sorted(out.items())]
+
+
+def terminate(name: str, targets: list[tuple[int, str, bool]]) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT, to each (pid, start time, whole group?) until
+    every one is gone."""
+    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 5.0)):
+        for pid, start_time, group in targets:
+            if start_time_of(pid) != start_time:
+                continue
+            faults.point("signal", f"{name} {sig.name}")
+            with contextlib.suppress(ProcessLookupError):
+                (os.killpg if group else os.kill)(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if all(start_time_of(pid) != start_time for pid, start_time, _ in targets):
+                return
+            time.sleep(0.05)
+    left = [pid for pid, start_time, _ in targets if start_time_of(pid) == start_time]
+    raise ApplyError(f"service {name}: pid {', '.join(map(str, left))} did not stop")

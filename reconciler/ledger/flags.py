@@ -1,0 +1,156 @@
+"""The ledger's flags: the node's small named facts, each kept as a text under a key of ``meta``.
+
+An operator's suspension and the repo's, the commit whose post-upgrade steps are owed, the notes
+ref as last pushed, the last poll and the polls counted. Each has typed accessors here; the keys
+and the text stored under them (JSON where it is) are the on-disk format an agent upgraded in
+place reads back, so they never change. The table itself is not handed out: a new flag is a new
+pair of accessors, named for what it means.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.ledger.db import Store
+
+SUSPENDED_KEY = "suspended"  # meta: an operator's suspension, JSON {reason, by, since}
+REPO_SUSPENDED_KEY = "suspended_repo"  # meta: the verified head's `suspend: true`, same shape
+POST_PENDING_KEY = "post_upgrade_pending"  # meta: the commit whose post steps wait on the fleet
+PUSHED_KEY = "notes_pushed"  # meta: the notes ref's tip when it was last pushed
+PUSHED_TIME_KEY = "notes_pushed_time"  # when the last push went through (seconds since the epoch; metrics)
+POLL_KEY = "metrics_last_poll"  # meta: JSON {time, result, head, head_time}
+POLLS_KEY = "metrics_polls"  # meta: JSON result -> count, the polls_total counter kept across restarts
+
+
+@dataclass(frozen=True)
+class NotesPushed:
+    """This node's notes ref as it last pushed it."""
+
+    tip: str | None  # the ref's commit then (None: never pushed, or pushed with no notes yet)
+    time: float | None  # when (None: not recorded, e.g. notes recovered from the remote)
+
+
+@dataclass(frozen=True)
+class Poll:
+    """The last poll of the branch, as the metrics recorded it."""
+
+    time: float  # when it ended (seconds since the epoch)
+    result: str  # what it came to: a verdict, or "unchanged" or "error"
+    head: str  # the branch head it saw ('' when none was seen yet)
+    head_time: float | None  # that head's committer time, when git told it
+
+
+class FlagLedger(Store):
+    """The Ledger's flags: suspensions, the post-upgrade steps owed, notes pushed, polls."""
+
+    # suspension --------------------------------------------------------------------------
+    def suspend(self, reason: str, by: str, since: str) -> bool:
+        """An operator's `suspend`: passes apply nothing until `resume`. Returns whether it was
+        suspended already (then only the reason changes; who and since stay the first ones).
+        The no-op marker goes in the same transaction, so the next pass notes the suspension."""
+        with self._tx("suspend") as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (SUSPENDED_KEY,)).fetchone()
+            old = json.loads(row[0]) if row else None
+            record = {"reason": reason, "by": old["by"] if old else by, "since": old["since"] if old else since}
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)", (SUSPENDED_KEY, json.dumps(record)))
+            db.execute("DELETE FROM converged")
+        return old is not None
+
+    def resume(self) -> dict[str, str] | None:
+        """An operator's `resume`: the suspension it lifted, or None when there was none."""
+        with self._tx("resume") as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (SUSPENDED_KEY,)).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM meta WHERE key=?", (SUSPENDED_KEY,))
+            db.execute("DELETE FROM converged")  # the next pass converges, and notes it resumed
+        return dict(json.loads(row[0]))
+
+    def suspend_from_repo(self, record: Mapping[str, str] | None) -> None:
+        """The verified head's ``suspend: true`` (None: the head has none). Kept apart from the
+        operator's, so a commit lifting the fleet's never lifts an operator's own."""
+        with self._tx("suspend from repo") as db:
+            if record is None:
+                db.execute("DELETE FROM meta WHERE key=?", (REPO_SUSPENDED_KEY,))
+            else:
+                row = db.execute("SELECT value FROM meta WHERE key=?", (REPO_SUSPENDED_KEY,)).fetchone()
+                kept = dict(record)
+                if row is not None:  # suspended since the first commit that said so, not since this pass
+                    kept.update({k: v for k, v in json.loads(row[0]).items() if k in ("by", "since")})
+                db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)",
+                           (REPO_SUSPENDED_KEY, json.dumps(kept)))
+
+    def suspension(self) -> dict[str, str] | None:
+        """In force now: the operator's suspension first, else the fleet's from the repo."""
+        for key in (SUSPENDED_KEY, REPO_SUSPENDED_KEY):
+            value = self._meta(key)
+            if value:
+                return dict(json.loads(value))
+        return None
+
+    # post-upgrade steps owed -------------------------------------------------------------
+    def post_pending(self) -> str | None:
+        """The commit whose post-upgrade steps wait on the fleet, if any: a run killed after the
+        verdict (before the post steps) still runs them."""
+        return self._meta(POST_PENDING_KEY) or None
+
+    def set_post_pending(self, commit: str | None) -> None:
+        """``commit``'s post steps are owed; None or '' clears it (stored as an empty text, as
+        agents before these accessors wrote it)."""
+        self._set_meta(POST_PENDING_KEY, commit or "")
+
+    # notes pushed ------------------------------------------------------------------------
+    def notes_pushed(self) -> NotesPushed:
+        when = self._meta(PUSHED_TIME_KEY)
+        return NotesPushed(self._meta(PUSHED_KEY) or None, float(when) if when else None)
+
+    def set_notes_pushed(self, tip: str | None, when: float | None = None) -> None:
+        """The notes ref at ``tip`` is on the remote; ``when``: the push that put it there went
+        through then (None: it was found there, not pushed, and the last push's time stays)."""
+        self._set_meta(PUSHED_KEY, tip or "")
+        if when is not None:
+            self._set_meta(PUSHED_TIME_KEY, repr(when))
+
+    # polls (what metrics read: totals that outlive the process) --------------------------
+    def last_poll(self) -> Poll | None:
+        last = _json_object(self._meta(POLL_KEY))
+        if "time" not in last:
+            return None
+        return Poll(float(last["time"]), str(last.get("result", "")), str(last.get("head") or ""),
+                    last.get("head_time"))
+
+    def poll_counts(self) -> dict[str, int]:
+        """Result -> how many polls came to it, since the node's state began."""
+        return {str(k): int(v) for k, v in _json_object(self._meta(POLLS_KEY)).items()}
+
+    def record_poll(self, poll: Poll) -> None:
+        """The last poll, and one more of its result counted."""
+        self._set_meta(POLL_KEY, json.dumps({"time": poll.time, "result": poll.result, "head": poll.head,
+                                             "head_time": poll.head_time}, sort_keys=True))
+        polls = self.poll_counts()
+        polls[poll.result] = polls.get(poll.result, 0) + 1
+        self._set_meta(POLLS_KEY, json.dumps(polls, sort_keys=True))
+
+    # the meta table ----------------------------------------------------------------------
+    def _meta(self, key: str) -> str | None:
+        row = self._one("SELECT value FROM meta WHERE key=?", key)
+        return None if row is None else str(row[0])
+
+    def _set_meta(self, key: str, value: str) -> None:
+        with self._tx(f"meta {key}") as db:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)", (key, value))
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    """A flag's JSON object; {} when it is not set, or not an object (an unreadable flag counts
+    as none, as the metrics always read it)."""
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

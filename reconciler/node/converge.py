@@ -1,0 +1,215 @@
+"""The converge step: render, observe, plan, apply (under the services lock), then settle the
+verdict. Windows and budgets hold disruptive changes back (an operator's own command is held by
+neither); a failure under ``on_failure: node`` (or while taking the VIPs over) puts every service
+the pass changed back to the version it ran before. An action a killed run was doing is done
+again: every action on the ladder is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from reconciler.core.errors import BadInput, ReconcilerError
+from reconciler.core.model import (
+    Action,
+    ActionKind,
+    Desired,
+    DesiredService,
+    Plan,
+    Report,
+    ResultState,
+    ServiceResult,
+    Verdict,
+    VerifiedRevision,
+)
+from reconciler.drivers.observe import observe
+from reconciler.fleet.budget import DISRUPTIVE
+from reconciler.ledger import Interrupted, Proof, ServiceRecord
+from reconciler.node import peers
+from reconciler.node.apply import apply_plan
+from reconciler.node.peers import plane_of
+from reconciler.node.run import Run, RunResult, now_iso
+from reconciler.node.settle import held_for, settle, stopped, write_note
+from reconciler.plan.planner import hold_back, in_windows, stage
+from reconciler.plan.planner import plan as make_plan
+
+if TYPE_CHECKING:
+    from reconciler.drivers import Driver
+    from reconciler.node.context import NodeContext
+    from reconciler.repo.definitions import DeploymentRepo
+
+log = logging.getLogger("reconciler.agent")
+
+REDO = (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE, ActionKind.DRAIN_RESTART)
+
+
+def converge_step(ctx: NodeContext, run: Run) -> Run | RunResult:
+    assert run.verified is not None  # ``trust`` ran
+    result = converge(ctx, run, run.verified, repo=run.repo, only=run.ask.only, instantiate=run.ask.instantiate)
+    if result.report is None or result.report.state is not Verdict.APPLIED:
+        if ctx.ledger.post_pending() == run.commit:
+            ctx.ledger.set_post_pending("")  # not applied here: no post step is owed
+        return result
+    return replace(run, result=result)
+
+
+def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: DeploymentRepo | None = None,
+             only: AbstractSet[str] | None = None, instantiate: bool = False, operation: str = "") -> RunResult:
+    """Render, observe, plan, apply and settle ``run.commit`` (``only``: these services).
+    ``operation`` (a rollback): the services change, the commit's verdict does not."""
+    try:
+        desired = ctx.resolver.desired(rev, repo)
+    except BadInput as exc:
+        if operation:
+            raise
+        return stopped(ctx, run, Verdict.ERROR, exc)
+    if only is not None:
+        unknown = sorted(only - {s.name for s in desired.services})
+        if unknown:
+            raise BadInput(f"service {', '.join(unknown)} is not on node {ctx.node} at {run.commit[:12]} "
+                           f"(it runs: {', '.join(s.name for s in desired.services) or 'nothing'})",
+                           reason="UNKNOWN_SERVICE")
+    with ctx.state.services_lock(wait=60):
+        try:
+            drivers = ctx.drivers(desired)
+            the_plan = make_plan(desired, observe(ctx.node, drivers))
+            the_plan = redo_interrupted(the_plan, run.interrupted)
+            if not instantiate:
+                the_plan = stage(the_plan)
+                if not operation and repo is not None:  # an operator's own command is not held by windows
+                    the_plan = in_windows(the_plan, repo.windows, ctx.clock())
+            if not operation and repo is not None and repo.budgets:  # nor by budgets, nor is a rollback
+                why = peers.take(ctx, repo, the_plan)
+                if why is not None:
+                    the_plan = hold_back(the_plan, DISRUPTIVE, why, "BUDGET")
+            if only is not None:
+                the_plan = Plan(the_plan.node, the_plan.commit, tuple(a for a in the_plan.actions if a.service in only))
+        except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)
+            if operation:
+                raise
+            return stopped(ctx, run, Verdict.FAILED, exc)
+        recheck = frozenset(i.service for i in run.interrupted if i.action is not ActionKind.STOP)
+        before = {a.service: ctx.ledger.service(a.service) for a in the_plan.changes}
+        results = apply_plan(the_plan, drivers, ctx.ledger, recheck, ctx.redact)
+        ctx.ledger.clear_interrupted()  # done again above, or moot: only now
+        failed = [r for r in results if r.state is ResultState.FAILED]
+        attaching = repo is not None and repo.planes.attaches(ctx.node, run.before)
+        # A node that fails as it takes the VIPs over leaves them whole: the old plane takes them back.
+        if failed and not operation and (attaching or _on_failure(ctx, repo, run.commit) == "node"):
+            run = replace(run, events=run.events + tuple(put_back(ctx, run.commit, results, before, drivers)))
+    if operation:
+        return rolled_back(ctx, run, the_plan, results, operation)
+    reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
+    waits = [a for a in the_plan.actions if a.waiting]
+    if not reboots and not any(a.held_by == "BUDGET" for a in waits):
+        peers.release(ctx)  # this pass's disruption is over (a reboot keeps it until the node is back)
+    if waits and not failed and not reboots:
+        return held_for(ctx, run, the_plan, results, waits)
+    staged = any(a.staged for a in the_plan.actions)
+    held_back = only is not None and any(a.kind is not ActionKind.NONE or a.sync
+                                         for a in make_plan(desired, observe(ctx.node, drivers)).actions)
+    previous = ctx.ledger.verdict(run.commit)
+    proof: Proof | None = None
+    if failed:
+        verdict = Verdict.FAILED
+    elif reboots:
+        verdict = Verdict.REBOOTING
+    elif staged or held_back:
+        verdict = Verdict.FAILED if previous is Verdict.FAILED else Verdict.STAGED
+    else:
+        verdict, proof = Verdict.APPLIED, Proof.HEALTHY_RUN
+    report = Report(
+        ctx.node, run.commit, verdict, now_iso(), services=tuple(results), plan_hash=the_plan.hash,
+        signer=run.signer, reason="APPLY_FAILED" if failed else "", error=failed[0].detail if failed else "",
+        events=run.events, plane=plane_of(ctx.node, repo, run.before, bool(failed)),
+    )
+    if failed:
+        detail = f"{failed[0].service}: {failed[0].detail}"
+        output = next((r.detail.split(" | output: ", 1)[1] for r in ctx.ledger.history(failed[0].service, 1)
+                       if " | output: " in r.detail), "")
+        ctx.say_once(("failed", run.commit, detail), logging.ERROR, "%s: %s failed at %s: %s%s [APPLY_FAILED]",
+                       ctx.node, run.commit[:12], failed[0].service, failed[0].detail,
+                       f" | last output: {output}" if output else "")
+    hashes = {s.name: s.hash for s in desired.services} if verdict is Verdict.APPLIED else None
+    result = settle(ctx, run, report, proof, converged=hashes)
+    return replace(result, plan=the_plan)
+
+
+def _on_failure(ctx: NodeContext, repo: DeploymentRepo | None, commit: str) -> str:
+    settings = (repo or ctx.resolver.load(commit)).settings
+    return str(settings.get("on_failure", "service"))
+
+
+def put_back(ctx: NodeContext, commit: str, results: list[ServiceResult], before: Mapping[str, ServiceRecord | None],
+             drivers: Mapping[str, Driver]) -> list[str]:
+    """``on_failure: node``: every service this run changed goes back to the version it ran
+    before (a service it started is stopped again). Returns what the note says about it."""
+    changed = [r for r in results if r.state is ResultState.OK and r.action is not ActionKind.NONE]
+    if not changed:
+        return []
+    events: list[str] = []
+    old: list[DesiredService] = []
+    for r in changed:
+        rec = before.get(r.service)
+        version = rec.running if rec is not None else None
+        if version is None:
+            for driver in drivers.values():
+                if any(o.name == r.service for o in driver.observe()):
+                    driver.remove(r.service)
+            ctx.ledger.removed(r.service)
+            events.append(f"on_failure node: {r.service} stopped (it was new in this run)")
+            continue
+        try:
+            svc = ctx.resolver.at(version.commit).by_name().get(r.service)  # the version as it ran: pins, held values
+        except ReconcilerError as exc:
+            events.append(f"on_failure node: {r.service} not put back: {exc}")
+            continue
+        if svc is None:
+            continue
+        old.append(replace(svc, origin=version.commit))
+    if old:
+        names = {s.name for s in old}
+        back = make_plan(Desired(ctx.node, commit, tuple(old)), observe(ctx.node, drivers))
+        back = Plan(back.node, commit, tuple(a for a in back.actions if a.service in names))
+        for r in apply_plan(back, drivers, ctx.ledger, redact=ctx.redact):
+            origin = next(s.origin for s in old if s.name == r.service)
+            events.append(f"on_failure node: {r.service} put back to {origin[:12]} ({r.action} {r.state})"
+                          + (f": {r.detail}" if r.detail else ""))
+    for e in events:
+        log.warning("%s: %s", ctx.node, e)
+    return events
+
+
+def redo_interrupted(the_plan: Plan, interrupted: tuple[Interrupted, ...]) -> Plan:
+    """A killed run's action may have left its record ahead of its effect (files and record say
+    reloaded, the program never got the signal): when the plan now sees nothing to do for that
+    service, the action is done again. Every action on the ladder is safe to repeat."""
+    redo = {i.service: i.action for i in interrupted if i.action in REDO and i.commit == the_plan.commit}
+    if not redo:
+        return the_plan
+    actions = []
+    for a in the_plan.actions:
+        kind = redo.get(a.service)
+        if kind is not None and a.kind is ActionKind.NONE and a.desired is not None:
+            a = Action(kind, a.service, f"{kind}: a killed run was doing it; done again", a.desired, a.driver)
+        actions.append(a)
+    return Plan(the_plan.node, the_plan.commit, tuple(actions))
+
+
+def rolled_back(ctx: NodeContext, run: Run, the_plan: Plan, results: list[ServiceResult], what: str) -> RunResult:
+    """An operator's rollback: events (and the pin) on the head's record; its verdict stays."""
+    for r in results:
+        ctx.ledger.add_event(run.commit, f"{what}: {r.service} {r.action} {r.state}"
+                               + (f": {r.detail}" if r.detail else ""))
+    write_note(ctx, run.commit)
+    report = ctx.ledger.report(run.commit, ctx.node, now_iso())
+    failed = [r for r in results if r.state is ResultState.FAILED]
+    shown = replace(report, services=tuple(results)) if report is not None else Report(
+        ctx.node, run.commit, Verdict.FAILED if failed else Verdict.APPLIED, now_iso(), services=tuple(results))
+    error = ReconcilerError(f"{what} failed: {failed[0].detail}", reason="APPLY_FAILED") if failed else None
+    return RunResult(ctx.node, run.commit, False, plan=the_plan, report=shown, pushed=ctx.reporter.push(),
+                     error=error, operation=what)

@@ -1,0 +1,155 @@
+"""What this node should run at a revision: the one resolver every caller goes through.
+
+A service runs the version its commit renders, unless something holds it elsewhere: an
+operator's pin (``rollback``), a stage the commit's upgrades are limited to, or an upgrade that
+failed here and is owed. Each of those is a commit the service is rendered from instead, vouched
+for by trust again. Template values an upgrade's pin step holds apply to every render.
+
+The resolver also keeps the one cache of loaded and decrypted repos (a commit never changes;
+what a commit decrypts to is learnt by the agent's memory so its output is cleaned of it). The
+pass, the put-back of ``on_failure: node``, the upgrade steps and the history walk all load
+through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from reconciler.core.errors import BadInput
+from reconciler.core.model import Desired, DesiredService, Revision, VerifiedRevision
+from reconciler.upgrades.history import Bases, Owed, bases_in, owed
+from reconciler.upgrades.rules import held_back
+
+# The readers of a repo (pygit2, the schemas, Jinja, age) are imported where a repo is loaded or
+# rendered, not here: a poll that finds nothing new loads no repo and imports none of them.
+if TYPE_CHECKING:
+    import pygit2
+
+    from reconciler.ledger import Ledger
+    from reconciler.node.keeper import TrustKeeper
+    from reconciler.repo.definitions import DeploymentRepo
+
+CACHED = 32  # loaded repos kept: an upgrade's history walk reads a few, a pass one or two
+Accounts = Callable[[str, str], str | None]
+
+
+class Resolver:
+    """One node's desired state at any revision its mirror holds (see the module's docstring)."""
+
+    def __init__(self, node: str, git: Callable[[], pygit2.Repository], ledger: Ledger, keeper: TrustKeeper,
+                 identity: Path | None, learn: Callable[[DeploymentRepo], None], accounts: Accounts | None) -> None:
+        self.node = node
+        self._git = git
+        self.ledger = ledger
+        self.keeper = keeper
+        self.identity = identity
+        self._learn = learn  # the agent's memory of secret values, told of every repo decrypted
+        self.accounts = accounts  # the process driver's check that a user or group exists here
+        self._cache: dict[tuple[str, bool], DeploymentRepo] = {}
+
+    def revision(self, commit: str) -> Revision:
+        """What the mirror holds for ``commit``; nothing trusted yet."""
+        import pygit2  # here: an idle poll that finds nothing new reads no commit
+
+        from reconciler.repo.tree import corrupt
+
+        git = self._git()
+        try:
+            c = git.revparse_single(commit).peel(pygit2.Commit)
+        except (KeyError, ValueError) as exc:
+            raise BadInput(f"commit {commit!r} is not in the node's mirror") from exc
+        except pygit2.GitError as exc:
+            raise corrupt(git, exc) from exc
+        return Revision(str(c.id), str(c.tree_id), f"{c.author.name} <{c.author.email}>", int(c.commit_time))
+
+    def load(self, commit: str) -> DeploymentRepo:
+        """The repo at ``commit``, with this node's secrets decrypted (cached)."""
+        # its cutover failed where it attached: the render puts it back (see ``repo.planes``)
+        aborted = bool((self.ledger.plane(commit) or {}).get("aborted"))
+        key = (commit, aborted)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        from reconciler.repo.load import load_repo
+        from reconciler.repo.tree import GitTree
+
+        repo = load_repo(GitTree(self._git(), commit))
+        if aborted:
+            repo = replace(repo, cutover_aborted=True)
+        if repo.secret_files:
+            repo = self.unlock(repo)
+        if len(self._cache) >= CACHED:
+            self._cache.clear()
+        self._cache[key] = repo
+        return repo
+
+    def unlock(self, repo: DeploymentRepo) -> DeploymentRepo:
+        """The repo with this node's secrets decrypted (only the files encrypted to its key). No
+        identity configured: none decrypted, and a template that reads one fails SECRET_UNREADABLE."""
+        from reconciler.render.secrets import SecretUnreadable, identities, open_files
+
+        path = self.identity
+        if path is None:
+            return replace(repo, unlocked={}, no_identity=True)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SecretUnreadable(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
+                                   file=str(path)) from None
+        unlocked = replace(repo, unlocked=open_files(repo.secret_files, identities(text, str(path))))
+        self._learn(unlocked)
+        return unlocked
+
+    def bases(self, commit: str, repo: DeploymentRepo) -> Bases:
+        """Each node's base for ``commit`` (``upgrades.history``)."""
+        return bases_in(self._git(), commit, repo, self.load)
+
+    def owed(self, head: str, repo: DeploymentRepo) -> Owed:
+        """What this node owes before it may take ``head``'s versions (``upgrades.history``)."""
+        return owed(self.ledger, self._git(), self.node, head, repo, self.load)
+
+    def render(self, commit: str, repo: DeploymentRepo | None = None) -> Desired:
+        """The commit's own render of this node's slice, with the values upgrades hold here."""
+        from reconciler.render.node import render_node
+
+        return render_node(repo or self.load(commit), self.node, commit, self.accounts, pinned=self.ledger.held())
+
+    def desired(self, rev: VerifiedRevision, repo: DeploymentRepo | None = None) -> Desired:
+        """The node's slice at ``rev``, with pinned services at their pinned commit (vouched for
+        by trust again); each service knows the commit it was rendered from."""
+        commit = rev.commit
+        repo = repo or self.load(commit)
+        desired = self.render(commit, repo)
+        # An operator's pin wins; then what this node keeps as it ran it, being outside the stage
+        # the commit's upgrades are limited to.
+        staged = held_back(repo, self.node, self.bases(commit, repo)) if repo.stages else {}
+        # and what it keeps because the upgrade that brings the new version failed here
+        staged.update({s: at for s, (at, _) in self.owed(commit, repo).kept.items()})
+        pins = {p.service: p.commit for p in self.ledger.pins()}
+        services = []
+        for svc in desired.services:
+            at = pins.get(svc.name) or staged.get(svc.name)
+            if at is not None:
+                old = self.at(at).by_name()
+                if svc.name in old:
+                    services.append(replace(old[svc.name], origin=at))
+                    continue
+            services.append(replace(svc, origin=commit))
+        return Desired(desired.node, desired.commit, tuple(services))
+
+    def at(self, commit: str) -> Desired:
+        """The slice as ``commit`` renders it, once trust vouches for that commit again (a pin, a
+        put-back, an upgrade's step: nothing unverified is rendered)."""
+        pinned = self.keeper.vouch(self.revision(commit))
+        return self.render(pinned.commit)
+
+    def service(self, name: str, commit: str) -> DesiredService:
+        """One service as ``commit`` renders it here, knowing its origin."""
+        svc = self.at(commit).by_name().get(name)
+        if svc is None:
+            raise BadInput(f"node {self.node} does not run {name} at {commit[:12]}", reason="UNKNOWN_SERVICE")
+        return replace(svc, origin=commit)
+

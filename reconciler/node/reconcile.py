@@ -1,0 +1,166 @@
+"""One pass of the loop, as an explicit list of steps.
+
+Each step takes the node's context and the run so far, and returns the run for the next step,
+or a ``RunResult`` that ends the pass (a stop: nothing to do, refused, waiting, halted, failed,
+each with its reason):
+
+    prepare   sweep a killed run's leftovers, check for room, finish notes a killed run owed
+    source    the branch head (a ref check; a fetch only when it moved)
+    resume    a reboot this node started: wait for it, or finish it; a cutover it watches
+    noop      same commit, converged, every service running its slice: nothing at all (unless
+              post_upgrade steps here wait on the fleet)
+    trust     verified and forward, or refused (noted once per root)          (``node.gate``)
+    gate      a commit that failed here waits for `retry`; pins released when the branch moved;
+              the repo loads; an owed upgrade first; suspended; the rollout says go, wait or
+              halted (an upgrade under way here is taken back when halted)    (``node.gate``)
+    upgrade   the commit's upgrade steps this node takes part in, each after its barrier
+    converge  render, observe, plan, apply (under the services lock), then settle the verdict
+    post      deployment-wide post_upgrade steps, once the fleet applied the commit
+
+Every verdict goes through ``Ledger.settle`` (the one table of allowed moves) and every note
+is the ledger's projection (``node.settle``), so what a note says is what the node remembers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from reconciler.core.errors import BadInput
+from reconciler.core.model import Verdict
+from reconciler.drivers.afterboot import after_boot
+from reconciler.drivers.observe import observe
+from reconciler.node import peers
+from reconciler.node.context import NodeContext
+from reconciler.node.converge import converge_step
+from reconciler.node.gate import gate, trust
+from reconciler.node.peers import cutover_watch
+from reconciler.node.run import Request, Run, RunResult
+from reconciler.node.settle import write_note
+from reconciler.node.upgrade import post_step, post_upgrade, upgrade_step
+from reconciler.node.upgrader import Upgrader
+
+if TYPE_CHECKING:
+    from reconciler.ledger import Interrupted
+
+log = logging.getLogger("reconciler.agent")
+
+Step = Callable[[NodeContext, Run], Run | RunResult]
+
+
+def reconcile(ctx: NodeContext, ask: Request) -> RunResult:
+    """One pass: each of ``STEPS`` in turn, under the pass lock, until one ends it."""
+    with ctx.state.lock(wait=30 if ask.rev else 0):
+        run = Run("", False, (), ask=ask)
+        for step in STEPS:
+            out = step(ctx, run)
+            if isinstance(out, RunResult):
+                return out
+            run = out
+    raise AssertionError("the post step ends every pass that gets that far")  # pragma: no cover
+
+
+def prepare(ctx: NodeContext) -> tuple[Interrupted, ...]:
+    """Before anything else: leftovers swept, room checked, owed notes written."""
+    # The supervisor writes records between passes (a revived service's): its temp file is not
+    # a killed run's, so the sweep waits for it as a pass changing services would.
+    with ctx.state.services_lock(wait=30):
+        swept = ctx.state.sweep()
+    for path in swept:
+        log.warning("%s: removed %s, left half written by a killed run", ctx.node, path)
+    ctx.state.check_space(int(ctx.settings.min_free_mb * 2**20))
+    ctx.reporter.recover()
+    for commit in ctx.ledger.unnoted():
+        write_note(ctx, commit)
+    interrupted = tuple(ctx.ledger.interrupted())
+    for i in interrupted:
+        log.warning("%s: a previous run was interrupted during %s %s at %s; doing it again",
+                    ctx.node, i.action, i.service, i.commit[:12])
+    return interrupted
+
+
+def start(ctx: NodeContext, run: Run) -> Run:
+    interrupted = prepare(ctx)
+    return replace(run, interrupted=interrupted,
+                   events=tuple(f"interrupted run: {i.action} {i.service} at {i.commit[:12]}" for i in interrupted))
+
+
+def source(ctx: NodeContext, run: Run) -> Run:
+    commit, fetched = head(ctx, run.ask.fetch, run.ask.rev)
+    return replace(run, commit=commit, fetched=fetched)
+
+
+def head(ctx: NodeContext, fetch: bool, rev: str | None) -> tuple[str, bool]:
+    """The commit a pass is about: ``rev`` in the mirror, the branch head (fetched, when
+    ``fetch``: a ref check, a fetch only when it moved), or the mirror's head."""
+    if rev is not None:
+        import pygit2  # here: a pass at the head resolves no revision
+
+        try:
+            return str(ctx.source.repo.revparse_single(rev).peel(pygit2.Commit).id), False
+        except (KeyError, ValueError, pygit2.GitError) as exc:
+            raise BadInput(f"revision {rev!r} is not in the node's mirror (fetch first)") from exc
+    if fetch:
+        return ctx.source.update()
+    local = ctx.source.local_head()
+    if local is None:
+        raise BadInput("the node's mirror is empty: run `reconciler agent --once` first")
+    return local, False
+
+
+def resume(ctx: NodeContext, run: Run) -> Run | RunResult:
+    """A reboot this node started: until the node is back, the pass waits for it; a cutover
+    this node watches: the nodes taking over the VIPs, read."""
+    events = list(run.events)
+    waiting = resume_after_reboot(ctx, events)
+    if waiting is not None:
+        return RunResult(ctx.node, waiting, run.fetched, pushed=ctx.reporter.push())
+    return replace(run, events=(*events, *cutover_watch(ctx, run.commit)))
+
+
+def resume_after_reboot(ctx: NodeContext, events: list[str]) -> str | None:
+    """A reboot this node started for a commit: once the boot id changed, run the undrain
+    hook and go on (returns None); before that, the commit it waits for."""
+    back = after_boot(ctx.settings.state_dir, ctx.node, ctx.settings.host.access())
+    if back is None:
+        return None
+    if back.waiting:
+        ctx.say_once(("reboot", back.commit), logging.WARNING, "%s: reboot pending for %s", ctx.node, back.commit[:12])
+        return back.commit
+    ctx.ledger.log(back.service, back.commit, back.hash, "reboot", "ok", "resumed", back.detail)
+    events.append(back.detail)
+    log.warning("%s: %s", ctx.node, back.detail)
+    return None
+
+
+def noop(ctx: NodeContext, run: Run) -> Run | RunResult:
+    """Nothing new and nothing changed: the pass ends here (the post steps of an upgrade that
+    wait on the fleet looked at again; a disruption slot a killed pass kept, freed)."""
+    if run.interrupted or run.events or run.ask.only is not None or not unchanged(ctx, run.commit):
+        return run
+    pending = ctx.ledger.post_pending()
+    if pending:  # this commit's post steps, or an earlier one's the branch moved past
+        upgrader = Upgrader.of(ctx, pending, ctx.resolver.load(pending))
+        return post_upgrade(ctx, replace(run, commit=pending), upgrader, RunResult(ctx.node, run.commit, run.fetched))
+    peers.release(ctx)  # a pass killed after its change settled, before it freed its slot
+    return RunResult(ctx.node, run.commit, run.fetched, pushed=ctx.reporter.push())
+
+
+def unchanged(ctx: NodeContext, commit: str) -> bool:
+    """Cheap no-op check: this commit converged, and every service still runs that slice."""
+    done = ctx.ledger.converged()
+    if done is None or done[0] != commit or ctx.ledger.mark().commit != commit:
+        return False
+    rec = ctx.ledger.record(commit)
+    if rec is None or rec.verdict is not Verdict.APPLIED or not rec.noted:
+        return False
+    hashes = done[1]
+    seen = observe(ctx.node, ctx.drivers(None)).by_name()
+    if set(seen) != set(hashes):
+        return False
+    return all(o.running and not o.drifted and o.hash == hashes[n] for n, o in seen.items())
+
+
+STEPS: tuple[Step, ...] = (start, source, resume, noop, trust, gate, upgrade_step, converge_step, post_step)
