@@ -163,7 +163,7 @@ def decide(rollout: Rollout, node: str, commit: str, fleet: FleetView, now: floa
     """``barriers``: the commit upgrades a service this node runs; its steps' barriers order the
     node instead of the waves (every node that runs the service moves step by step together),
     and a failure anywhere still halts it. ``off_first``: the node joins the VIP networks at this
-    commit (see ``controlplane``): these nodes must have noted it applied, and detached, before
+    commit (see ``repo.planes``): these nodes must have noted it applied, and detached, before
     it goes (a cutover: the old plane leaves first), and a failure anywhere halts it."""
     if not rollout.enabled and not barriers and not off_first:
         return Verdict(True, reason="no rollout plan")

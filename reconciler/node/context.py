@@ -117,7 +117,6 @@ class NodeContext:
         self.ledger.redact = self.memory.redact
 
     def drivers(self, desired: Desired | None) -> dict[str, Driver]:
-        """Drivers that hold services of this node (they may have some to stop), plus what the slice names."""
         return drivers_for(self.settings, desired)
 
     def last_output(self, service: str) -> str:

@@ -80,7 +80,7 @@ def rollout_gate(ctx: NodeContext, repo: DeploymentRepo, commit: str, *, barrier
     """``barriers``: this node takes part in an upgrade of ``commit``; its steps' barriers
     order it (the waves do not), and a failure anywhere halts it all the same. ``before``: on
     the VIP networks after the commit it settled last (a node joining them waits for the
-    nodes that leave them: see ``controlplane``)."""
+    nodes that leave them: see ``repo.planes``)."""
     rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
     off = repo.planes.off(ctx.node) if repo.planes.attaches(ctx.node, before) else ()
     if not rollout.enabled and not barriers and not off:
@@ -115,7 +115,7 @@ def rollout_gate(ctx: NodeContext, repo: DeploymentRepo, commit: str, *, barrier
 # a cutover ----------------------------------------------------------------------------------
 def plane_of(node: str, repo: DeploymentRepo | None, before: bool | None, failed: bool) -> dict[str, Any] | None:
     """What the note says of the node's place while two control planes run side by side (see
-    ``controlplane``): release, mode, on the VIP networks or not, and, where it left them for a
+    ``repo.planes``): release, mode, on the VIP networks or not, and, where it left them for a
     cutover, the nodes whose attach it watches (their failure puts it back on)."""
     if repo is None or not (repo.planes.active or repo.cutover_aborted):
         return None

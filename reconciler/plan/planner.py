@@ -4,7 +4,7 @@ Per service, the least that makes observed match desired:
 
 - not observed: ``start``;
 - observed under another driver: ``stop`` there, ``start`` here;
-- slice differs: the least disruptive action every changed domain allows (see ``compare``):
+- slice differs: the least disruptive action every changed domain allows (see ``core.compare``):
   ``recreate`` if how it runs changed (image, command, ports...); for changed files, what the
   ``on_change`` rules say per file and key (``none``, ``reload``, ``restart``...), ``restart``
   where no rule says; ``connect`` if only networks changed;

@@ -30,7 +30,7 @@ class _RepoLoader(jinja2.BaseLoader):
     """Templates by their repo path, so errors name ``services/x/templates/y.j2``. An include or
     import names a template relative to the service's templates/ (or by its repo path); a name
     with ``..`` or a leading ``/`` is not found: a template reads only its own service's
-    templates, already loaded (no symlink among them, see ``tree``), never the disk."""
+    templates, already loaded (no symlink among them, see ``repo.tree``), never the disk."""
 
     def __init__(self, sources: Mapping[str, str], base: str) -> None:
         self.sources = sources

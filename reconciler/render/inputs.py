@@ -237,7 +237,7 @@ class Inputs:
                 or a.node(node).manual != b.node(node).manual or a.node(node).driver != b.node(node).driver):
             return everything  # the driver: a service's own is in its definition, the default above
         if a.planes.active or b.planes.active or a.planes[node] != b.planes[node]:
-            # Two planes: peers and VIP networks are per node (see ``controlplane``); rendered
+            # Two planes: peers and VIP networks are per node (see ``repo.planes``); rendered
             # whole while the fleet runs them side by side.
             return everything
         vars_a, vars_b = a.node_vars(node), b.node_vars(node)

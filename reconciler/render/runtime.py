@@ -120,7 +120,7 @@ def render_runtime(repo: DeploymentRepo, node: str, svc: ServiceDef, driver: str
 def _networks(repo: DeploymentRepo, node: str, svc: ServiceDef,
               inline: Callable[[str, str], str], attached: bool) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The networks (and the names it answers to on each) the service's container joins on this
-    node: a VIP network only on a node of the live plane (see ``controlplane``)."""
+    node: a VIP network only on a node of the live plane (see ``repo.planes``)."""
     names: list[str] = []
     aliases: list[tuple[str, str]] = []
     for entry in svc.container.get("networks", ()):

@@ -10,7 +10,7 @@ Context of every template, runtime string and health target:
 - ``groups``: group name -> sorted member node names;
 - ``hostvars``: node name -> that node's variables (without service defaults);
   both only of the nodes of its own plane when it, or they, are split off (an isolated node, the
-  old plane after a cutover: see ``controlplane``);
+  old plane after a cutover: see ``repo.planes``);
 - ``secrets``: name -> value, from the ``secrets/*.yaml`` files this node can decrypt (the
   agent's identity; see ``secrets``). Without a key (review, validate) the values are markers
   ``<secret NAME HASH>``, for the files encrypted to the node's ``age_recipient`` variable.

@@ -291,7 +291,7 @@ def _render_at(repo: DeploymentRepo, node: str, commit: str, only: frozenset[str
 
 def cutover(repo_a: DeploymentRepo, repo_b: DeploymentRepo, diffs: list[NodeDiff]) -> tuple[CutoverStep, ...]:
     """For a commit that moves the VIP networks from one control plane to another: the nodes
-    that leave them, then those that join them once the first noted it (see ``controlplane``)."""
+    that leave them, then those that join them once the first noted it (see ``repo.planes``)."""
     moves = (ActionKind.START, ActionKind.STOP)  # a VIP holder (vip.services) starts or stops with its plane
     connects = {d.node: tuple(a.service for a in d.plan.changes if a.kind is ActionKind.CONNECT
                               or (a.kind in moves and a.service in repo_b.vip_services)) for d in diffs}

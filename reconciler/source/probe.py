@@ -122,7 +122,7 @@ class TipProbe:
         """The tip of ``node``'s notes ref as the hook published it beside the tips file
         (``<file>.notes/<node>``); None when it cannot say (no hook for notes, a node that noted
         nothing, no answer). Only a hint, as the tips file: a waiting node uses it to skip the
-        git read of its sentinel when that names the note it already has (``agent``), and reads
+        git read of its sentinel when that names the note it already has (``node.peers``), and reads
         the batch before whole with git every 300 s however still the hint."""
         parts = urlsplit(self.url)
         url = urlunsplit(parts._replace(path=f"{parts.path}.notes/{quote(node, safe='')}"))
