@@ -178,3 +178,12 @@ def test_diff_and_status_show_the_cutover(tmp_path: Path, merge_key: SigningKey)
     assert (nodes["ctl4"]["release"], nodes["ctl4"]["pending_release"], nodes["ctl4"]["plane"]) == ("A", "B", "cutover")
     assert (nodes["ctl1"]["release"], nodes["ctl1"]["pending_release"], nodes["ctl1"]["plane"]) == ("A", "", "detached")
     assert "plane" not in nodes["cmp1"]
+
+
+def test_an_unknown_node_of_a_repo_with_vip_services_is_named_not_a_key_error(tmp_path: Path) -> None:
+    import pytest
+
+    from reconciler.core.errors import UnknownNode
+
+    with pytest.raises(UnknownNode, match="node 'nope' is not in the inventory"):
+        repo(tmp_path).services_of("nope")

@@ -450,3 +450,26 @@ def test_a_secret_written_out_in_a_plain_runtime_string_is_refused_on_the_node_t
     assert marker in first.by_name()["node-exporter"].runtime.command
     with pytest.raises(BadInput, match="node ctl1, service node-exporter: command uses a secret"):
         render_node(repo, "ctl1", "HEAD")
+
+
+def test_a_key_installed_after_the_commit_that_needs_it_is_used_on_the_next_pass_of_the_same_agent(
+        deployment: Deployment, tmp_path: Path, agents: Callable[..., Agent]) -> None:
+    # The commit is encrypted to ctl1's new key before the operator installs that key on ctl1:
+    # the first pass cannot decrypt it; once the key file holds the new key, the running agent
+    # (which loaded the commit once already) decrypts and applies it.
+    k = keys(tmp_path)
+    add_secret(deployment, k)
+    installed = tmp_path / "installed.key"
+    installed.write_text(f"# an old key\n{pyrage.x25519.Identity.generate()}\n")
+    installed.chmod(0o600)
+    ctl1 = agents("ctl1", deployment.url, secrets=SecretsConfig(installed))
+
+    before = ctl1.reconcile_once()
+    assert before.error is not None and before.error.reason == "SECRET_UNREADABLE", before
+
+    installed.write_text(k["ctl1"].read_text())
+    after = ctl1.reconcile_once()
+
+    assert after.exit_code == 0, after.error
+    live = [p for p in ctl1.cfg.state_dir.rglob("db-auth.conf") if p.is_file()]
+    assert live and all(CANARY in p.read_text() for p in live)

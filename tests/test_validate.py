@@ -347,3 +347,23 @@ def test_a_committed_directory_where_a_file_belongs_is_named_too(tmp_path: Path)
     git("commit", "-q", "-m", "inventory as a folder", cwd=repo)
     proc = cli("validate", "--repo", str(repo), "--rev", "HEAD")
     assert (proc.returncode, proc.stderr.strip()) == (2, "inventory.yaml: a directory, not a file")
+
+
+def test_a_driver_named_as_a_template_variable_in_a_services_defaults_is_no_driver(tmp_path: Path) -> None:
+    repo = make(tmp_path, {"services/api/service.yaml": (
+        "defaults: {driver: e1000}\nruntime:\n  command: [python3, api.py]\n"
+        "files:\n  - path: api.conf\n    template: api.conf.j2\n"
+    )})
+    assert load_repo(DirTree(repo)).services["api"].defaults["driver"] == "e1000"
+
+
+@pytest.mark.parametrize(("path", "text", "where"), [
+    ("services/api/service.yaml", "driver:\nruntime:\n  command: [python3, api.py]\n", "services/api/service.yaml:1: driver"),
+    ("reconciler.yaml", "format: 1\nname: small\ndefaults:\n  driver:\n", "reconciler.yaml:4: defaults/driver"),
+    ("reconciler.yaml", "format: 1\nname: small\ndefaults:\n  driver: dokcer\n", "reconciler.yaml:4: defaults/driver"),
+])
+def test_a_driver_that_is_no_registered_kind_is_refused_where_it_is_written(
+    tmp_path: Path, path: str, text: str, where: str
+) -> None:
+    msg = problem(make(tmp_path, {path: text}))
+    assert msg.startswith(f"{where}: ") and "is not one of ['process', 'docker', 'systemd', 'host']" in msg, msg

@@ -34,13 +34,11 @@ def after_boot(state_root: Path, node: str, host: HostAccess) -> AfterBoot | Non
     """The reboot this node started, if any (see the module's docstring)."""
     from reconciler.drivers import drivers_in_use, make_driver
 
-    for name in sorted(drivers_in_use(state_root)):
-        if kinds.kind_of(name).after_boot:  # the kinds that reboot the node (host)
-            driver = kinds.finishes_reboot(name, make_driver(name, state_root, node, host))
-            assert driver is not None
-            pending = driver.pending_reboot()
-            if pending is not None:
-                return _finish(driver, pending)
+    for name in sorted(n for n in drivers_in_use(state_root) if kinds.kind_of(n).after_boot):  # (host)
+        driver = kinds.finishes_reboot(name, make_driver(name, state_root, node, host))
+        pending = driver.pending_reboot() if driver is not None else None
+        if driver is not None and pending is not None:
+            return _finish(driver, pending)
     return None
 
 
@@ -50,8 +48,14 @@ def _finish(driver: kinds.FinishesReboot, pending: dict[str, Any]) -> AfterBoot:
         return AfterBoot(str(pending["commit"]), True)
     detail = f"rebooted for {pending['commit'][:12]} (boot id {pending['boot_id'][:8]} -> {boot[:8]})"
     if pending.get("undrain"):
-        done = subprocess.run(["/bin/sh", "-c", pending["undrain"]], capture_output=True, text=True,
-                              timeout=UNDRAIN_TIMEOUT)
-        detail += "; undrain hook " + ("ok" if done.returncode == 0 else f"failed: {done.stderr.strip()[-200:]}")
+        try:
+            done = subprocess.run(["/bin/sh", "-c", pending["undrain"]], capture_output=True, text=True,
+                                  timeout=UNDRAIN_TIMEOUT)
+            failed = "" if done.returncode == 0 else done.stderr.strip()[-200:] or f"exit {done.returncode}"
+        except subprocess.TimeoutExpired:  # noted as failed, never a traceback: the reboot is done either way
+            failed = f"timed out after {UNDRAIN_TIMEOUT}s"
+        except OSError as exc:
+            failed = str(exc)
+        detail += "; undrain hook " + (f"failed: {failed}" if failed else "ok")
     driver.finish_reboot(pending)
     return AfterBoot(str(pending["commit"]), False, str(pending["service"]), str(pending["hash"]), detail)

@@ -31,14 +31,12 @@ from reconciler.core.errors import ApplyError, ReconcilerError
 from reconciler.core.model import DesiredService, ObservedService
 from reconciler.drivers import dockernet
 from reconciler.drivers.base import Check
-from reconciler.drivers.dockerengine import PREFIX, EngineDown, connect, has_image, pull
+from reconciler.drivers.dockerengine import PREFIX, EngineDown, connect, pull
 from reconciler.drivers.dockerspec import create_args
 from reconciler.drivers.files import read_dir, read_record, sync_dir, write_record
 from reconciler.drivers.registry import PullFailed, RegistryLogin
 
 STOP_TIMEOUT = 10
-
-
 
 
 class DockerDriver:
@@ -187,9 +185,6 @@ class DockerDriver:
         return " | ".join(t.strip() for t in text.splitlines() if t.strip())
 
     # images ----------------------------------------------------------------------------
-    def has_image(self, image: str) -> bool:
-        return has_image(self.client, self.node, image)
-
     def pull(self, image: str) -> bool:
         """Pull ``image`` unless the engine has it already; True when it was pulled."""
         return pull(self.client, self.node, self.logins, image)

@@ -127,6 +127,12 @@ def find(name: str | None) -> Kind | None:
     return _KINDS.get(name or "")
 
 
+def prefetches(name: str | None) -> bool:
+    """A service of this driver has images to pull ahead of its change (an unknown name: none)."""
+    kind = find(name)
+    return kind is not None and kind.prefetch
+
+
 def kind_of(name: str) -> Kind:
     kind = _KINDS.get(name)
     if kind is None:

@@ -53,6 +53,7 @@ from reconciler.drivers.proctable import (
     Proc,
     descends,
     find_marked,
+    marker,
     start_time_of,
     started_at,
     stop_targets,
@@ -97,7 +98,7 @@ class ProcessDriver:
 
     # finding processes -----------------------------------------------------------------
     def _marker(self, name: str, hash_: str) -> str:
-        return f"{self.root}|{self.node}|{name}|{hash_}"
+        return marker(self.root, self.node, name, hash_)
 
     def _marked(self) -> dict[str, list[tuple[Proc, str]]]:
         return find_marked(self.root, self.node)

@@ -79,11 +79,17 @@ def started_at(start_time: str) -> float:
     return boot + int(start_time) / os.sysconf("SC_CLK_TCK")
 
 
+def marker(root: Path, node: str, name: str = "", hash_: str = "") -> str:
+    """The value of ``MARKER`` a service's process is started with (``find_marked`` reads it);
+    without ``name``, the part every service of the driver at ``root`` on ``node`` shares."""
+    return f"{root}|{node}|" + (f"{name}|{hash_}" if name else "")
+
+
 def find_marked(root: Path, node: str) -> dict[str, list[tuple[Proc, str]]]:
     """Every live process of the services of the driver at ``root`` on ``node``, by service,
     with the hash it was started for: the marker in its environment, which its children
     inherit too."""
-    prefix = f"{MARKER}={root}|{node}|".encode()
+    prefix = f"{MARKER}={marker(root, node)}".encode()
     found: dict[str, list[tuple[Proc, str]]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():

@@ -31,7 +31,6 @@ from reconciler.core.atomic import atomic_write
 from reconciler.core.model import DesiredService
 from reconciler.core.redact import NONE as NO_SECRETS
 from reconciler.core.redact import Redactor
-from reconciler.drivers import kinds
 from reconciler.drivers.base import clean_env
 from reconciler.drivers.hostaccess import HostAccess
 
@@ -41,7 +40,6 @@ INTERRUPTED = "interrupted: the command started and never finished (the node or 
 WRAPPER = ('echo $$ > ../started.tmp && mv ../started.tmp ../started && '
            '(/bin/sh -c "$RECONCILER_STEP_COMMAND") > ../output 2>&1 < /dev/null; '
            'echo $? > ../status.tmp && mv ../status.tmp ../status')
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where a step container's python finds reconciler
 
 
 def run_command(d: Path, where: Mapping[str, str], command: str, timeout: float,
@@ -49,7 +47,8 @@ def run_command(d: Path, where: Mapping[str, str], command: str, timeout: float,
     """The step's command in ``d`` (its scratch directory): (ok, its output's end, or why not).
     ``where``: RECONCILER_NODE, _SERVICE, _COMMIT and _STEP; ``render``: the service's new
     version (None for a deployment-wide step), asked only when the command is to start;
-    ``in_container``: the service runs in a container, so a killed step's container goes too."""
+    ``in_container``: the service's kind runs steps in a one-off container of its new image
+    (``steps_in_image``), so a killed step's container goes too."""
     node, service, name = where["RECONCILER_NODE"], where["RECONCILER_SERVICE"], where["RECONCILER_STEP"]
     mark = f"{where['RECONCILER_COMMIT']}/{service}/{name}"
 
@@ -73,11 +72,11 @@ def run_command(d: Path, where: Mapping[str, str], command: str, timeout: float,
             atomic_write(d / "files" / f.path, f.content, f.mode)
         env = {**clean_env(), **(dict(svc.runtime.env) if svc else {}), **where,
                "RECONCILER_STEP_ID": mark, "RECONCILER_STEP_COMMAND": command}
-        kind = kinds.find(svc.runtime.driver) if svc is not None else None
-        if svc is not None and kind is not None and kind.steps_in_image:  # a one-off container of the new image
+        if svc is not None and in_container:  # a one-off container of the new image
             from reconciler.drivers import dockerstep
 
-            env.update(dockerstep.engine_env(), PYTHONPATH=PACKAGE_ROOT,
+            package_root = str(Path(__file__).resolve().parents[2])  # where the step's python finds reconciler
+            env.update(dockerstep.engine_env(), PYTHONPATH=package_root,
                        RECONCILER_STEP_SPEC=json.dumps(dockerstep.spec(svc, node, name, d / "files", command,
                                                                        dict(where))),
                        RECONCILER_STEP_COMMAND=f"{shlex.quote(sys.executable)} -m reconciler.drivers.dockerstep")

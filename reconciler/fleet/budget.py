@@ -10,7 +10,7 @@ claim once its change passed its health check. A claim not rewritten for ``expir
 within that time (NTP).
 
 Pure: budgets, claims and a time in, a verdict out. Reading and writing the registers is the
-agent's (``slots``); the budgets themselves, as reconciler.yaml defines them, are the repo's
+agent's (``node.peers``); the budgets themselves, as reconciler.yaml defines them, are the repo's
 (``repo.budgets``).
 """
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -233,21 +233,10 @@ class CommitLedger(Store):
             if plane.get("aborted"):
                 db.execute("DELETE FROM converged")
 
-    def acted_on(self) -> Iterable[CommitRecord]:
-        for (commit,) in self._all("SELECT commit_id FROM commits ORDER BY time"):
-            rec = self.record(str(commit))
-            if rec is not None:
-                yield rec
-
     # converged (the no-op fast path) -----------------------------------------------------
     def converged(self) -> tuple[str, dict[str, str]] | None:
         row = self._one("SELECT commit_id, hashes FROM converged WHERE id=1")
         return None if row is None else (str(row[0]), dict(json.loads(row[1])))
-
-    def clear_converged(self) -> None:
-        if self.converged() is not None:
-            with self._tx("converged cleared") as db:
-                db.execute("DELETE FROM converged")
 
     # runs --------------------------------------------------------------------------------
     def last_run(self) -> dict[str, Any] | None:

@@ -54,10 +54,6 @@ class State:
     def mirror(self) -> Path:
         return self.root / "mirror.git"
 
-    @property
-    def services_dir(self) -> Path:
-        return self.root / "services"
-
     @contextlib.contextmanager
     def lock(self, wait: float = 0.0, name: str = "lock", what: str = "another reconciler run",
              held: int | None = None) -> Iterator[int]:

@@ -164,7 +164,7 @@ def put_back(ctx: NodeContext, commit: str, results: list[ServiceResult], before
             events.append(f"on_failure node: {r.service} stopped (it was new in this run)")
             continue
         try:
-            svc = ctx.resolver.at(version.commit).by_name().get(r.service)  # the version as it ran: pins, held values
+            svc = ctx.resolver.render(version.commit).by_name().get(r.service)  # as it ran: with the held values
         except ReconcilerError as exc:
             events.append(f"on_failure node: {r.service} not put back: {exc}")
             continue

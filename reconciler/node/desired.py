@@ -48,7 +48,7 @@ class Resolver:
         self.identity = identity
         self._learn = learn  # the agent's memory of secret values, told of every repo decrypted
         self.accounts = accounts  # the process driver's check that a user or group exists here
-        self._cache: dict[tuple[str, bool], DeploymentRepo] = {}
+        self._cache: dict[tuple[str, bool, tuple[int, int, int] | None], DeploymentRepo] = {}
 
     def revision(self, commit: str) -> Revision:
         """What the mirror holds for ``commit``; nothing trusted yet."""
@@ -66,10 +66,11 @@ class Resolver:
         return Revision(str(c.id), str(c.tree_id), f"{c.author.name} <{c.author.email}>", int(c.commit_time))
 
     def load(self, commit: str) -> DeploymentRepo:
-        """The repo at ``commit``, with this node's secrets decrypted (cached)."""
+        """The repo at ``commit``, with this node's secrets decrypted (cached: a commit never
+        changes, but the age identity may, e.g. a key installed after the commit that needs it)."""
         # its cutover failed where it attached: the render puts it back (see ``repo.planes``)
         aborted = bool((self.ledger.plane(commit) or {}).get("aborted"))
-        key = (commit, aborted)
+        key = (commit, aborted, self._identity_stamp())
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -85,6 +86,14 @@ class Resolver:
             self._cache.clear()
         self._cache[key] = repo
         return repo
+
+    def _identity_stamp(self) -> tuple[int, int, int] | None:
+        """What says the age identity file changed (None: none, or unreadable: ``unlock`` says)."""
+        try:
+            st = self.identity.stat() if self.identity is not None else None
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None
 
     def unlock(self, repo: DeploymentRepo) -> DeploymentRepo:
         """The repo with this node's secrets decrypted (only the files encrypted to its key). No
@@ -141,14 +150,15 @@ class Resolver:
         return Desired(desired.node, desired.commit, tuple(services))
 
     def at(self, commit: str) -> Desired:
-        """The slice as ``commit`` renders it, once trust vouches for that commit again (a pin, a
-        put-back, an upgrade's step: nothing unverified is rendered)."""
+        """The slice as ``commit`` renders it, once trust vouches for that commit again (a pin, an
+        upgrade's step: nothing unverified is rendered)."""
         pinned = self.keeper.vouch(self.revision(commit))
         return self.render(pinned.commit)
 
-    def service(self, name: str, commit: str) -> DesiredService:
-        """One service as ``commit`` renders it here, knowing its origin."""
-        svc = self.at(commit).by_name().get(name)
+    def service(self, name: str, commit: str, repo: DeploymentRepo | None = None) -> DesiredService:
+        """One service as ``commit`` renders it here, knowing its origin; ``repo``: that commit's,
+        loaded and verified by the caller already (else it is vouched for again, ``at``)."""
+        svc = (self.render(commit, repo) if repo is not None else self.at(commit)).by_name().get(name)
         if svc is None:
             raise BadInput(f"node {self.node} does not run {name} at {commit[:12]}", reason="UNKNOWN_SERVICE")
         return replace(svc, origin=commit)

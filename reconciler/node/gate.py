@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from reconciler.core.errors import BadInput, ReconcilerError
 from reconciler.core.model import Report, Verdict, VerifiedRevision
-from reconciler.drivers.kinds import kind_of
+from reconciler.drivers.kinds import prefetches
 from reconciler.drivers.observe import observe
 from reconciler.node import peers
 from reconciler.node.apply import pull_images
@@ -103,8 +103,7 @@ def gate(ctx: NodeContext, run: Run) -> Run | RunResult:
         verdict = rollout_gate(ctx, repo, commit, barriers=upgrader.barriers, fleet=fleet, before=run.before)
     except BadInput as exc:
         return stopped(ctx, run, Verdict.ERROR, exc)
-    run = replace(run, verified=verified, repo=repo, head=head, head_repo=head_repo, upgrader=upgrader, fleet=fleet,
-                  go=verdict)
+    run = replace(run, verified=verified, repo=repo, upgrader=upgrader, fleet=fleet)
     # Read here, after trust: only a verified head's reconciler.yaml can suspend the fleet.
     suspension = suspended_by(ctx, head_repo, head)
     if suspension is not None:
@@ -180,7 +179,7 @@ def pull_ahead(ctx: NodeContext, rev: VerifiedRevision, repo: DeploymentRepo) ->
         return
     try:
         node = ctx.node
-        if not any(kind_of(repo.driver_of(node, s)).prefetch for s in repo.services_of(node) if s in repo.services):
+        if not any(prefetches(repo.driver_of(node, s)) for s in repo.services_of(node) if s in repo.services):
             ctx.memory.pulled_ahead.add(rev.commit)  # no container here: nothing to render for it
             return
         desired = ctx.resolver.desired(rev, repo)

@@ -135,7 +135,5 @@ def _post(upgrader: Upgrader, post: PostStep) -> tuple[bool, str]:
         return False, str(exc)
 
 
-
-
 def _shown(nodes: Sequence[str]) -> str:
     return ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")

@@ -18,7 +18,6 @@ from reconciler.fleet import notes
 if TYPE_CHECKING:
     from reconciler.core.errors import ReconcilerError
     from reconciler.fleet.rollout import FleetView
-    from reconciler.fleet.rollout import Verdict as RolloutVerdict
     from reconciler.ledger import Interrupted
     from reconciler.node.upgrader import Upgrader
     from reconciler.repo.definitions import DeploymentRepo
@@ -57,7 +56,6 @@ class RunResult:
         return 0
 
     def to_dict(self) -> dict[str, Any]:
-
         return {
             "node": self.node,
             "commit": self.commit,
@@ -98,10 +96,7 @@ class Run:
     ask: Request = Request()
     verified: VerifiedRevision | None = None  # the commit the pass runs, once trust vouched for it
     repo: DeploymentRepo | None = None  # that commit's repo
-    head: str = ""  # the branch head, when the pass runs an owed upgrade's commit first
-    head_repo: DeploymentRepo | None = None  # the head's repo: its word on suspension counts
     upgrader: Upgrader | None = None  # the commit's upgrades, as this node takes part in them
     fleet: FleetView | None = None  # the fleet's notes, read for the upgrade's barriers
-    go: RolloutVerdict | None = None  # the rollout's word
     pending: str = ""  # a commit whose post steps wait on the fleet, as the pass found it
     result: RunResult | None = None  # the converged result, for the post steps to finish

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from reconciler.core.errors import BadInput, ReconcilerError
+from reconciler.core.errors import ReconcilerError
 from reconciler.core.model import (
     PASSED,
     Action,
@@ -32,7 +32,7 @@ from reconciler.core.model import (
     StepRecord,
     StepStatus,
 )
-from reconciler.drivers.kinds import find, kind_of
+from reconciler.drivers.kinds import kind_of, prefetches
 from reconciler.drivers.observe import observe
 from reconciler.drivers.steprun import INTERRUPTED, run_command
 from reconciler.fleet.rollout import FleetView, plan_rollout
@@ -251,8 +251,7 @@ class Upgrader:
     def _pull_first(self, service: str) -> str:
         """A service's new image (its driver prefetches images), there before its first step runs (often a
         stop): a pull that fails fails the upgrade with nothing stopped. Why it failed, or ''."""
-        kind = find(self.repo.driver_of(self.node, service))
-        if kind is None or not kind.prefetch:
+        if not prefetches(self.repo.driver_of(self.node, service)):
             return ""
         try:
             desired = Desired(self.node, self.commit, (self.render(service, self.commit),))
@@ -264,12 +263,7 @@ class Upgrader:
     def render(self, service: str, commit: str) -> DesiredService:
         """The service as ``commit`` renders it here (another commit than this one: vouched for
         by trust again, through the resolver)."""
-        if commit != self.commit:
-            return self.ctx.resolver.service(service, commit)
-        svc = self.ctx.resolver.render(commit, self.repo).by_name().get(service)
-        if svc is None:
-            raise BadInput(f"node {self.node} does not run {service} at {commit[:12]}", reason="UNKNOWN_SERVICE")
-        return replace(svc, origin=commit)
+        return self.ctx.resolver.service(service, commit, self.repo if commit == self.commit else None)
 
     def apply(self, service: str, kind: ActionKind | None, svc: DesiredService | None) -> tuple[bool, str]:
         """``kind`` for this service (a stop, a reload), or whatever the planner says it needs to

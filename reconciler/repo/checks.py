@@ -18,6 +18,8 @@ from reconciler.repo.definitions import DeploymentRepo, GroupDef, NodeDef, Servi
 from reconciler.repo.planes import Mode
 from reconciler.repo.steps import PostStep, StepAction
 
+_ABSENT = object()  # a key a file does not have (a null is a value: the enum refused it)
+
 
 def check_drivers(repo: DeploymentRepo) -> list[Problem]:
     """What each node's driver needs from a service: a command, or an image (its kind says)."""
@@ -46,19 +48,25 @@ def check_drivers(repo: DeploymentRepo) -> list[Problem]:
     return problems
 
 
-def check_driver_names(doc: YamlDoc) -> list[Problem]:
-    """Each driver a file names (a service's, a node's, the repo's default) is a registered kind:
-    the schemas leave the names to the registry, and this says what their enum said."""
+def check_driver_names(doc: YamlDoc, schema_name: str) -> list[Problem]:
+    """Each driver a file names where its schema has one (a service's ``driver``, an inventory
+    node's, reconciler.yaml's ``defaults.driver``) is a registered kind: the schemas leave the
+    names to the registry, and this says what their enum said (a null included). A service's
+    ``defaults`` are template variables: a ``driver`` among them is no driver."""
     data = doc.data if isinstance(doc.data, dict) else {}
-    nodes = data.get("nodes")
-    nodes = nodes if isinstance(nodes, dict) else {}
-    places: list[tuple[str, ...]] = [("driver",), ("defaults", "driver"), *(("nodes", str(n), "driver") for n in nodes)]
+    nodes = data.get("nodes") if schema_name == "inventory" else None
+    where: dict[str, list[tuple[str, ...]]] = {
+        "service": [("driver",)],
+        "reconciler": [("defaults", "driver")],
+        "inventory": [("nodes", str(n), "driver") for n in (nodes if isinstance(nodes, dict) else {})],
+    }
+    places = where.get(schema_name, [])
     problems = []
     for path in places:
         value: Any = data
         for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if value is not None and value not in names():
+            value = value.get(key, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is not _ABSENT and value not in names():
             problems.append(Problem(doc.file, doc.line(path),
                                     f"{'/'.join(path)}: {value!r} is not one of {list(names())!r}"))
     return problems
@@ -136,7 +144,7 @@ def check_waves(settings: YamlDoc, groups: Mapping[str, GroupDef], nodes: Mappin
                                     "percentage above 0 and at most 100"))
 
 
-# The names a render gives every template (render.py builds them); a variable of one of these
+# The names a render gives every template (render.variables builds them); a variable of one of these
 # names would be shadowed by the render's own value without a word.
 RENDER_NAMES = frozenset({"node", "release", "pending_release", "groups", "hostvars", "secrets", "service",
                           "service_version"})

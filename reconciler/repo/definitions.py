@@ -125,8 +125,9 @@ class DeploymentRepo:
         """The node's services: the union of its groups' services, sorted by name, without the
         VIP services off the live plane (``placement.off_plane``)."""
         # The planes are computed only for a repo that has VIP services: without, nothing moves.
+        nd = self.node(node)  # an unknown node: UnknownNode, before the planes are asked about it
         attached = not self.vip_services or self.planes[node].attached
-        return placement.services_of(self.node(node), self.groups, self.vip_services, attached)
+        return placement.services_of(nd, self.groups, self.vip_services, attached)
 
     @functools.cached_property
     def vip_services(self) -> frozenset[str]:

@@ -72,7 +72,7 @@ def _doc(tree: Tree, path: str, schema_name: str, problems: list[Problem], limit
     except BadInput as exc:
         problems.append(_problem(exc, path))
         return None
-    found = check_schema(doc, schema_name) + check_driver_names(doc)
+    found = check_schema(doc, schema_name) + check_driver_names(doc, schema_name)
     problems.extend(found)
     return None if found else doc
 

@@ -117,7 +117,6 @@ class Planes:
         return tuple(sorted(n for n in self.cohort(node) if n != node and self.placements[n].mode is Mode.CUTOVER))
 
 
-
 def compute(nodes: Mapping[str, NodeDef], group_members: Mapping[str, list[str]], release: str,
             cutover_aborted: bool) -> Planes:
     """Every node's placement at one commit (``DeploymentRepo.planes``, computed once per repo):

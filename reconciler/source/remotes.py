@@ -58,7 +58,6 @@ def _progress() -> Any:
     return _Progress()
 
 
-
 class Remotes:
     """Where the mirror's branch comes from and its notes go: the git commands against the
     remotes, their failures as ``RemoteError`` with git's words. ``Source`` is the mirror."""

@@ -39,7 +39,6 @@ def _members(pairs: Iterable[tuple[str, str]]) -> str:
     return ",".join([f"{_STRING(k)}:{_STRING(v)}" for k, v in pairs])
 
 
-
 _UNREAD = object()  # what a kept attribute that may be None reads before it is computed
 
 

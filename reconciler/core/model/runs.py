@@ -29,7 +29,7 @@ class Revision:
 @dataclass(frozen=True)
 class VerifiedRevision:
     """A ``Revision`` that trust let through: signed under the node's root and forward of the
-    mark. Only ``trustmark`` makes one, and only one of these reaches render and apply."""
+    mark. Only ``node.keeper`` makes one, and only one of these reaches render and apply."""
 
     revision: Revision
     signer: Mapping[str, str] | None  # format, principal, fingerprint of the signature that vouched
@@ -40,7 +40,6 @@ class VerifiedRevision:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.revision.to_dict(), "signer": dict(self.signer) if self.signer else None}
-
 
 
 class ResultState(StrEnum):
