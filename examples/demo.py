@@ -170,6 +170,11 @@ def demo(root: Path, driver: str) -> None:
     pub = (trust / "merge_key.pub").read_text().strip()
     (trust / "allowed_signers").write_text(f'merge@example.org namespaces="git" {pub}\n')
     console.print(f"[dim]  {trust / 'allowed_signers'}: merge@example.org namespaces=\"git\" {pub[:40]}...[/]")
+    console.print("each node signs its notes with a key of its own; the repo's trust/nodes says whose key is whose")
+    lines = [reconciler("note-key", "--node", node, "--remote", "file:///nowhere", "--state-dir",
+                        str(root / "nodes" / node), show=node == NODES[0]) for node in NODES]
+    (work / "trust").mkdir(exist_ok=True)
+    (work / "trust" / "nodes").write_text("".join(lines))
     sh("git", "init", "-q", "-b", "main", cwd=work, show=False)
     sh("git", "config", "gpg.format", "ssh", cwd=work, show=False)
     sh("git", "config", "user.signingkey", str(trust / "merge_key"), cwd=work, show=False)

@@ -23,7 +23,7 @@ from reconciler.node.desired import Resolver
 from reconciler.node.keeper import TrustKeeper
 from reconciler.node.peers import fleet_view
 from reconciler.node.reconcile import head, reconcile
-from reconciler.node.report import Reporter, notes_ref
+from reconciler.node.report import Reporter, key_loader, notes_ref
 from reconciler.node.run import Request, RunResult
 from reconciler.source.gitrun import safe_url
 from reconciler.source.mirror import Source
@@ -60,13 +60,14 @@ class Agent:
             probes={r.url: TipProbe(r.probe, r.check_every, safe_url(r.probe)) for r in cfg.remotes
                     if r.probe and r.reads},
         )
+        note_key = key_loader(cfg.note_key, cfg.state_dir)
         keeper = TrustKeeper(cfg.trust, cfg.state_dir, ledger, lambda: source.repo, notes_ref(cfg.node), self.clock,
-                             cfg.node, cfg.branch)
+                             cfg.node, cfg.branch, note_key)
         memory = Memory()
         resolver = Resolver(cfg.node, lambda: source.repo, ledger, keeper, cfg.secrets.age_identity,
                             lambda repo: self.ctx.learn(repo), check_account)
-        self.ctx = NodeContext(cfg, state, ledger, source, keeper, Reporter(source, ledger, cfg.node), resolver,
-                               memory, self.clock)
+        reporter = Reporter(source, ledger, cfg.node, note_key)
+        self.ctx = NodeContext(cfg, state, ledger, source, keeper, reporter, resolver, memory, self.clock)
 
     def close(self) -> None:
         self.ctx.ledger.close()
@@ -130,6 +131,6 @@ class Agent:
     def load(self, commit: str) -> DeploymentRepo:
         return self.ctx.resolver.load(commit)
 
-    def fleet_view(self, nodes: Iterable[str] | None = None) -> FleetView:
-        return fleet_view(self.ctx, nodes)
+    def fleet_view(self, nodes: Iterable[str] | None = None, trusted: str | None = None) -> FleetView:
+        return fleet_view(self.ctx, nodes, trusted)
 

@@ -6,11 +6,13 @@ a free range so tests never collide with a running demo), committed and pushed t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -190,8 +192,10 @@ class Deployment:
 
 def small_deployment(tmp_path: Path, key: SigningKey, files: dict[str, str], message: str = "initial",
                      cls: type[Deployment] = Deployment) -> Deployment:
-    """A deployment made of ``files`` (repo path -> text), committed, signed and pushed."""
+    """A deployment made of ``files`` (repo path -> text), committed, signed and pushed; with
+    its nodes' notes keys in ``trust/nodes`` unless ``files`` has one."""
     work = tmp_path / "work"
+    files = {**_nodes_of(files.get("inventory.yaml")), **files}
     for rel, text in files.items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(text)
@@ -201,6 +205,16 @@ def small_deployment(tmp_path: Path, key: SigningKey, files: dict[str, str], mes
     dep = cls(work, bare, key)
     dep.commit(message)
     return dep
+
+
+def _nodes_of(inventory: str | None) -> dict[str, str]:
+    """``trust/nodes`` for the nodes an inventory names (none for one that does not parse: a
+    test of bad input)."""
+    try:
+        nodes = (yaml.safe_load(inventory or "") or {}).get("nodes") or {}
+    except (yaml.YAMLError, AttributeError):
+        return {}
+    return {"trust/nodes": nodes_file(*sorted(map(str, nodes)))} if isinstance(nodes, dict) and nodes else {}
 
 
 @pytest.fixture
@@ -218,20 +232,61 @@ def deployment(tmp_path: Path, merge_key: SigningKey) -> Deployment:
     git("init", "-q", "--bare", "-b", "main", str(bare))
     git("init", "-q", "-b", "main", cwd=work)
     dep = Deployment(work, bare, merge_key, bases)
+    # Each node's notes key, as an operator lists them (``reconciler note-key``): the rollout
+    # tests' notes count only when signed by these.
+    dep.write("trust/nodes", nodes_file(*sorted(inv["nodes"])))
     dep.commit("initial deployment")
     return dep
 
 
+_DEMO_KEY_COPIES: list[Path] = []
+
+
 def demo_secrets(node: str) -> SecretsConfig:
-    """The agent setting that gives ``node`` its demo age key, when the example has one for it."""
+    """The agent setting that gives ``node`` its demo age key, when the example has one for it:
+    a copy of mode 0600, as on a node (a checkout leaves the committed one 0644, which the agent
+    refuses as ssh refuses such a key)."""
     key = DEMO_KEYS / f"{node}.key"
-    return SecretsConfig(key if key.is_file() else None)
+    if not key.is_file():
+        return SecretsConfig(None)
+    if not _DEMO_KEY_COPIES:
+        _DEMO_KEY_COPIES.append(Path(tempfile.mkdtemp(prefix="reconciler-demo-keys-")))
+        atexit.register(shutil.rmtree, _DEMO_KEY_COPIES[0], True)
+    copy = _DEMO_KEY_COPIES[0] / key.name
+    if not copy.exists():
+        copy.write_bytes(key.read_bytes())
+        copy.chmod(0o600)
+    return SecretsConfig(copy)
 
 
 def age_args(agent: Agent) -> list[str]:
-    """The CLI flag that gives a node command the agent's age identity (none: no flag)."""
+    """The CLI flags that give a node command the agent's own keys: its age identity (if any)
+    and the key it signs its notes with."""
     key = agent.cfg.secrets.age_identity
-    return ["--age-identity", str(key)] if key else []
+    note = ["--note-key", str(agent.cfg.note_key)] if agent.cfg.note_key else []
+    return (["--age-identity", str(key)] if key else []) + note
+
+
+_NOTE_KEYS: list[Path] = []
+
+
+def note_key(node: str) -> Path:
+    """The key ``node`` signs its notes with in the tests (made once per test session)."""
+    from reconciler.trust.notesig import NoteKey
+
+    if not _NOTE_KEYS:
+        _NOTE_KEYS.append(Path(tempfile.mkdtemp(prefix="reconciler-note-keys-")))
+        atexit.register(shutil.rmtree, _NOTE_KEYS[0], True)
+    path = _NOTE_KEYS[0] / node
+    NoteKey.load_or_create(path)
+    return path
+
+
+def nodes_file(*nodes: str) -> str:
+    """A repo's ``trust/nodes`` naming the test key of each node."""
+    from reconciler.trust.notesig import NoteKey, public_line
+
+    return "".join(public_line(n, NoteKey.load(note_key(n))) + "\n" for n in nodes)
 
 
 @pytest.fixture
@@ -245,6 +300,7 @@ def agents(tmp_path: Path, merge_key: SigningKey) -> Iterator[Callable[..., Agen
         trust = trust or TrustConfig(allowed_signers=merge_key.allowed_signers)
         kw.setdefault("state_dir", tmp_path / "nodes" / node)
         kw.setdefault("secrets", demo_secrets(node))
+        kw.setdefault("note_key", note_key(node))
         cfg = AgentConfig(node=node, remote=remote, trust=trust, **kw)
         agent = Agent(cfg, progress=False, **({"clock": clock} if clock else {}))
         made.append(agent)

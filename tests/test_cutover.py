@@ -18,7 +18,7 @@ from typing import Any
 
 import docker
 import pytest
-from conftest import Deployment, SigningKey, git, small_deployment
+from conftest import Deployment, SigningKey, git, nodes_file, small_deployment
 
 from reconciler.agent import Agent
 
@@ -70,6 +70,8 @@ def cloud(tmp_path: Path, merge_key: SigningKey, busybox_image: str) -> tuple[De
                             "rollout:\n  waves:\n    - {name: control, group: controllers}\n"
                             "    - {name: compute, group: computes}\n"),
         "inventory.yaml": inventory(prefix, busybox_image),
+        # every node's notes key, ctl4 too (it joins later): its notes release the cutover
+        "trust/nodes": nodes_file(*(f"{prefix}-{n}" for n in ("ctl1", "ctl2", "ctl3", "ctl4", "cmp1"))),
         "services/db/service.yaml": service("db", net, "db"),
         "services/identity/service.yaml": service("identity", net, "identity"),
         # The lb's check: a backend it cannot reach marks itself broken (its data volume, not config).

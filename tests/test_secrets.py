@@ -332,6 +332,44 @@ health:
     assert CANARY in log.read_text() and stat.S_IMODE(log.stat().st_mode) & 0o077 == 0
 
 
+def test_a_secret_used_as_an_ini_key_is_named_never_shown_in_the_plan_json_and_logs(
+        deployment: Deployment, tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent]) -> None:
+    # The password is an INI key (a user list keyed by credential): rotating it renames the key,
+    # and the plan's reason names the keys that changed.
+    from reconciler.core.model import Action, ActionKind, Plan
+
+    k = keys(tmp_path)
+    deployment.edit("services/identity/templates/db-auth.conf.j2", "[database]",
+                    "[users]\n{{ secrets.db_password }} = admin\n\n[database]")
+    add_secret(deployment, k)
+    state = agents("ctl1", deployment.url).cfg.state_dir  # its teardown stops what the commands start
+    assert node_cli(deployment, state, k["ctl1"], merge_key, "agent", "--once").returncode == 0
+    rotated = "second-Pw-0d9e8b7a"
+    sops(deployment.work, "set", "secrets/controllers.yaml", '["db_password"]', f'"{rotated}"', key=k["ctl2"])
+    c3 = deployment.commit("rotate the db password")
+
+    planned = node_cli(deployment, state, k["ctl1"], merge_key, "plan", "-o", "json")
+    applied = node_cli(deployment, state, k["ctl1"], merge_key, "agent", "--once", "-o", "json")
+
+    assert planned.returncode == 0 and applied.returncode == 0, planned.stderr + applied.stderr
+    plan, run = json.loads(planned.stdout), json.loads(applied.stdout)
+    reasons = {a["service"]: a["reason"] for a in plan["actions"]}
+    assert reasons["identity"] == {a["service"]: a["reason"] for a in run["plan"]["actions"]}["identity"]
+    assert "[users] <secret db_password> removed" in reasons["identity"], reasons
+    note = deployment.note("ctl1", c3)
+    assert note is not None and note["state"] == "applied" and note["plan_hash"] == run["plan"]["hash"]
+    shown = [planned.stdout, planned.stderr, applied.stdout, applied.stderr, json.dumps(note)]
+    assert [secret in text for text in shown for secret in (CANARY, rotated)] == [False] * 2 * len(shown)
+    # The note's plan hash is of the named reasons: it confirms no guess of the password.
+    def plan_with(value: str) -> Plan:
+        return Plan("ctl1", c3, tuple(
+            Action(ActionKind(a["action"]), a["service"], a["reason"].replace("<secret db_password>", value))
+            for a in run["plan"]["actions"]))
+
+    assert plan_with("<secret db_password>").hash == note["plan_hash"]
+    assert plan_with(CANARY).hash != note["plan_hash"]
+
+
 def test_an_upgrade_step_that_prints_the_password_and_fails_is_noted_with_its_name_only(
         deployment: Deployment, tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent]) -> None:
     k = keys(tmp_path)
@@ -431,6 +469,28 @@ def test_a_controller_without_an_age_identity_says_so_and_starts_nothing(
                                       "secrets.age_identity or --age-identity)")
     assert "services/db/templates/db-auth.conf.j2:3" in str(result.error)
     assert [o for d in ctl1.drivers(None).values() for o in d.observe()] == []
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_an_age_identity_readable_by_others_is_refused_naming_the_file_and_its_mode(
+        deployment: Deployment, tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent], mode: int) -> None:
+    # As ssh refuses a private key that group or others can read: the key may be copied already,
+    # and whoever set it up so must hear of it before the node uses it.
+    k = keys(tmp_path)
+    add_secret(deployment, k)
+    k["ctl1"].chmod(mode)
+    state = agents("ctl1", deployment.url).cfg.state_dir
+
+    proc = node_cli(deployment, state, k["ctl1"], merge_key, "agent", "--once")
+
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {k['ctl1']}: permissions {mode:04o} for the age identity are too open: it must be readable "
+        f"by its owner only (chmod 600 {k['ctl1']}) [SECRET_UNREADABLE]")
+    assert "Traceback" not in proc.stderr
+    assert not [p for p in state.rglob("db-auth.conf") if p.is_file()]  # nothing rendered with it
+    k["ctl1"].chmod(0o600)
+    assert node_cli(deployment, state, k["ctl1"], merge_key, "agent", "--once").returncode == 0
 
 
 def test_a_secret_written_out_in_a_plain_runtime_string_is_refused_on_the_node_that_reads_it(

@@ -597,13 +597,35 @@ def test_bad_options_name_the_line(keys: Keys, options: str) -> None:
         f"{ALICE} ssh-ed25519",
         f"{ALICE} ssh-ed25519 AAAA!!!",
         f"{ALICE} ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIOmpl6dqIbF/ORWSVrpm1Ab6ZWwa8Oqa5+hrkT3HlVDL",
-        f"{ALICE} ssh-foo AAAAB3NzaC1mb28=",
         f'"{ALICE} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOmpl6dqIbF/ORWSVrpm1Ab6ZWwa8Oqa5+hrkT3HlVDL',
     ],
 )
 def test_bad_keys_name_the_line(entry: str) -> None:
     with pytest.raises(BadInput, match="signers:1:"):
         parse_allowed_signers(entry + "\n", "signers")
+
+
+@pytest.mark.parametrize("refused", ["dsa", "unknown"])
+def test_a_line_of_a_key_type_we_refuse_is_skipped_with_a_warning_said_once(
+        keys: Keys, tmp_path: Path, caplog: pytest.LogCaptureFixture, refused: str) -> None:
+    # A DSA key left in the file from before (or a type this verifier does not know) must not
+    # take the valid ed25519 line below it down with it: ssh-keygen skips such a line, and so do we.
+    other = (line(keys, keys.new("dsa", "-t", "dsa").name, "old@example.org") if refused == "dsa"
+             else f"new@example.org ssh-foo {base64.b64encode(string('ssh-foo') + string(b'x' * 32)).decode()}\n")
+    allowed = f"# the team\n{other}{line(keys, 'ed25519')}"
+    armored = keys.sign(keys.root / "ed25519")
+
+    with caplog.at_level("WARNING", logger="reconciler.trust"):
+        assert judge(tmp_path, armored, allowed) is None  # accepted, as ssh-keygen accepts it
+        assert len(parse_allowed_signers(allowed, "allowed")) == 1
+        parse_allowed_signers(allowed, "allowed")
+
+    said = [r.getMessage() for r in caplog.records if r.name == "reconciler.trust"]
+    why = "DSA keys are not accepted" if refused == "dsa" else "unsupported key type 'ssh-foo'"
+    assert said == [f"allowed:2: allowed signers: {why}: line skipped"], said
+    # A line that is broken, not merely of a refused type, still refuses the whole file.
+    with pytest.raises(BadInput, match="allowed:4: allowed signers: invalid ssh-dss key"):
+        parse_allowed_signers(f"{allowed}{ALICE} ssh-dss AAAA!!!\n", "allowed")
 
 
 def test_naive_time_is_a_programming_error(keys: Keys) -> None:

@@ -510,6 +510,24 @@ def test_the_repo_can_require_bindings_and_cannot_drop_the_requirement_unbound(
     assert refusal(node) == "BRANCH_UNBOUND"  # the requirement in force before it still holds
 
 
+@pytest.mark.parametrize("second", ["experiment", "main"])
+def test_a_head_bound_twice_is_refused_as_ambiguous(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, second: str
+) -> None:
+    # A PR description ending in "Reconciler-Branch: main", the merge bot adding its own trailer:
+    # which branch did the signer mean? Not for the node to guess, even when both say the same.
+    node = agents("cmp1", deployment.url, trust=TrustConfig(allowed_signers=merge_key.allowed_signers,
+                                                            require_branch_binding=True))
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    head = deployment.commit(f"kvm\n\nReconciler-Branch: main\nReconciler-Branch: {second}\n")
+
+    assert refusal(node) == "AMBIGUOUS_BINDING"
+    note = deployment.note("cmp1", head)
+    assert note is not None and note["state"] == "refused"
+    assert str(note["error"]) == (f"commit {head[:12]}: ambiguous branch binding ('main', {second!r}): "
+                                  "a head carries one 'Reconciler-Branch' trailer")
+
+
 @pytest.mark.parametrize("message", [
     "subject only: Reconciler-Branch: main",
     "subject\n\nReconciler-Branch: main\n",

@@ -24,7 +24,7 @@ from reconciler.cli.bundle import bundle
 from reconciler.cli.common import Failed, emit_json, err
 from reconciler.cli.inspect import history, logs, status
 from reconciler.cli.node import agent_command, apply, plan, prepull, rollback, verify
-from reconciler.cli.operate import resume, retry, suspend, unpin
+from reconciler.cli.operate import note_key, resume, retry, suspend, unpin
 from reconciler.cli.repo import diff, render, validate
 from reconciler.cli.review import review_post
 from reconciler.core.errors import ReconcilerError
@@ -107,7 +107,7 @@ def _stderr_is_journal() -> bool:
 
 
 for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, logs, rollback, unpin,
-                retry, suspend, resume, prepull, review_post, bundle):
+                retry, suspend, resume, prepull, review_post, bundle, note_key):
     cli.add_command(command)
 
 

@@ -56,10 +56,14 @@ def new_table(*columns: str, **options: Any) -> Table:
 
 
 def escape(text: str) -> str:
-    """rich markup escaped (rich imported on first use, as above)."""
+    """Text from a note, a repo or a service's output as one line of a table: control
+    characters and escape sequences dropped (``core.text``), rich markup escaped (rich imported
+    on first use, as above)."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    from reconciler.core.text import printable
+
+    return rich_escape(printable(text))
 
 STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "error": "red", "refused": "red",
          "halted": "yellow", "pending": "dim", "rebooting": "blue",
@@ -70,7 +74,7 @@ STYLE = {"ok": "green", "applied": "green", "none": "dim", "failed": "red", "err
 
 
 def style(word: str) -> str:
-    return f"[{STYLE.get(word, 'white')}]{word}[/]"
+    return f"[{STYLE.get(word, 'white')}]{escape(word)}[/]"
 
 
 class Failed(Exception):
@@ -131,7 +135,8 @@ def _unwritable(option: str, path: Path, below: str | None, directory: Path, exc
 
 
 AGENT_KEYS = ("config_file", "node", "remote", "branch", "state_dir",
-              "trust_allowed_signers", "trust_gpg_home", "trust_revoked", "trust_policy", "secrets_age_identity")
+              "trust_allowed_signers", "trust_gpg_home", "trust_revoked", "trust_policy", "secrets_age_identity",
+              "note_key")
 
 
 def agent_options(f: F) -> F:
@@ -159,6 +164,9 @@ def agent_options(f: F) -> F:
                      help="Which commits must be signed [every-commit]."),
         click.option("--age-identity", "secrets_age_identity", type=path,
                      help="This node's age identity file: decrypts the repo's secrets/*.yaml encrypted to it."),
+        click.option("--note-key", "note_key", type=path,
+                     help="The SSH private key this node signs its notes with (its line in the repo's trust/nodes) "
+                          "[STATE_DIR/note_key, made on first use]."),
     ]):
         wrapper = opt(wrapper)
     return wrapper  # type: ignore[return-value]

@@ -55,11 +55,18 @@ class FleetSource:
             with self.agent.state.lock(wait=30):
                 head, _ = self.agent.head(fetch=True, rev=None)
                 commit = head if rev is None else self.agent.head(fetch=False, rev=rev)[0]
-                view = self.agent.fleet_view()
+                # Notes are checked against trust/nodes at the node's mark; a state dir that has
+                # verified nothing yet verifies the head first (a refusal is the error it is).
+                trusted = None if self.agent.ledger.mark().commit else self.agent.ctx.keeper.decide(head).head
+                view = self.agent.fleet_view(trusted=trusted)
             return self.agent.source.repo, commit, view
+        from reconciler.trust.notesig import note_trust
+
         head = fetch_from_clone(self.clone, self.remote, self.branch)
         repo = open_clone(self.clone)
-        return repo, head if rev is None else resolve(repo, rev), fleet_view(repo)
+        # The keys of trust/nodes at the branch head as fetched: a clone verifies no commit, so
+        # the operator's clone of the branch is what names the nodes' keys (the threat model).
+        return repo, head if rev is None else resolve(repo, rev), fleet_view(repo, trust=note_trust(repo, head))
 
     def load(self, commit: str) -> DeploymentRepo:
         if self.clone is None:
@@ -101,7 +108,7 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
     while watch and not all(s.state == "applied" or s.state in STOPPED for s in snap.statuses):
         if output == "human":
             err.print(f"{time.strftime('%H:%M:%S')} {snap.commit[:12]}: "
-                      + ", ".join(f"{v} {k}" for k, v in counts(snap.statuses).items()))
+                      + ", ".join(f"{v} {escape(k)}" for k, v in counts(snap.statuses).items()))
         time.sleep(interval)
         snap = source.snapshot(snap.commit)
     commit, statuses, steps = snap.commit, snap.statuses, snap.steps
@@ -125,18 +132,18 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
     planes = any(s.plane for s in statuses)
     table = new_table("wave", "node", "state", *(("stage",) if staged else ()), *(("release",) if released else ()),
                       *(("pending",) if pending else ()), *(("plane",) if planes else ()), "detail",
-                      title=f"{snap.name} @ {commit[:12]}")
+                      title=f"{escape(snap.name)} @ {commit[:12]}")
     for s in statuses:
-        table.add_row(s.wave, s.node, style(s.state), *((escape(s.stage),) if staged else ()),
+        table.add_row(escape(s.wave), escape(s.node), style(s.state), *((escape(s.stage),) if staged else ()),
                       *((escape(s.release),) if released else ()), *((escape(s.pending_release),) if pending else ()),
                       *((escape(s.plane),) if planes else ()), escape(s.detail))
     out.print(table)
     if steps.columns:
         grid = new_table("node", *(escape(c) for c in steps.columns), title="upgrade steps")
         for node, cells in steps.rows.items():
-            grid.add_row(node, *(style(c) if c else "·" for c in cells))
+            grid.add_row(escape(node), *(style(c) if c else "·" for c in cells))
         out.print(grid)
-    out.print(", ".join(f"{v} {k}" for k, v in tally.items()))
+    out.print(", ".join(f"{v} {escape(k)}" for k, v in tally.items()))
     if stopped:
         sys.exit(1)  # the table says which node and why: no extra error line
 

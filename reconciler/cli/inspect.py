@@ -86,10 +86,13 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     applied = converged[0] if converged else None
     pins = [p.to_dict() for p in ledger.pins()]
     suspended = ledger.suspension()
+    found = ledger.damaged()
+    damaged = found[0] if found else None
     if output == "json":
         emit_json({"node": cfg.node, "head": head, "verdict": str(record.verdict) if record else None,
                    "applied_commit": applied, "pins": pins, "last_run": last, "suspended": suspended,
-                   **observed.to_dict()})
+                   "ledger_damaged": {"time": damaged.time, "why": damaged.why, "moved_to": damaged.moved_to}
+                   if damaged else None, **observed.to_dict()})
         return
     out.print(f"node {cfg.node}: head {head[:12] if head else 'none yet'}"
               + (f" {style(str(record.verdict))}" if record else "")
@@ -97,6 +100,8 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     if suspended:
         out.print(f"suspended by {escape(suspended.get('by', '?'))} since {suspended.get('since', '?')}: "
                   f"{escape(suspended.get('reason') or 'no reason given')}; nothing is applied")
+    if damaged:  # said for as long as this ledger lives: its history begins there
+        out.print(escape(damaged.event))
     table = new_table("service", "driver", "running", "pid", "commit", "hash", "pinned")
     pinned = {p["service"]: p["commit"] for p in pins}
     for s in observed.services:

@@ -11,6 +11,7 @@ import click
 
 from reconciler.cli.common import (
     Failed,
+    agent_config,
     agent_options,
     emit_json,
     escape,
@@ -137,3 +138,35 @@ def resume(agent_opts: dict[str, Any], output: str) -> None:
     still = the_agent.ledger.suspension()
     out.print(f"{the_agent.cfg.node}: resumed; the next pass applies the branch head"
               + (f" (the repo still suspends the fleet: {escape(still.get('reason', ''))})" if still else ""))
+
+
+@click.command("note-key")
+@agent_options
+@output_option
+def note_key(agent_opts: dict[str, Any], output: str) -> None:
+    """Print this node's line for the repo's trust/nodes: the public half of the key it signs its
+    notes with (--note-key, or one it makes in the state dir the first time). Other nodes count
+    this node's notes only once a verified commit lists the line.
+
+    With -o json: {"node": NODE, "key": FILE, "line": LINE}.
+
+    \b
+    Example:
+      reconciler note-key --config /etc/reconciler/agent.yaml >> trust/nodes   # in the repo, then commit
+
+    \b
+    Exit codes:
+      0  printed
+      2  bad input: bad settings, a key that is not an unencrypted OpenSSH private key, or one
+         that others can read
+    """
+    from reconciler.node.report import key_loader
+    from reconciler.trust.notesig import public_line
+
+    cfg = agent_config(agent_opts, remote="file:///nowhere")  # it contacts no remote
+    key = key_loader(cfg.note_key, cfg.state_dir)()
+    line = public_line(cfg.node, key)
+    if output == "json":
+        emit_json({"node": cfg.node, "key": str(key.path), "line": line})
+        return
+    click.echo(line)

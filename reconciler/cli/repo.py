@@ -29,6 +29,7 @@ from reconciler.core.model import Desired
 from reconciler.settings import AgentConfig
 
 if TYPE_CHECKING:
+    from reconciler.repo.definitions import DeploymentRepo
     from reconciler.review.diff import NodeDiff
     from reconciler.trust.root import Verdict
 
@@ -124,6 +125,7 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
     repo = load_repo(tree)
     names = sorted(repo.nodes) if all_nodes else list(nodes)
     if out_dir is not None:
+        _no_spec_clash(repo)
         output_dir("--out", out_dir)  # before the fleet is rendered: that can take minutes
     slices = [render_node(repo, n, tree.label) for n in names]
     if out_dir is not None:
@@ -141,6 +143,19 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
         out.print(f"written under {out_dir}")
 
 
+SPEC_FILE = "service.json"  # OUT/<node>/<service>/service.json: the service's runtime spec
+
+
+def _no_spec_clash(repo: DeploymentRepo) -> None:
+    """A repo file where ``--out`` writes a service's spec would be replaced by it, unseen by the
+    reviewer: refused before anything is written (the repo is valid; only this output clashes)."""
+    for s in repo.services.values():
+        for f in s.files:
+            if f.path.lstrip("/").split("/")[0] == SPEC_FILE:
+                raise BadInput(f"render --out: service {s.name!r} has a file {f.path!r}, the name render --out "
+                               f"gives the service's spec: rename the file", file=s.file, line=f.line)
+
+
 def _write_slice(root: Path, desired: Desired) -> None:
     # A review render is not the node's state: no fsync per file (durable=False), only the
     # temp-and-rename that keeps a reader from seeing half a file when --out is rendered again.
@@ -153,7 +168,7 @@ def _write_slice(root: Path, desired: Desired) -> None:
         spec = {"runtime": s.runtime.to_dict(), "health": s.health.to_dict(), "hash": s.hash,
                 "depends_on": list(s.depends_on)}
         write_output("--out", root, (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode(),
-                     below=f"{base}/service.json", durable=False)
+                     below=f"{base}/{SPEC_FILE}", durable=False)
 
 
 @click.command()

@@ -61,7 +61,7 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
     from reconciler.repo.tree import open_tree
     from reconciler.review.diff import diff_repos, validate_tree
     from reconciler.review.forge import GERRIT_LIMIT, GITHUB_LIMIT, MARKER, Forge, Gerrit, GitHub, GroupStatus, Review
-    from reconciler.review.report import changes, markdown
+    from reconciler.review.report import changes, code_span, markdown
 
     the_forge: Forge
     if forge == "github":
@@ -79,7 +79,7 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
     groups: tuple[GroupStatus, ...] = ()
     if repo_b is None or problems:
         lines = [f"### reconciler: `{tree_b.label[:12]}` does not validate", ""]
-        lines += [f"- `{p}`" for p in problems]
+        lines += [f"- {code_span(str(p))}" for p in problems]  # a problem quotes the repo: escaped
         body = full = "\n".join(lines) + "\n"
         if len(body.encode()) > limit:
             body = body.encode()[:limit - 200].decode(errors="ignore") + "\n\n(cut; run `reconciler validate`)\n"

@@ -164,7 +164,9 @@ class DiskFull(ReconcilerError):
         import shutil
 
         try:
-            free = f"{shutil.disk_usage(str(path)).free / 2**20:.1f} MiB free"
+            left = shutil.disk_usage(str(path)).free
+            # Under a MiB, in KiB and bytes: "0.0 MiB free" would not tell 16 KiB from nothing.
+            free = f"{left / 2**20:.1f} MiB free" if left >= 2**20 else f"{left // 1024} KiB free ({left} bytes)"
         except OSError:
             free = "free space unknown"
         return cls(f"{message or 'no space left'} ({path}: {free})")

@@ -6,6 +6,10 @@ what it sent). The agent keeps such output where it explains a failure: the erro
 the command line's report. Every one of those goes through a ``Redactor`` first, which
 replaces each secret value the node decrypted by ``<secret NAME>``.
 
+A plan's reasons name the keys of a changed file, and a template may use a secret as a key (an
+INI file keyed by credential): the node redacts each plan as it is made (``Redactor.plan``),
+before it is hashed, shown (``-o json``), logged or noted.
+
 Pure: text in, text out. The one cleaner of secret values: the agent builds it from the values
 of every repo it decrypted (``render.secrets.secret_values``, the one list of them) and wires it
 into the ledger, the apply stage and the upgrader.
@@ -18,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from reconciler.core.model import Report, ServiceResult, StepRecord
+from reconciler.core.model import Plan, Report, ServiceResult, StepRecord
 
 # A line of a multi-line value (a PEM key, a certificate) is looked for alone too, from this
 # many characters: a program that prints the value prints it line by line, and a captured
@@ -83,6 +87,15 @@ class Redactor:
 
     def result(self, r: ServiceResult) -> ServiceResult:
         return replace(r, reason=self(r.reason), detail=self(r.detail), steps=tuple(self(s) for s in r.steps))
+
+    def plan(self, plan: Plan) -> Plan:
+        """The plan with its reasons and waits redacted (a secret used as an INI key is named in
+        a reason). Redacted before anything hashes it: the note's plan hash of a reason with the
+        value in it would confirm a guess of the value."""
+        if not self:
+            return plan
+        return replace(plan, actions=tuple(replace(a, reason=self(a.reason), waiting=self(a.waiting))
+                                           for a in plan.actions))
 
     def step(self, s: StepRecord) -> StepRecord:
         return replace(s, detail=self(s.detail))

@@ -14,11 +14,24 @@ from __future__ import annotations
 import os
 import pwd
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from reconciler.core.model import DesiredService, ObservedService
 
 Check = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """An instance of this node's found running with no record of it (the state dir was lost):
+    the service, the hash of the version and the commit it was started for (from its marker
+    or labels; "" when it does not say), and its pid."""
+
+    service: str
+    hash: str
+    commit: str
+    pid: int | None
 
 SERVICE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

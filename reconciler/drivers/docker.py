@@ -9,7 +9,8 @@ command run inside; a config-only change is a restart of the same container; a s
 if the new version fails its check.
 
 Per service, ``<state>/docker/<service>/record.json`` holds what the agent last applied
-(labels are fixed at creation and cannot say that a restart brought new files).
+(labels are fixed at creation and cannot say that a restart brought new files). A node that
+lost its state dir finds its containers by label and takes them back, left running (``adopt``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from reconciler.core import faults
 from reconciler.core.errors import ApplyError, ReconcilerError
 from reconciler.core.model import DesiredService, ObservedService
 from reconciler.drivers import dockernet
-from reconciler.drivers.base import Check
+from reconciler.drivers.base import Check, Unrecorded
 from reconciler.drivers.dockerengine import PREFIX, EngineDown, connect, pull
 from reconciler.drivers.dockerspec import create_args
 from reconciler.drivers.files import read_dir, read_record, sync_dir, write_record
@@ -79,6 +80,7 @@ class DockerDriver:
         rec = {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(), "commit": commit,
                "container": container.id, "networks": sorted(svc.runtime.networks),
                "network_mode": svc.runtime.network_mode, "drift": svc.drift,
+               "aliases": {n: list(dockernet.aliases(svc.runtime, n)) for n in svc.runtime.networks},
                "restart": svc.runtime.restart or "no", "config_hash": svc.config_hash}
         write_record(self._dir(svc.name), rec)
 
@@ -89,19 +91,19 @@ class DockerDriver:
     def liveness(self) -> list[ObservedService]:
         return self.observe(files=False)  # one query of the engine, as observe's
 
-    def observe(self, *, files: bool = True) -> list[ObservedService]:
-        out: list[ObservedService] = []
-        found = set()
+    def _labelled(self) -> list[tuple[str, Container]]:
+        """This node's containers, by service (not one set aside by an interrupted recreate:
+        the next recreate removes it)."""
         try:
             containers = self.client.containers.list(all=True, filters={"label": f"{PREFIX}node={self.node}"})
         except docker.errors.APIError as exc:
             raise EngineDown(f"node {self.node}: docker engine error: {exc.explanation}") from exc
-        for c in containers:
-            name = c.labels.get(PREFIX + "service", "")
-            if not name or c.name != self.container_name(name):
-                continue  # set aside by an interrupted recreate: removed by the next recreate
-            found.add(name)
-            out.append(self._observed(name, c, files))
+        return [(name, c) for c in containers
+                if (name := c.labels.get(PREFIX + "service", "")) and c.name == self.container_name(name)]
+
+    def observe(self, *, files: bool = True) -> list[ObservedService]:
+        out = [self._observed(name, c, files) for name, c in self._labelled()]
+        found = {o.name for o in out}
         if self.root.is_dir():
             for d in sorted(self.root.iterdir()):
                 rec = self._record(d.name)
@@ -111,6 +113,21 @@ class DockerDriver:
                         detail="container removed by hand", fingerprint=tuple(sorted(rec["fingerprint"].items())),
                     ))
         return sorted(out, key=lambda o: o.name)
+
+    def unrecorded(self) -> list[Unrecorded]:
+        """This node's containers with no record here (the state dir was lost), as labelled."""
+        return [Unrecorded(name, c.labels.get(PREFIX + "hash", ""), c.labels.get(PREFIX + "commit", ""),
+                           int(c.attrs.get("State", {}).get("Pid") or 0) or None)
+                for name, c in self._labelled() if self._record(name) is None]
+
+    def adopt(self, svc: DesiredService, commit: str) -> int | None:
+        """``svc``'s container recorded, its files written again (seen from its next start); untouched."""
+        c = self._container(svc.name)
+        if c is None or c.labels.get(PREFIX + "hash") != svc.hash:
+            raise ApplyError(f"node {self.node}, service {svc.name}: no container of version {svc.hash[:12]} to adopt")
+        sync_dir(self._live(svc.name), svc.files)
+        self._write_record(svc, commit, c)
+        return self._pid(c)
 
     def _observed(self, name: str, c: Container, files: bool = True) -> ObservedService:
         rec = self._record(name)
@@ -342,7 +359,7 @@ class DockerDriver:
             raise ApplyError(f"node {self.node}, service {svc.name}: no container to connect")
         previous = self._record(svc.name)
         c.reload()
-        before = dockernet.attached(c)
+        before = dockernet.recorded(previous, dockernet.attached(c))  # not where a killed run left it
         dockernet.sync(self.client, self.node, c, svc)
         sync_dir(self._live(svc.name), svc.files)
         if check is not None:

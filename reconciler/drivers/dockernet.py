@@ -5,6 +5,8 @@ put back as they were when the service fails its check on the new ones."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
+from typing import Any
 
 import docker
 import docker.errors
@@ -57,6 +59,17 @@ def sync(client: docker.DockerClient, node: str, c: Container, svc: DesiredServi
         raise ApplyError(f"node {node}, service {svc.name}: {exc.explanation or exc}") from exc
 
 
+def recorded(rec: Mapping[str, Any] | None, now: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The networks (and aliases) of the version ``rec`` says was applied: where a failed move
+    puts the container back, not wherever a run killed half way through a move left it (on
+    none, or already on the new ones). ``now`` when there is no record, or it uses the host's."""
+    if rec is None or rec.get("network_mode") == "host":
+        return now
+    names = list(rec.get("networks") or ()) or [rec.get("network_mode") or "bridge"]
+    aliases = rec.get("aliases") or {}
+    return {n: tuple(aliases.get(n, now.get(n, ()))) for n in names}
+
+
 def restore(client: docker.DockerClient, c: Container, before: dict[str, tuple[str, ...]]) -> str:
     """The networks (and aliases) it had; returns what could not be put back ("": all was)."""
     c.reload()
@@ -64,11 +77,13 @@ def restore(client: docker.DockerClient, c: Container, before: dict[str, tuple[s
     missed = []
     for net in sorted(set(now) - set(before)):
         try:
+            faults.point("disconnect", f"{c.name} {net}")
             client.networks.get(net).disconnect(c)
         except docker.errors.APIError as exc:
             missed.append(f"still on {net}: {exc.explanation or exc}")
     for net in sorted(set(before) - set(now)):
         try:
+            faults.point("connect", f"{c.name} {net}")
             client.networks.get(net).connect(c, aliases=list(before[net]) or None)
         except docker.errors.APIError as exc:
             missed.append(f"not back on {net}: {exc.explanation or exc}")

@@ -24,7 +24,8 @@ from reconciler.core.errors import BadInput
 from reconciler.core.model import ActionKind
 
 if TYPE_CHECKING:
-    from reconciler.drivers.base import Driver
+    from reconciler.core.model import DesiredService
+    from reconciler.drivers.base import Driver, Unrecorded
     from reconciler.drivers.hostaccess import HostAccess
     from reconciler.drivers.registry import RegistryLogin
 
@@ -79,6 +80,9 @@ class Kind:
     """An upgrade step's command runs in a one-off container of the service's new image."""
     always_in_use: bool = False
     """Observed on every pass, records or not (the default kind: cheap to read)."""
+    adopts: bool = False
+    """It finds its own instances without records (marker, labels) and takes them back
+    (``Adopting``): a node that lost its state dir keeps what runs."""
 
     def default_config_dir(self, service: str) -> str:
         return self.config_dir.format(service=service)
@@ -101,6 +105,17 @@ class FinishesReboot(Protocol):
 class Housekeeping(Protocol):
     def housekeep(self) -> None:
         """Work between passes that keeps the node healthy (a service's logs rotated)."""
+        ...
+
+
+class Adopting(Protocol):
+    def unrecorded(self) -> list[Unrecorded]:
+        """This node's instances that run with no record of this driver's."""
+        ...
+
+    def adopt(self, svc: DesiredService, commit: str) -> int | None:
+        """The instance found running for ``svc`` (same hash) recorded as this driver's own, with
+        its files written; the instance itself untouched. Returns its pid."""
         ...
 
 
@@ -166,6 +181,11 @@ def housekeeping(name: str, driver: Driver) -> Housekeeping | None:
     return cast("Housekeeping", driver) if kind_of(name).housekeeping else None
 
 
+def adopting(name: str, driver: Driver) -> Adopting | None:
+    """``driver`` as one that finds and takes back its own instances, None if its kind does not."""
+    return cast("Adopting", driver) if kind_of(name).adopts else None
+
+
 # The built-in kinds ----------------------------------------------------------------------
 def _process(ctx: DriverContext, root: Path) -> Driver:
     from reconciler.drivers.process import ProcessDriver
@@ -192,9 +212,10 @@ def _host(ctx: DriverContext, root: Path) -> Driver:
 
 
 for _kind in (
-    Kind("process", "services", _process, checks=frozenset({ACCOUNTS}), housekeeping=True, always_in_use=True),
+    Kind("process", "services", _process, checks=frozenset({ACCOUNTS}), housekeeping=True, always_in_use=True,
+         adopts=True),
     Kind("docker", "docker", _docker, needs_command=False, needs_image=True, config_dir="/etc/{service}",
-         prefetch=True, steps_in_image=True),
+         prefetch=True, steps_in_image=True, adopts=True),
     Kind("systemd", "systemd", _systemd),
     Kind("host", "host", _host, config_change=ActionKind.REBOOT, ceiling=ActionKind.REBOOT, needs_command=False,
          absolute_paths=True, may_reboot=True, after_boot=True),

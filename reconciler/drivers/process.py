@@ -16,7 +16,8 @@ A process is findable before its record names it. The record is written first (s
 "starting", no pid), and every process carries ``RECONCILER_INSTANCE=<root>|<node>|<service>|
 <hash>`` in its environment. A run killed between the spawn and the record leaves a process
 that the next observe finds in /proc and adopts (the record is for the same hash and names no
-live process) or stops: never a second copy, never an orphan.
+live process) or stops: never a second copy, never an orphan. A node that lost its whole state
+dir finds its services the same way (``unrecorded``) and takes them back (``adopt``).
 
 A service starts from a clean environment (``clean_env``: fixed PATH, C.UTF-8, its user's
 HOME) plus what service.yaml declares and the RECONCILER_* variables, as the ``user`` and
@@ -46,7 +47,7 @@ from typing import Any
 from reconciler.core import faults
 from reconciler.core.errors import ApplyError, ReconcilerError
 from reconciler.core.model import DesiredService, FileSpec, ObservedService
-from reconciler.drivers.base import Check, clean_env
+from reconciler.drivers.base import Check, Unrecorded, clean_env
 from reconciler.drivers.files import read_dir, read_record, signal_number, write_record
 from reconciler.drivers.proctable import (
     MARKER,
@@ -54,12 +55,14 @@ from reconciler.drivers.proctable import (
     descends,
     find_marked,
     marker,
+    newest,
     start_time_of,
     started_at,
     stop_targets,
     terminate,
+    unrecorded_of,
 )
-from reconciler.drivers.revisions import file_drift, materialise, prune, sync_live
+from reconciler.drivers.revisions import file_drift, materialise, new_record, prune, sync_live
 from reconciler.drivers.runas import Account, account, account_of, as_kwargs, own, scope_words, systemd_scopes
 from reconciler.drivers.servicelog import last_output, rotate_logs, tail_file
 
@@ -126,6 +129,23 @@ class ProcessDriver:
         terminate(name, stop_targets(p for p, _ in strays))
         return rec
 
+    # adoption: the state dir was lost, the processes run on ------------------------------
+    def unrecorded(self) -> list[Unrecorded]:
+        return unrecorded_of(self._marked(), lambda name: self._record(name) is not None)
+
+    def adopt(self, svc: DesiredService, commit: str) -> int | None:
+        """The process found running ``svc``'s version recorded as the service's: its files and
+        record written, any other copy stopped (the sweep); the process itself untouched."""
+        if (found := newest(self._marked().get(svc.name, []), svc.hash)) is None:
+            raise ApplyError(f"service {svc.name}: no process of version {svc.hash[:12]} runs to adopt")
+        p = found[0]
+        rec = {**new_record(svc, commit, self.materialise(svc), self._live(svc.name)), "state": "running",
+               "pid": p.pid, "start_time": p.start_time, "started": started_at(p.start_time)}
+        self._sync(svc.name, svc.files, rec)
+        write_record(self._dir(svc.name), rec)
+        self._sweep(svc.name)
+        return p.pid
+
     # observe ---------------------------------------------------------------------------
     def observe(self) -> list[ObservedService]:
         out: list[ObservedService] = []
@@ -181,25 +201,6 @@ class ProcessDriver:
     def _sync(self, name: str, files: Iterable[FileSpec], rec: dict[str, Any]) -> None:
         sync_live(self._live(name), files, rec)
 
-    def _new_record(self, svc: DesiredService, commit: str, rev: Path) -> dict[str, Any]:
-        return {
-            "service": svc.name,
-            "hash": svc.hash,
-            "fingerprint": svc.fingerprint(),
-            # The keys of the secret files' hashes, to check the live files against the fingerprint
-            # (drift). Private like the record, beside files that hold the values themselves.
-            "file_keys": {f.path: f.key.hex() for f in svc.files if f.key},
-            "commit": commit,
-            "cwd": str(self._live(svc.name)),
-            "rev": str(rev),
-            "command": list(svc.runtime.command),
-            "env": dict(svc.runtime.env),
-            "user": svc.runtime.user,
-            "group": svc.runtime.group,
-            "reload": {"signal": svc.reload.signal, "command": svc.reload.command},
-            "drift": svc.drift,
-        }
-
     def start(self, svc: DesiredService, commit: str, check: Check) -> int | None:
         return self._replace(svc, commit, check, restore=False)
 
@@ -217,7 +218,7 @@ class ProcessDriver:
         previous = self._record(svc.name) if restore else None
         rev = self.materialise(svc)  # before the stop: a full disk fails here, with the old one still up
         self.stop(svc.name)  # and any copy a killed run left behind
-        new = self._new_record(svc, commit, rev)
+        new = new_record(svc, commit, rev, self._live(svc.name))
         self._sync(svc.name, svc.files, new)
         try:
             pid = self._spawn(new)
@@ -244,7 +245,7 @@ class ProcessDriver:
         """New files and record; the process is not touched."""
         rec = self._record(svc.name) or {}
         rev = self.materialise(svc)
-        new = self._new_record(svc, commit, rev)
+        new = new_record(svc, commit, rev, self._live(svc.name))
         self._sync(svc.name, svc.files, new)
         keep: dict[str, Any] = {k: rec[k] for k in ("state", "pid", "start_time", "started") if k in rec}
         write_record(self._dir(svc.name), {**new, **keep})

@@ -4,7 +4,8 @@ services' processes found by their marker, and processes stopped by signals.
 A pid alone is not proof: a process is its pid and its start time from /proc, so a recycled
 pid is never mistaken for a service's. Every process a service starts carries
 ``RECONCILER_INSTANCE=<root>|<node>|<service>|<hash>`` in its environment (``MARKER``), which its
-children inherit: what finds a copy a killed run left before its record named it.
+children inherit: what finds a copy a killed run left before its record named it, and what a node that
+lost its state dir finds its services by (``unrecorded_of``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.core import faults
 from reconciler.core.errors import ApplyError
+from reconciler.drivers.base import Unrecorded
 
 STOP_TIMEOUT = 10.0
 
@@ -108,6 +110,36 @@ def find_marked(root: Path, node: str) -> dict[str, list[tuple[Proc, str]]]:
         service, _, hash_ = value[len(prefix):].decode(errors="replace").rpartition("|")
         found.setdefault(service, []).append((p, hash_))
     return found
+
+
+def environ_value(pid: int, key: str) -> str | None:
+    """``key`` in the environment ``pid`` was started with (None: not set, gone, not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    prefix = f"{key}=".encode()
+    return next((v[len(prefix):].decode(errors="replace") for v in env.split(b"\0") if v.startswith(prefix)), None)
+
+
+def newest(procs: Iterable[tuple[Proc, str]], hash_: str | None = None) -> tuple[Proc, str] | None:
+    """Of a service's marked processes, the one that stands for it: the newest group leader (a
+    copy's children are in its group), else the newest; of ``hash_``'s version, only a leader."""
+    found = [(p, h) for p, h in procs if hash_ is None or (h == hash_ and p.leader)]
+    return max(found, key=lambda ph: (ph[0].leader, int(ph[0].start_time)), default=None)
+
+
+def unrecorded_of(marked: dict[str, list[tuple[Proc, str]]], recorded: Callable[[str], bool]) -> list[Unrecorded]:
+    """The services whose processes run (found by their marker) though the driver has no record
+    of them: the hash each was started for, and the commit in its environment."""
+    out = []
+    for name, procs in sorted(marked.items()):
+        found = newest(procs)
+        if found is not None and not recorded(name):
+            p, hash_ = found
+            out.append(Unrecorded(name, hash_, environ_value(p.pid, "RECONCILER_COMMIT") or "", p.pid))
+    return out
 
 
 def stop_targets(procs: Iterable[Proc], recorded: tuple[int, str] | None = None) -> list[tuple[int, str, bool]]:

@@ -1,7 +1,7 @@
 """A process service's files: each slice's rendered files kept once under ``rev/<hash>/``
 (what a failed change restores, what a rollback starts from), the older ones pruned; the live
 dir the program reads synced to a slice and given to its user; and drift, the live files
-against what the record says was applied."""
+against what the record says was applied; and what a record says of a version."""
 
 from __future__ import annotations
 
@@ -44,6 +44,27 @@ def prune(revs: Path, keep: str) -> None:
     )
     for old in entries[KEEP_REVISIONS - 1 :]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def new_record(svc: DesiredService, commit: str, rev: Path, live: Path) -> dict[str, Any]:
+    """What the record says of a version: how it runs, where its files are, what they hash to."""
+    return {
+        "service": svc.name,
+        "hash": svc.hash,
+        "fingerprint": svc.fingerprint(),
+        # The keys of the secret files' hashes, to check the live files against the fingerprint
+        # (drift). Private like the record, beside files that hold the values themselves.
+        "file_keys": {f.path: f.key.hex() for f in svc.files if f.key},
+        "commit": commit,
+        "cwd": str(live),
+        "rev": str(rev),
+        "command": list(svc.runtime.command),
+        "env": dict(svc.runtime.env),
+        "user": svc.runtime.user,
+        "group": svc.runtime.group,
+        "reload": {"signal": svc.reload.signal, "command": svc.reload.command},
+        "drift": svc.drift,
+    }
 
 
 def sync_live(live: Path, files: Iterable[FileSpec], rec: dict[str, Any]) -> None:

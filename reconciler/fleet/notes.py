@@ -3,45 +3,87 @@
 The only module that knows the note's fields. A note is written by its node alone, in
 ``refs/notes/reconciler/<node>``; other nodes (the fleet gate), ``status --fleet`` and review
 tools read it through ``decode``/``Note``.
+
+A note is input from another machine: ``decode`` (and ``body``, which says why not) reads it
+within the bounds of ``fleet.notejson``, the one decoder every reader goes through, and the
+writer keeps its own notes within them (``to_dict``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.core.model import Report
+from reconciler.core.text import cut
+from reconciler.fleet.notejson import CLAIM_STATES, MAX_NAME, MAX_NOTE, MAX_TEXT, MAX_TICKET, check
 
 FORMAT = 1
 
 
+# What a node's own note keeps of a long text (a service's output in an error): the readers'
+# bound, less room for the mark that says how much was cut.
+TEXT_KEPT = MAX_TEXT - 64
+# A note must stay under the readers' bound with its signature: past this, the free texts of
+# each service and step are cut shorter.
+NOTE_BUDGET = MAX_NOTE - 8 * 1024
+
+
 def to_dict(report: Report) -> dict[str, Any]:
+    """The note of ``report``, within the bounds every reader holds it to (``fleet.notejson``):
+    long texts cut and marked; a note still too big keeps shorter ones."""
+    out = _to_dict(report, TEXT_KEPT)
+    for keep, brief in ((200, 0), (200, 1), (64, 2)):  # a great many services: the failed ones say why
+        if len(json.dumps(out, indent=2)) <= NOTE_BUDGET:
+            break
+        out = _to_dict(report, keep, brief)
+    return out
+
+
+def _to_dict(report: Report, keep: int, brief: int = 0) -> dict[str, Any]:
+    """``brief`` 1: the services that did not fail by their result alone; 2: those left out."""
+    def text(value: str, limit: int = keep) -> str:
+        return cut(value, limit)
+
+    services: dict[str, dict[str, Any]] = {}
+    for r in report.services:
+        if brief == 2 and (r.state != "failed" or len(services) >= 64):
+            continue
+        d = r.to_dict()
+        d["reason"], d["detail"] = text(d["reason"] or ""), text(d["detail"] or "")
+        d["steps"] = [text(x) for x in d["steps"]][-8 if keep < TEXT_KEPT else 0:]
+        if brief == 1 and d["result"] != "failed":
+            d = {"action": d["action"], "result": d["result"]}
+        services[r.service] = d
     out: dict[str, Any] = {
         "format": FORMAT,
         "node": report.node,
         "commit": report.commit,
         "state": str(report.state),
         "time": report.time,
-        "services": {r.service: r.to_dict() for r in report.services},
+        "services": services,
     }
     if report.plan_hash:
         out["plan_hash"] = report.plan_hash
     if report.reason:
-        out["reason"] = report.reason
+        out["reason"] = text(report.reason, TEXT_KEPT)
     if report.error:
-        out["error"] = report.error
+        out["error"] = text(report.error, TEXT_KEPT)
     if report.signer:
         out["signer"] = dict(report.signer)
+    if report.root:
+        out["root"] = report.root
     if report.verdicts:
         out["verdicts"] = [dict(v) for v in report.verdicts]
     if report.events:
-        out["events"] = list(report.events)
+        out["events"] = [text(e) for e in report.events][-16 if keep < TEXT_KEPT else 0:]
     if report.pins:
         out["pins"] = dict(report.pins)
     if report.steps:
-        out["upgrade"] = [s.to_dict() for s in report.steps]
+        out["upgrade"] = [{**d, "detail": text(d["detail"])} for d in (s.to_dict() for s in report.steps)]
     if report.suspended:
         out["suspended"] = dict(report.suspended)
     if report.plane:
@@ -55,12 +97,33 @@ def encode(report: Report) -> str:
 
 
 def decode(text: str | bytes) -> dict[str, Any] | None:
-    """A note's body, or None for one that is not ours (not JSON, not an object)."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
-        return None
+    """A note's body, or None for one that is not ours or not within bounds (``body`` says why)."""
+    data = check(text)
     return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A note no reader may count: out of the decoder's bounds, or of the wrong shape."""
+
+    node: str
+    obj: str  # the commit (or claim object) it is on
+    why: str
+
+    def __str__(self) -> str:
+        return f"malformed note from {self.node} on {self.obj}: {self.why}"
+
+
+def body(node: str, obj: str, text: str | bytes) -> dict[str, Any] | Malformed:
+    """``node``'s note on ``obj``: its body, or what is wrong with it. Never raises."""
+    data = check(text)
+    return data if isinstance(data, dict) else Malformed(node, obj, data)
+
+
+def _str(value: Any, limit: int = MAX_NAME) -> str:
+    """A field of a body that passed ``check`` is a string within bounds; one given to ``parse``
+    by other code is made one, and cut."""
+    return cut(value if isinstance(value, str) else "" if value is None else str(value), limit)
 
 
 @dataclass(frozen=True)
@@ -78,14 +141,16 @@ class Note:
 
     @staticmethod
     def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
-        failed = [s for s, r in (data.get("services") or {}).items()
-                  if isinstance(r, Mapping) and r.get("result") == "failed"]
-        steps = {(str(s.get("service", "")), str(s.get("step", ""))): str(s.get("status", ""))
-                 for s in data.get("upgrade") or () if isinstance(s, Mapping)}
+        services = data.get("services")
+        failed = [s for s, r in services.items() if isinstance(r, Mapping) and r.get("result") == "failed"] \
+            if isinstance(services, Mapping) else []
+        upgrade = data.get("upgrade")
+        steps = {(_str(s.get("service")), _str(s.get("step"))): _str(s.get("status"))
+                 for s in (upgrade if isinstance(upgrade, list) else ()) if isinstance(s, Mapping)}
         plane = data.get("plane")
-        return Note(node, commit, str(data.get("state", "")), str(data.get("time", "")),
-                    failed[0] if failed else "", str(data.get("error", "")), steps,
-                    str(plane.get("vip", "")) if isinstance(plane, Mapping) else "")
+        return Note(node, commit, _str(data.get("state")), _str(data.get("time")),
+                    _str(failed[0]) if failed else "", _str(data.get("error"), MAX_TEXT), steps,
+                    _str(plane.get("vip")) if isinstance(plane, Mapping) else "")
 
 
 # A node's claim on a disruption slot (see ``budget``) is a note too, in the same ref, on an
@@ -104,20 +169,24 @@ class Claim:
     time: float = 0.0  # when the node last wrote it (seconds since the epoch, its clock)
     action: str = ""  # what it needs the slot for: "restart db, identity"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "claim": {"node": self.node, "state": self.state, "ticket": self.ticket,
+                                            "time": self.time, "action": self.action}}
+
     def encode(self) -> str:
-        return json.dumps({"format": FORMAT, "claim": {"node": self.node, "state": self.state, "ticket": self.ticket,
-                                                       "time": self.time, "action": self.action}},
-                          indent=2, sort_keys=True) + "\n"
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     @staticmethod
     def parse(node: str, data: Mapping[str, Any]) -> Claim | None:
         """The claim in a note body, or None for one that is not (an old agent's, garbage): a
         claim that cannot be read is no claim, as if the node held none."""
         c = data.get("claim")
-        if not isinstance(c, Mapping) or c.get("state") not in ("choosing", "queued", "free"):
+        if not isinstance(c, Mapping) or c.get("state") not in CLAIM_STATES:
             return None
-        try:
-            return Claim(node, str(c["state"]), int(c.get("ticket", 0)), float(c.get("time", 0.0)),
-                         str(c.get("action", "")))
-        except (TypeError, ValueError):
+        ticket, when = c.get("ticket", 0), c.get("time", 0.0)
+        # Only what ``notejson`` lets through: a ticket one higher never overflows, a time compares.
+        if not isinstance(ticket, int) or isinstance(ticket, bool) or not 0 <= ticket <= MAX_TICKET:
             return None
+        if not isinstance(when, int | float) or isinstance(when, bool) or not math.isfinite(when):
+            return None
+        return Claim(node, str(c["state"]), ticket, float(when), _str(c.get("action"), MAX_TEXT))

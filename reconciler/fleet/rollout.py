@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any
 
+from reconciler.core.text import printable
 from reconciler.fleet.notes import Claim, Note
 
 __all__ = ["FleetView", "Note", "Quiet", "Rollout", "Verdict", "Wave", "begun", "decide", "early", "plan_rollout",
@@ -135,6 +136,9 @@ class FleetView:
     notes: Mapping[str, tuple[Note, ...]] = field(default_factory=dict)
     descends: Callable[[str, str], bool] = lambda a, b: a == b
     claims: Mapping[str, Claim] = field(default_factory=dict)  # node -> its disruption-slot claim
+    # node -> (object, why) for each note that does not count: unsigned, signed by another key,
+    # malformed. Read as no note (whoever waits on it keeps waiting); ``status --fleet`` shows them.
+    rejected: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def reached(self, node: str, commit: str) -> Note | None:
         """The node's applied note for ``commit`` or a descendant of it."""
@@ -199,10 +203,17 @@ def decide(rollout: Rollout, node: str, commit: str, fleet: FleetView, now: floa
     return Verdict(True, reason=f"wave {my_wave.name}: every node before this one applied {commit[:12]}")
 
 
+# What a halted node quotes of the failed node's reason, in its own note and log: enough to say
+# what failed, never the whole of what another machine wrote (one 20 MB reason, copied by every
+# halted node, would be N x 20 MB at the git server), and never a control character.
+QUOTE = 1024
+
+
 def _halted(failed: Note, commit: str) -> Verdict:
-    what = f" ({failed.failed_service})" if failed.failed_service else ""
+    what = f" ({printable(failed.failed_service, 256)})" if failed.failed_service else ""
     return Verdict(False, halted=True, failed=failed,
-                   reason=f"halted: {failed.node} failed {commit[:12]}{what}: {failed.error}".rstrip(": "))
+                   reason=f"halted: {failed.node} failed {commit[:12]}{what}: "
+                          f"{printable(failed.error, QUOTE)}".rstrip(": "))
 
 
 def early(rollout: Rollout, node: str, commit: str, fleet: FleetView) -> Verdict | None:
@@ -217,7 +228,9 @@ def early(rollout: Rollout, node: str, commit: str, fleet: FleetView) -> Verdict
             if note is not None and note.state in FAILED_STATES:
                 return _halted(note, commit)
             if note is not None and note.state in HALTED_STATES:
-                return Verdict(False, halted=True, reason=note.error or f"halted: {n} halted {commit[:12]}")
+                # carried on as that node said it: quoted bounded like a failure
+                said = printable(note.error, QUOTE + 320)
+                return Verdict(False, halted=True, reason=said or f"halted: {n} halted {commit[:12]}")
     waiting = tuple(n for n in near if fleet.reached(n, commit) is None)
     if not waiting:
         return None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from reconciler.core.text import printable
 from reconciler.fleet.notes import Note
 from reconciler.fleet.rollout import FleetView, Rollout
 from reconciler.repo.planes import Mode, Placement, Planes
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 # whichever reads better (``ink``).
 COLOURS = {"applied": "#2e7d32", "failed": "#c62828", "halted": "#ef6c00", "refused": "#6a1b9a",
            "error": "#4e342e", "rebooting": "#0277bd", "waiting": "#00695c", "pending": "#9e9e9e",
-           "staged": "#f9a825"}
+           "staged": "#f9a825", "unverified": "#ad1457", "malformed": "#283593"}
 OTHER = "#607d8b"  # a state this version does not know
 
 
@@ -76,12 +77,21 @@ def fleet_status(rollout: Rollout, nodes: list[str], commit: str, fleet: FleetVi
     for node in sorted(nodes, key=lambda n: (_wave_index(rollout, n), n)):
         mine: Note | None = next((x for x in fleet.notes.get(node, ()) if x.commit == commit), None)
         reached = fleet.reached(node, commit)
+        refused = next((why for obj, why in fleet.rejected.get(node, ()) if obj == commit), None)
         if mine is not None and mine.state != "applied":
+            # What a node wrote is shown as text only, whatever it holds (``core.text``).
             detail = f"{mine.failed_service}: {mine.error}" if mine.failed_service else mine.error
-            out.append(NodeStatus(node, wave_of.get(node, "-"), mine.state, commit, detail, stages.get(node, "")))
+            out.append(NodeStatus(node, wave_of.get(node, "-"), printable(mine.state, 64), commit, printable(detail),
+                                  stages.get(node, "")))
         elif reached is not None:
             note = "" if reached.commit == commit else f"at descendant {reached.commit[:12]}"
             out.append(NodeStatus(node, wave_of.get(node, "-"), "applied", reached.commit, note,
+                                  stages.get(node, "")))
+        elif refused is not None:
+            # a note that does not count (unsigned, another key, malformed): pending for every
+            # reader, and shown as what it is, with why, so the culprit is named
+            state = "malformed" if refused.startswith("malformed note") else "unverified"
+            out.append(NodeStatus(node, wave_of.get(node, "-"), state, commit, printable(refused, 512),
                                   stages.get(node, "")))
         else:
             out.append(NodeStatus(node, wave_of.get(node, "-"), "pending", commit, stage=stages.get(node, "")))
@@ -134,7 +144,7 @@ def step_table(repo: DeploymentRepo, commit: str, fleet: FleetView, base: Bases,
             status = mine.get((service, step), "")
             if not status and waiting and (not service or node in ups[service].participants):
                 status, waiting = "waiting", False  # the first step not begun is the one it waits for
-            cells.append(status)
+            cells.append(printable(status, 64))
         rows[node] = tuple(cells)
     return StepTable(tuple(f"{s}/{n}" if s else f"post/{n}" for s, n in columns), rows)
 

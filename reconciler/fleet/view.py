@@ -9,31 +9,44 @@ left alone. No node settings, state dir or trust root: notes are reports, not in
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pygit2
 
 from reconciler.core.errors import BadInput, RemoteError
 from reconciler.fleet import notes
+from reconciler.fleet.notejson import MAX_NOTE
 from reconciler.fleet.notes import CLAIM_OBJECT, Claim, Note
 from reconciler.fleet.rollout import FleetView
 from reconciler.source.gitrun import GIT_TIMEOUT, git_cause, scrub
 from reconciler.source.refs import NOTES_PREFIX
+from reconciler.trust.notesig import NoteTrust
+
+log = logging.getLogger("reconciler.fleet")
 
 FLEET_PREFIX = "refs/reconciler/fleet/"  # where a fetch puts each node's notes ref
 BRANCH_PREFIX = "refs/reconciler/branch/"  # where a clone's fetch puts the branch followed
 
 
 def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
-               own: Mapping[str, str] | None = None) -> FleetView:
+               own: Mapping[str, str] | None = None, trust: NoteTrust | None = None,
+               at: datetime | None = None) -> FleetView:
     """The notes under ``prefix`` (one ref per node, named after it); ``own``: node -> ref for
-    notes kept elsewhere (a node's own, fresher than what it fetched back)."""
+    notes kept elsewhere (a node's own, fresher than what it fetched back). Only notes that
+    ``trust`` accepts (signed by their node's key in ``trust/nodes``) count; None: no note
+    counts, since nothing says whose key speaks for whom."""
     refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
     refs.update(own or {})
+    trust = trust if trust is not None else NoteTrust(problem="no trust/nodes to check notes against")
+    at = at or datetime.now(UTC)
     found: dict[str, tuple[Note, ...]] = {}
     claims: dict[str, Claim] = {}
+    rejected: dict[str, list[tuple[str, str]]] = {}
     for node, ref in sorted(refs.items()):
         try:
             entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
@@ -41,8 +54,15 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
             entries = []
         parsed = []
         for entry in entries:
-            data = notes.decode(entry.message)
-            if data is None:  # a note that is not ours is not a node's report
+            data = _read(repo, node, entry)
+            if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
+                continue
+            if isinstance(data, notes.Malformed):
+                rejected.setdefault(node, []).append((data.obj, str(data)))
+                continue
+            why = _judged(trust, node, str(entry.annotated_id), str(entry.id), data, at)
+            if why is not None:
+                rejected.setdefault(node, []).append((str(entry.annotated_id), why))
                 continue
             if str(entry.annotated_id) == CLAIM_OBJECT:
                 claim = Claim.parse(node, data)
@@ -57,7 +77,54 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
 
         return is_descendant(repo, a, b)
 
-    return FleetView(found, descends, claims)
+    return FleetView(found, descends, claims, {n: tuple(r) for n, r in rejected.items()})
+
+
+def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note) -> dict[str, Any] | notes.Malformed | None:
+    """``node``'s note ``entry`` through the one bounded decoder (``fleet.notejson``): its body,
+    why it is malformed (said once per note), or None for a note on an object that is neither
+    a commit nor the claim object (a tree's would otherwise reach the commit graph, which
+    would read it as damage and re-clone the mirror on every poll)."""
+    from reconciler.repo.tree import reading
+
+    obj = str(entry.annotated_id)
+    odb = repo.odb
+    with reading(repo):
+        if obj != CLAIM_OBJECT:
+            try:
+                if odb.read_header(entry.annotated_id)[0] != pygit2.enums.ObjectType.COMMIT:
+                    return None
+            except KeyError:
+                pass  # not here (another branch's commit): no commit this reader asks about
+        size = odb.read_header(entry.id)[1]  # the size first: a 20 MB note is never read
+        data = notes.body(node, obj, odb.read(entry.id)[1]) if size <= MAX_NOTE else \
+            notes.Malformed(node, obj, f"{size} bytes, more than {MAX_NOTE // 1024} KiB")
+    if isinstance(data, notes.Malformed) and (key := (node, obj, str(entry.id))) not in _SAID:
+        if len(_SAID) > 4096:
+            _SAID.clear()
+        _SAID.add(key)
+        log.warning("%s", data)
+    return data
+
+
+_SAID: set[tuple[str, str, str]] = set()  # the malformed notes said already: (node, object, note)
+
+
+def _judged(trust: NoteTrust, node: str, obj: str, blob: str, data: Mapping[str, Any], at: datetime) -> str | None:
+    """Why ``node``'s note on ``obj`` does not count (None: it does). A note is content-addressed
+    (``blob``): each is checked once per trust (and per minute where a key has a validity
+    window, judged to the minute), not on every poll."""
+    key = (trust.ident, node, obj, blob, 0 if trust.timeless else int(at.timestamp()) // 60)
+    hit = _CHECKED.get(key, _MISS)
+    if hit is _MISS:
+        if len(_CHECKED) > 8192:
+            _CHECKED.clear()
+        hit = _CHECKED[key] = trust.judge(node, obj, data, at)
+    return hit  # type: ignore[return-value]
+
+
+_MISS = object()
+_CHECKED: dict[tuple[int, str, str, str, int], object] = {}
 
 
 def open_clone(repo_dir: Path) -> pygit2.Repository:

@@ -6,18 +6,21 @@ and the moves allowed between verdicts (``ALLOWED``): above all, ``failed`` neve
 ``applied`` unless a run of that same commit applied it and found every service healthy
 (``Proof.HEALTHY_RUN``); a rollback or an unpin adds events and pins to a commit's record and
 never touches its verdict. Each record knows whether its note is written, so a run killed
-between the verdict and the note finishes the note. With the verdicts: the plane the node stood
-on at each commit, the **converged** marker (the commit and hashes of the last full run that
-left every service healthy, which lets a poll that finds nothing new do nothing; anything that
-changes what the node should run clears it), and the runs settled (what metrics count).
+between the verdict and the note finishes the note; a node that lost its state dir takes its
+records back from its own notes (``restore``), so the table holds across the loss. With the
+verdicts: the plane the node stood on at each commit, the **converged** marker (the commit and
+hashes of the last full run that left every service healthy, which lets a poll that finds
+nothing new do nothing; anything that changes what the node should run clears it), and the runs
+settled (what metrics count).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -169,12 +172,49 @@ class CommitLedger(Store):
         record may become anything). The table only: ``settle`` also asks applied for its proof."""
         return verdict in ALLOWED[self.verdict(commit)]
 
-    def recover_failure(self, commit: str, reason: str, error: str) -> None:
-        """After the state dir was lost: this node's own note says ``commit`` failed here. Kept as
-        the failure it was (noted already), so the new ledger does not try it again unasked."""
-        with self._tx(f"recover {commit[:12]}") as db:
-            db.execute("INSERT OR IGNORE INTO commits(commit_id, verdict, reason, error, noted, time)"
-                       " VALUES (?, 'failed', ?, ?, 1, ?)", (commit, reason, self.redact(error), time.time()))
+    def restore(self, reports: Iterable[Report]) -> int:
+        """After the state dir was lost: the records this node's own notes say, for the commits
+        the ledger has none of. Each is what its note says (verdict, results, events, trust
+        verdicts, plane, upgrade steps), noted already: the table of allowed moves holds against
+        it as before the loss (an applied commit is not refused, a failed one not tried again
+        unasked), and a note written again from it (an event added) keeps all it said. Returns
+        how many were restored."""
+        done = 0
+        with self._tx("restore from notes") as db:
+            for r in reports:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO commits(commit_id, verdict, reason, error, plan_hash, signer, healthy,"
+                    " noted, time) VALUES (?,?,?,?,?,?,?,1,?)",
+                    (r.commit, str(r.state), r.reason, r.error, r.plan_hash,
+                     json.dumps(dict(r.signer)) if r.signer else None, int(r.state is Verdict.APPLIED),
+                     _epoch(r.time)))
+                if cur.rowcount != 1:
+                    continue  # the ledger's own record wins over a note
+                done += 1
+                db.executemany("INSERT OR REPLACE INTO results(commit_id, seq, service, action, result, reason,"
+                               " detail, pid, hash, steps) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                               [(r.commit, seq, s.service, str(s.action), str(s.state), s.reason, s.detail, s.pid,
+                                 s.hash, json.dumps(list(s.steps))) for seq, s in enumerate(r.services)])
+                db.executemany("INSERT INTO events(commit_id, text) VALUES (?,?)", [(r.commit, e) for e in r.events])
+                db.executemany("INSERT OR REPLACE INTO trust_verdicts(commit_id, seq, body) VALUES (?,?,?)",
+                               [(r.commit, seq, json.dumps(dict(v), sort_keys=True))
+                                for seq, v in enumerate(r.verdicts)])
+                if r.plane is not None:
+                    db.execute("INSERT OR REPLACE INTO planes(commit_id, body) VALUES (?,?)",
+                               (r.commit, json.dumps(dict(r.plane), sort_keys=True)))
+                db.executemany("INSERT OR REPLACE INTO steps(commit_id, service, step, seq, scope, status, started,"
+                               " ended, detail) VALUES (?,?,?,?,?,?,?,?,?)",
+                               [(r.commit, s.service, s.step, seq, str(s.scope), str(s.status), s.started, s.ended,
+                                 s.detail) for seq, s in enumerate(r.steps)])
+        return done
+
+    def count_run(self, commit: str, verdict: Verdict, reason: str) -> None:
+        """A pass that came to ``verdict`` without moving ``commit``'s record (a rewind refused
+        while the commit stays applied): counted with the runs, so `status` and the metrics say
+        it."""
+        with self._tx(f"run {commit[:12]} {verdict}") as db:
+            db.execute("INSERT INTO runs(time, commit_id, state, reason) VALUES (?,?,?,?)",
+                       (time.time(), commit, str(verdict), reason))
 
     def add_event(self, commit: str, text: str) -> None:
         """Something happened to the node while ``commit`` was its head (a rollback, an unpin): the
@@ -259,3 +299,11 @@ class CommitLedger(Store):
         """The commit this node most recently applied (healthy), if any."""
         row = self._one("SELECT commit_id FROM commits WHERE verdict='applied' ORDER BY time DESC LIMIT 1")
         return None if row is None else str(row[0])
+
+
+def _epoch(text: str) -> float:
+    """A note's time as the ledger orders records by (0: none, or not one: before the rest)."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except (TypeError, ValueError):
+        return 0.0

@@ -8,13 +8,14 @@ open, and SQLite's errors translated into the project's (a full disk, a lock hel
 
 from __future__ import annotations
 
-import errno
 import json
+import logging
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -22,8 +23,12 @@ from reconciler.core import faults
 from reconciler.core.errors import DiskFull, ReconcilerError, StateMissing
 from reconciler.core.redact import NONE as NO_SECRETS
 from reconciler.core.redact import Redactor
+from reconciler.ledger import aside
 
 SCHEMA_VERSION = 4
+DAMAGED_KEY = "ledger_damaged"  # meta: JSON {time, why, moved_to, noted}: a corrupt ledger set aside
+
+log = logging.getLogger("reconciler.ledger")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mark (
@@ -174,15 +179,52 @@ class Store:
         path = root / "state.db"
         if not create and not path.exists():
             raise StateMissing(f"state dir {root}: no node state there (state.db does not exist)")
+        found = aside.identity(path)
         try:
-            db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            return cls._connect(path, check=create)
+        except sqlite3.Error as exc:
+            if not create or not aside.corrupt_code(getattr(exc, "sqlite_errorcode", 0)):
+                raise _translate(exc, path) from exc
+            why = str(exc)
+        except aside.LedgerCorrupt as exc:
+            why = str(exc)
+        # Damaged: every pass would stop here forever. Kept aside; a fresh ledger, and the node
+        # rebuilds what it knows as after a lost state dir (``aside``).
+        with aside.state_dir_locked(root):
+            if aside.identity(path) != found:  # another process moved it aside first
+                return cls.open(root, create=create)
+            damaged = aside.set_aside(path, why)
+            log.error("%s: the node's ledger is corrupt (%s): moved aside to %s; starting a new one, rebuilt "
+                      "from this node's notes and its services", path, why, damaged.moved_to or "(not kept)")
+            try:
+                ledger = cls._connect(path, check=False)
+                with ledger._tx("ledger damaged") as db:
+                    db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)",
+                               (DAMAGED_KEY, json.dumps({**asdict(damaged), "noted": False})))
+            except sqlite3.Error as exc:
+                raise _translate(exc, path) from exc
+        return ledger
+
+    @classmethod
+    def _connect(cls, path: Path, *, check: bool) -> Self:
+        """The ledger at ``path``, its schema brought up to date; ``check``: ``quick_check``
+        first (``aside.LedgerCorrupt`` when it fails). Once per process (a daemon keeps it open):
+        measured under 1 ms for a new node's ledger and 28 ms for one of 21 MiB (50,000 history
+        rows, 50,000 runs, 10,000 events), against 1 ms to open without it."""
+        db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
             path.chmod(0o600)  # its -wal and -shm files take the same mode
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
+            if check:
+                problem = str(db.execute("PRAGMA quick_check(1)").fetchone()[0])
+                if problem != "ok":
+                    raise aside.LedgerCorrupt(problem)
             ledger = cls(path, db)
             ledger._migrate()
-        except sqlite3.Error as exc:
-            raise _translate(exc, path) from exc
+        except BaseException:
+            db.close()
+            raise
         return ledger
 
     def close(self) -> None:
@@ -276,14 +318,30 @@ def _statements(script: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
+# Below this much free space on the state dir's filesystem, an I/O error of SQLite's is the
+# disk being full: on a full disk SQLite often reports not SQLITE_FULL but an I/O error (the
+# shared-memory index of a WAL database cannot grow: SQLITE_IOERR_SHMSIZE), and a ledger
+# transaction needs a few pages of WAL and 32 KiB of index.
+NEARLY_FULL = 2**20
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13
+
+
 def _translate(exc: sqlite3.Error, path: Path) -> ReconcilerError:
     text = str(exc)
-    if "disk is full" in text or "database or disk is full" in text:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
+    if code == _SQLITE_FULL or "disk is full" in text:
         return DiskFull.at(path.parent, f"{path}: {text}")
+    if code == _SQLITE_IOERR and _free(path.parent) < NEARLY_FULL:
+        return DiskFull.at(path.parent, f"{path}: {text}: the disk is full")
     if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
         from reconciler.core.errors import Busy
 
         return Busy(f"{path}: {text}")
-    if getattr(exc, "sqlite_errorcode", None) == errno.ENOSPC:
-        return DiskFull.at(path.parent, f"{path}: {text}")
     return ReconcilerError(f"{path}: the node's ledger cannot be read or written: {text}", reason="LEDGER_ERROR")
+
+
+def _free(directory: Path) -> int:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return NEARLY_FULL  # unknown: not taken for a full disk

@@ -1,20 +1,21 @@
 """The ledger's flags: the node's small named facts, each kept as a text under a key of ``meta``.
 
 An operator's suspension and the repo's, the commit whose post-upgrade steps are owed, the notes
-ref as last pushed, the last poll and the polls counted. Each has typed accessors here; the keys
-and the text stored under them (JSON where it is) are the on-disk format an agent upgraded in
-place reads back, so they never change. The table itself is not handed out: a new flag is a new
-pair of accessors, named for what it means.
+ref as last pushed, the last poll and the polls counted, a corrupt ledger set aside. Each has
+typed accessors here; the keys and the text stored under them (JSON where it is) are the on-disk
+format an agent upgraded in place reads back, so they never change. The table itself is not
+handed out: a new flag is a new pair of accessors, named for what it means.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from reconciler.ledger.db import Store
+from reconciler.ledger.aside import Damaged
+from reconciler.ledger.db import DAMAGED_KEY, Store
 
 SUSPENDED_KEY = "suspended"  # meta: an operator's suspension, JSON {reason, by, since}
 REPO_SUSPENDED_KEY = "suspended_repo"  # meta: the verified head's `suspend: true`, same shape
@@ -23,6 +24,7 @@ PUSHED_KEY = "notes_pushed"  # meta: the notes ref's tip when it was last pushed
 PUSHED_TIME_KEY = "notes_pushed_time"  # when the last push went through (seconds since the epoch; metrics)
 POLL_KEY = "metrics_last_poll"  # meta: JSON {time, result, head, head_time}
 POLLS_KEY = "metrics_polls"  # meta: JSON result -> count, the polls_total counter kept across restarts
+CLAIMS_SEEN_KEY = "claims_seen"  # meta: JSON node -> [claim as read, first seen (this clock)]
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,40 @@ class FlagLedger(Store):
         polls = self.poll_counts()
         polls[poll.result] = polls.get(poll.result, 0) + 1
         self._set_meta(POLLS_KEY, json.dumps(polls, sort_keys=True))
+
+    # other nodes' disruption claims, as this node first saw them ---------------------------
+    def claims_seen(self) -> dict[str, tuple[str, float]]:
+        """node -> (its claim as last read, when this node first read it so: its own clock).
+        A claim's age is judged from here, never from the time its writer put in it."""
+        out = {}
+        for node, value in _json_object(self._meta(CLAIMS_SEEN_KEY)).items():
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[1], int | float):
+                out[str(node)] = (str(value[0]), float(value[1]))
+        return out
+
+    def set_claims_seen(self, seen: Mapping[str, tuple[str, float]]) -> None:
+        self._set_meta(CLAIMS_SEEN_KEY, json.dumps({n: list(v) for n, v in seen.items()}, sort_keys=True))
+
+    # a corrupt ledger set aside ----------------------------------------------------------
+    def damaged(self) -> tuple[Damaged, bool] | None:
+        """The last time this node's ledger was found corrupt and started afresh (``Store.open``
+        records it in the fresh one), and whether a note carries it yet; None: never."""
+        record = _json_object(self._meta(DAMAGED_KEY))
+        if "time" not in record:
+            return None
+        return (Damaged(str(record["time"]), str(record.get("why", "")), str(record.get("moved_to", ""))),
+                bool(record.get("noted")))
+
+    def damage_noted(self) -> bool:
+        """Whether a settled commit's events hold the event (then it is marked noted, and passes
+        stop carrying it): a pass killed before its note carried it leaves it to the next."""
+        found = self.damaged()
+        if found is None or found[1]:
+            return True
+        if self._one("SELECT 1 FROM events WHERE text=?", self.redact(found[0].event)) is None:
+            return False
+        self._set_meta(DAMAGED_KEY, json.dumps({**asdict(found[0]), "noted": True}))
+        return True
 
     # the meta table ----------------------------------------------------------------------
     def _meta(self, key: str) -> str | None:

@@ -26,7 +26,7 @@ from reconciler.core.redact import Redactor
 from reconciler.drivers import Driver, drivers_in_use, make_driver
 
 if TYPE_CHECKING:
-    from reconciler.core.model import Desired
+    from reconciler.core.model import Desired, Observed, Plan
     from reconciler.fleet.rollout import Quiet
     from reconciler.ledger import Ledger
     from reconciler.ledger.statedir import State
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from reconciler.repo.definitions import DeploymentRepo
     from reconciler.settings import AgentConfig
     from reconciler.source.mirror import Source
+    from reconciler.trust.notesig import NoteTrust
 
 log = logging.getLogger("reconciler.agent")
 
@@ -51,6 +52,7 @@ class Memory:
     redact: Redactor = NO_SECRETS
     pulled_ahead: set[str] = field(default_factory=set)  # commits whose images a wait pulled
     quiet: Quiet | None = None  # a waiting node's still batch before (``fleet.rollout``)
+    note_trust: tuple[str | None, NoteTrust] | None = None  # the commit whose trust/nodes it is
     _said: dict[Hashable, None] = field(default_factory=dict)
 
     def say_once(self, key: Hashable, level: int, msg: str, *args: Any) -> None:
@@ -118,6 +120,16 @@ class NodeContext:
 
     def drivers(self, desired: Desired | None) -> dict[str, Driver]:
         return drivers_for(self.settings, desired)
+
+    def plan(self, desired: Desired, observed: Observed) -> Plan:
+        """The planner's plan, its reasons cleaned of secret values before anything hashes, shows
+        or logs it: a reason names the changed keys of a file, and a template may use a secret
+        as a key. The values of the commits the running services were rendered from are learnt
+        first: a key a rotation renamed is the old value, in the files on disk."""
+        from reconciler.plan.planner import plan as make_plan  # here: an idle poll plans nothing
+
+        self.resolver.learn_running(s.commit for s in observed.services if s.commit)
+        return self.redact.plan(make_plan(desired, observed))
 
     def last_output(self, service: str) -> str:
         """The service's last lines of output, secret values replaced by ``<secret NAME>``."""

@@ -28,7 +28,7 @@ from reconciler.core.model import (
 )
 from reconciler.drivers.observe import observe
 from reconciler.fleet.budget import DISRUPTIVE
-from reconciler.ledger import Interrupted, Proof, ServiceRecord
+from reconciler.ledger import Interrupted, Proof, ServiceRecord, Version
 from reconciler.node import peers
 from reconciler.node.apply import apply_plan
 from reconciler.node.peers import plane_of
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("reconciler.agent")
 
 REDO = (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE, ActionKind.DRAIN_RESTART)
+NOT_RUNNING = ("stop", "revive", "none")  # history rows that say nothing of the version running
 
 
 def converge_step(ctx: NodeContext, run: Run) -> Run | RunResult:
@@ -76,7 +77,7 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
     with ctx.state.services_lock(wait=60):
         try:
             drivers = ctx.drivers(desired)
-            the_plan = make_plan(desired, observe(ctx.node, drivers))
+            the_plan = ctx.plan(desired, observe(ctx.node, drivers))
             the_plan = redo_interrupted(the_plan, run.interrupted)
             if not instantiate:
                 the_plan = stage(the_plan)
@@ -93,7 +94,7 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
                 raise
             return stopped(ctx, run, Verdict.FAILED, exc)
         recheck = frozenset(i.service for i in run.interrupted if i.action is not ActionKind.STOP)
-        before = {a.service: ctx.ledger.service(a.service) for a in the_plan.changes}
+        before = {a.service: ran_before(ctx, a.service, run.commit) for a in the_plan.actions}
         results = apply_plan(the_plan, drivers, ctx.ledger, recheck, ctx.redact)
         ctx.ledger.clear_interrupted()  # done again above, or moot: only now
         failed = [r for r in results if r.state is ResultState.FAILED]
@@ -144,11 +145,40 @@ def _on_failure(ctx: NodeContext, repo: DeploymentRepo | None, commit: str) -> s
     return str(settings.get("on_failure", "service"))
 
 
+def ran_before(ctx: NodeContext, service: str, commit: str) -> ServiceRecord | None:
+    """The service's record, running what it ran before ``commit`` was first tried: a run of
+    ``commit`` killed after it recorded the new version would otherwise make the new version
+    the one a put-back goes back to. Its history says what the last pass of another head left."""
+    rec = ctx.ledger.service(service)
+    if rec is None or rec.running is None or rec.running.commit != commit:
+        return rec
+    for row in ctx.ledger.history(service, 200):
+        if row.head != commit and row.result == "ok" and row.hash and row.action not in NOT_RUNNING:
+            return replace(rec, running=Version(row.commit, row.hash))
+    return replace(rec, running=None)  # new at ``commit``
+
+
+def _changed_before(ctx: NodeContext, service: str, before: Mapping[str, ServiceRecord | None]) -> bool:
+    """A run of this commit killed after it changed ``service``: this run found nothing left to do."""
+    rec, now = before.get(service), ctx.ledger.service(service)
+    return rec is not None and now is not None and rec.running != now.running
+
+
+def _ran(before: Mapping[str, ServiceRecord | None], service: str) -> bool:
+    """It ran before this commit (it failed now: its driver put back what its own record said
+    ran, which a killed run may already have moved on, or stopped; the ledger knows)."""
+    rec = before.get(service)
+    return rec is not None and rec.running is not None
+
+
 def put_back(ctx: NodeContext, commit: str, results: list[ServiceResult], before: Mapping[str, ServiceRecord | None],
              drivers: Mapping[str, Driver]) -> list[str]:
-    """``on_failure: node``: every service this run changed goes back to the version it ran
-    before (a service it started is stopped again). Returns what the note says about it."""
-    changed = [r for r in results if r.state is ResultState.OK and r.action is not ActionKind.NONE]
+    """``on_failure: node``: every service this run (or a killed run of the same commit)
+    changed goes back to the version it ran before (a service it started is stopped again).
+    Returns what the note says about it."""
+    changed = [r for r in results if (r.state is ResultState.OK and (
+        r.action is not ActionKind.NONE or _changed_before(ctx, r.service, before)))
+        or (r.state is ResultState.FAILED and _ran(before, r.service))]
     if not changed:
         return []
     events: list[str] = []
@@ -173,9 +203,11 @@ def put_back(ctx: NodeContext, commit: str, results: list[ServiceResult], before
         old.append(replace(svc, origin=version.commit))
     if old:
         names = {s.name for s in old}
-        back = make_plan(Desired(ctx.node, commit, tuple(old)), observe(ctx.node, drivers))
+        back = ctx.plan(Desired(ctx.node, commit, tuple(old)), observe(ctx.node, drivers))
         back = Plan(back.node, commit, tuple(a for a in back.actions if a.service in names))
         for r in apply_plan(back, drivers, ctx.ledger, redact=ctx.redact):
+            if r.action is ActionKind.NONE:
+                continue  # already back: its driver put it back
             origin = next(s.origin for s in old if s.name == r.service)
             events.append(f"on_failure node: {r.service} put back to {origin[:12]} ({r.action} {r.state})"
                           + (f": {r.detail}" if r.detail else ""))

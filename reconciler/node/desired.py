@@ -13,12 +13,14 @@ through it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.core.errors import BadInput
+from reconciler.core.errors import BadInput, ReconcilerError
 from reconciler.core.model import Desired, DesiredService, Revision, VerifiedRevision
 from reconciler.upgrades.history import Bases, Owed, bases_in, owed
 from reconciler.upgrades.rules import held_back
@@ -98,19 +100,23 @@ class Resolver:
     def unlock(self, repo: DeploymentRepo) -> DeploymentRepo:
         """The repo with this node's secrets decrypted (only the files encrypted to its key). No
         identity configured: none decrypted, and a template that reads one fails SECRET_UNREADABLE."""
-        from reconciler.render.secrets import SecretUnreadable, identities, open_files
+        from reconciler.render.secrets import identities, open_files
 
         path = self.identity
         if path is None:
             return replace(repo, unlocked={}, no_identity=True)
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SecretUnreadable(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
-                                   file=str(path)) from None
+        text = read_identity(path)
         unlocked = replace(repo, unlocked=open_files(repo.secret_files, identities(text, str(path))))
         self._learn(unlocked)
         return unlocked
+
+    def learn_running(self, commits: Iterable[str]) -> None:
+        """Load (and so teach the memory the secret values of) the commits the running services
+        were rendered from. Only to clean outputs: a commit the mirror no longer holds, or that
+        this node can no longer decrypt (dropped as a recipient), teaches nothing."""
+        for commit in sorted(set(commits)):
+            with contextlib.suppress(ReconcilerError):
+                self.load(commit)
 
     def bases(self, commit: str, repo: DeploymentRepo) -> Bases:
         """Each node's base for ``commit`` (``upgrades.history``)."""
@@ -163,3 +169,21 @@ class Resolver:
             raise BadInput(f"node {self.node} does not run {name} at {commit[:12]}", reason="UNKNOWN_SERVICE")
         return replace(svc, origin=commit)
 
+
+
+def read_identity(path: Path) -> str:
+    """The node's age identity file, refused (as ssh refuses such a private key) when its group
+    or others may read it: the key may have been copied already, and whoever set it up so must
+    hear of it before the node decrypts with it. Its mode is read from the file opened."""
+    from reconciler.render.secrets import SecretUnreadable
+
+    try:
+        with path.open("rb") as f:
+            mode = os.fstat(f.fileno()).st_mode & 0o777
+            if mode & 0o077:
+                raise SecretUnreadable(f"permissions {mode:04o} for the age identity are too open: it must be "
+                                       f"readable by its owner only (chmod 600 {path})", file=str(path))
+            return f.read().decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SecretUnreadable(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
+                               file=str(path)) from None

@@ -24,7 +24,6 @@ from reconciler.node.peers import fleet_view, rollout_gate
 from reconciler.node.run import Run, RunResult, now_iso
 from reconciler.node.settle import held, settle, stopped, write_note
 from reconciler.node.upgrader import Upgrader
-from reconciler.plan.planner import plan as make_plan
 from reconciler.trust.root import TrustError
 
 if TYPE_CHECKING:
@@ -60,11 +59,13 @@ def verify(ctx: NodeContext, run: Run) -> VerifiedRevision | RunResult:
                        ctx.node, run.commit[:12], exc, exc.reason)
         if not ctx.ledger.may_become(run.commit, Verdict.REFUSED):
             # An old commit this node applied, replayed as the head: its own record stays what it
-            # was (the fleet gate reads it); the refused move is an event on the node's mark.
+            # was (the fleet gate reads it; after a lost state dir, as its note says), and the
+            # refused move is an event on the node's mark and a run `status` shows.
             mark = ctx.ledger.mark().commit
             text = f"refused head {run.commit[:12]}: {exc.reason}"
             if mark is not None and ctx.ledger.last_event(mark) != text:
                 ctx.ledger.add_event(mark, text)
+                ctx.ledger.count_run(run.commit, Verdict.REFUSED, exc.reason)
                 write_note(ctx, mark)
             return RunResult(ctx.node, run.commit, run.fetched, report=report, pushed=ctx.reporter.push(),
                              error=exc)
@@ -157,7 +158,7 @@ def hold(ctx: NodeContext, run: Run, rev: VerifiedRevision, repo: DeploymentRepo
         with ctx.state.services_lock(wait=60):
             drivers = ctx.drivers(desired)
             observed = observe(node, drivers)
-            the_plan = make_plan(desired, observed)
+            the_plan = ctx.plan(desired, observed)
     except BadInput as exc:
         return stopped(ctx, run, Verdict.ERROR, exc)
     except ReconcilerError as exc:  # a runtime that cannot even be observed (engine down)

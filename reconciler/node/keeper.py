@@ -16,17 +16,29 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.core.atomic import atomic_write
 from reconciler.core.errors import ConfigError
-from reconciler.core.model import Revision, Verdict, VerifiedRevision
+from reconciler.core.model import (
+    ActionKind,
+    Report,
+    ResultState,
+    Revision,
+    Scope,
+    ServiceResult,
+    StepRecord,
+    StepStatus,
+    Verdict,
+    VerifiedRevision,
+)
 from reconciler.fleet import notes
 from reconciler.trust.commits import verify_commit
 from reconciler.trust.root import Policy, TrustError, TrustRoot, load_root, parse_revoked
-from reconciler.trust.verify import Decision, Gate, repo_requires_binding, tree_file
+from reconciler.trust.verify import Decision, Gate, repo_requires_binding, rotated_root_at, tree_file
 
 if TYPE_CHECKING:
     import pygit2
 
     from reconciler.ledger import Ledger
     from reconciler.settings import TrustConfig
+    from reconciler.trust.notesig import NoteKey
 
 log = logging.getLogger("reconciler.trust")
 
@@ -35,7 +47,8 @@ class TrustKeeper:
     """The node's trust state over its ledger and mirror."""
 
     def __init__(self, cfg: TrustConfig, state_root: Path, ledger: Ledger, repo: Callable[[], pygit2.Repository],
-                 notes_ref: str, clock: Callable[[], datetime], node: str, branch: str) -> None:
+                 notes_ref: str, clock: Callable[[], datetime], node: str, branch: str,
+                 note_key: Callable[[], NoteKey] | None = None) -> None:
         node_root = load_root(cfg.allowed_signers, cfg.gpg_home, cfg.revoked, cfg.sealers)
         if node_root.empty:
             raise ConfigError("no trust root: set trust.allowed_signers and/or trust.gpg_home "
@@ -45,6 +58,8 @@ class TrustKeeper:
         self.repo = repo
         self.notes_ref = notes_ref
         self.node = node
+        self.note_key = note_key  # this node's own: its notes on the remote are trusted only if it signed them
+        self.node_root = node_root
         self.gate = Gate(self._adopted(node_root), Policy(cfg.policy), clock, node_root.revoked, branch,
                          cfg.require_branch_binding)
 
@@ -112,13 +127,15 @@ class TrustKeeper:
 
     def high_water(self) -> str | None:
         """The last commit this node acted on; after the state dir was lost, the newest commit
-        that this node's own notes (on the remote, written only by it) say it acted on."""
+        that this node's own notes (on the remote, written only by it) say it acted on, with
+        every note's record taken back into the ledger (``Ledger.restore``)."""
         mark = self.ledger.mark().commit
         if mark:
             return mark
         import pygit2  # only a state dir with no mark reads notes (see ``source``)
 
-        newest: tuple[str, str, dict[str, Any]] | None = None
+        newest: tuple[str, str, str] | None = None
+        records: list[Report] = []
         try:
             entries = list(self.repo().notes(self.notes_ref))  # type: ignore[call-arg]  # stub lacks ref
         except KeyError:
@@ -129,20 +146,76 @@ class TrustKeeper:
             raise corrupt(self.repo(), exc) from exc
         for note in entries:
             data = notes.decode(note.message)
-            # The mark moves for every verified commit the node acted on, whatever came of it.
-            # (a disruption claim is not about a commit)
-            if data is None or data.get("state") == str(Verdict.REFUSED) \
-                    or str(note.annotated_id) == notes.CLAIM_OBJECT:
+            commit = str(note.annotated_id)
+            if data is None or commit == notes.CLAIM_OBJECT:  # a disruption claim is not about a commit
                 continue
-            if newest is None or str(data.get("time", "")) > newest[0]:
-                newest = (str(data.get("time", "")), str(note.annotated_id), data)
+            if not self._written_here(commit, data):
+                # the remote (or a mirror) can write in our ref; a note we did not sign moves no mark
+                log.warning("%s: a note on %s in this node's ref that it did not sign: ignored", self.node,
+                            commit[:12])
+                continue
+            record = recorded(self.node, commit, data)
+            if record is not None:
+                records.append(record)
+            # The mark moves for every verified commit the node acted on, whatever came of it.
+            if data.get("state") != str(Verdict.REFUSED) and (newest is None or str(data.get("time", "")) > newest[0]):
+                newest = (str(data.get("time", "")), commit, str(data.get("root") or ""))
         if newest is None:
+            self.ledger.restore(records)
             return None
-        self.ledger.advance(newest[1], None)
-        if newest[2].get("state") == str(Verdict.FAILED):
-            self.ledger.recover_failure(newest[1], str(newest[2].get("reason", "")), str(newest[2].get("error", "")))
+        origin = self._recover_root(newest[1], newest[2])  # before anything is taken back: it may refuse
+        restored = self.ledger.restore(records)
+        if restored:
+            log.warning("%s: %d records recovered from this node's notes", self.node, restored)
+        self.ledger.advance(newest[1], None, origin)
         log.warning("%s: high-water mark %s recovered from this node's notes", self.node, newest[1][:12])
         return newest[1]
+
+    def _written_here(self, commit: str, data: Mapping[str, Any]) -> bool:
+        """A note in this node's ref that this node wrote: signed with its key, or with a key
+        ``trust/nodes`` lists for it at that commit (a key rotated since); unsigned only where
+        the repo still lets this node's notes go unsigned."""
+        from reconciler.trust.notesig import note_trust
+
+        if self.note_key is not None and self.note_key().signed(self.node, commit, data):
+            return True
+        return note_trust(self.repo(), commit).judge(self.node, commit, data, self.gate.clock()) is None
+
+    def _recover_root(self, mark: str, named: str) -> str | None:
+        """The commit root in force with the recovered ``mark``, as this node's own signed note
+        on it names it; adopted here (the origin to keep with the mark), None for the node's own.
+        Where nothing can prove it (an older agent's note names none) and the repo carries a
+        root of its own at the mark that the node's differs from, the node refuses: it cannot
+        tell whether a key retired since is trusted again."""
+        if named.startswith("repo@"):
+            origin_commit = named.removeprefix("repo@")
+            try:
+                root = rotated_root_at(self.repo(), origin_commit, self.node_root)
+            except (TrustError, KeyError, ValueError) as exc:
+                raise TrustError(f"state dir lost: the trust root its notes name ({named[:17]}) cannot be "
+                                 f"read: {exc}", "ROOT_UNPROVEN") from exc
+            for name in ("allowed_signers", "revoked"):
+                atomic_write(self.dir / name, tree_file(self.repo(), origin_commit, f"trust/{name}") or b"", 0o600)
+            self.gate = self.gate.with_root(root)
+            log.warning("%s: trust root %s recovered with the mark from this node's notes", self.node, named[:17])
+            return root.origin
+        if named == "node":
+            return None
+        raw = tree_file(self.repo(), mark, "trust/allowed_signers")
+        if raw is None:
+            return None  # the repo never carried a root of its own here: the node's is the one
+        try:
+            repo_root = rotated_root_at(self.repo(), mark, self.node_root)
+        except (TrustError, KeyError, ValueError):
+            repo_root = None
+        if repo_root is not None and repo_root.signers == self.node_root.signers:
+            return None  # the operator gave the node the repo's root: nothing older can come back
+        raise TrustError(
+            f"state dir lost: the high-water mark {mark[:12]} came back from this node's notes, but not the trust "
+            "root in force with it (its note names none, and the repo carries its own in trust/): restore "
+            f"{self.dir}, or set trust.allowed_signers to the root in force "
+            f"(git show {mark[:12]}:trust/allowed_signers)",
+            "ROOT_UNPROVEN")
 
     def repo_policy(self, *commits: str | None) -> Policy:
         """The strictest policy the repo asks for at these commits (it can only tighten)."""
@@ -165,3 +238,31 @@ class TrustKeeper:
 
 def _signer(verdict: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(verdict[k]) for k in ("format", "principal", "fingerprint")}
+
+
+def recorded(node: str, commit: str, data: Mapping[str, Any]) -> Report | None:
+    """A note of this node's read back as the ledger's record it was written from (None: not
+    one it could have written)."""
+    try:
+        services = tuple(
+            ServiceResult(str(name), ActionKind(r["action"]), ResultState(r["result"]), str(r.get("reason") or ""),
+                          str(r.get("detail") or ""), r.get("pid"), r.get("hash"), tuple(r.get("steps") or ()))
+            for name, r in (data.get("services") or {}).items())
+        steps = tuple(
+            StepRecord(str(s.get("service") or ""), str(s["step"]), Scope(s["scope"]), StepStatus(s["status"]),
+                       _epoch(s.get("started")), _epoch(s.get("ended")), str(s.get("detail") or ""))
+            for s in data.get("upgrade") or ())
+        return Report(node, commit, Verdict(str(data.get("state"))), str(data.get("time") or ""), services=services,
+                      reason=str(data.get("reason") or ""), error=str(data.get("error") or ""),
+                      plan_hash=str(data.get("plan_hash") or ""), signer=data.get("signer") or None,
+                      verdicts=tuple(data.get("verdicts") or ()), events=tuple(map(str, data.get("events") or ())),
+                      steps=steps, plane=data.get("plane") or None)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _epoch(text: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(text)).timestamp() if text else 0.0
+    except ValueError:
+        return 0.0

@@ -22,7 +22,6 @@ from reconciler.node.reconcile import head
 from reconciler.node.run import Run, RunResult, now_iso
 from reconciler.node.settle import write_note
 from reconciler.plan.planner import in_windows, stage
-from reconciler.plan.planner import plan as make_plan
 from reconciler.trust.verify import is_descendant
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ def plan(ctx: NodeContext, *, fetch: bool = True, rev: str | None = None) -> tup
     with ctx.state.lock(wait=30):
         desired, repo, fetched = verified_slice(ctx, fetch=fetch, rev=rev)
         observed = observe(ctx.node, ctx.drivers(desired))
-        return in_windows(stage(make_plan(desired, observed)), repo.windows, ctx.clock()), fetched
+        return in_windows(stage(ctx.plan(desired, observed)), repo.windows, ctx.clock()), fetched
 
 
 def prepull(ctx: NodeContext, *, fetch: bool = True, rev: str | None = None) -> tuple[str, list[Pulled]]:

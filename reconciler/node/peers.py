@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from reconciler.core.errors import ReconcilerError, RemoteError
 from reconciler.core.model import Plan, Verdict
+from reconciler.core.text import printable
 from reconciler.fleet.budget import DISRUPTIVE, budgets_of, next_ticket, wait
 from reconciler.fleet.notes import Claim
 from reconciler.fleet.rollout import WHOLE_READ_EVERY, FleetView, Quiet, begun, decide, early, plan_rollout, sentinel
@@ -33,15 +34,20 @@ if TYPE_CHECKING:
     from reconciler.node.context import NodeContext
     from reconciler.repo.budgets import Budget
     from reconciler.repo.definitions import DeploymentRepo
+    from reconciler.trust.notesig import NoteTrust
 
 log = logging.getLogger("reconciler.agent")
 
+CLOCK_SKEW = 300.0
+"""Seconds a node's clock may run ahead of another's (NTP keeps them far closer)."""
+
 
 # the notes of the others, and the rollout's word --------------------------------------------
-def fleet_view(ctx: NodeContext, nodes: Iterable[str] | None = None) -> FleetView:
+def fleet_view(ctx: NodeContext, nodes: Iterable[str] | None = None, trusted: str | None = None) -> FleetView:
     """The notes of ``nodes`` (None: every node's), fetched now from the read remote this
     pass uses (only those refs: a node waiting on three predecessors reads three refs, not
-    the fleet's); this node's own from its local ref, the freshest."""
+    the fleet's); this node's own from its local ref, the freshest. ``trusted``: a commit this
+    process verified, whose ``trust/nodes`` to check the notes with (None: the mark's)."""
     from reconciler.fleet.view import FLEET_PREFIX  # pygit2: only once the fleet is read
     from reconciler.fleet.view import fleet_view as read_fleet
 
@@ -57,7 +63,20 @@ def fleet_view(ctx: NodeContext, nodes: Iterable[str] | None = None) -> FleetVie
     # its own ref is fresher than what it fetched back, once it has one (a state dir that has
     # noted nothing, a view from another state dir, reads the remote's)
     own = {ctx.node: ctx.reporter.ref} if ctx.reporter.ref in ctx.source.repo.references else {}
-    return read_fleet(ctx.source.repo, FLEET_PREFIX, own)
+    return read_fleet(ctx.source.repo, FLEET_PREFIX, own, note_trust_of(ctx, trusted), ctx.clock())
+
+
+def note_trust_of(ctx: NodeContext, commit: str | None = None) -> NoteTrust:
+    """Whose key speaks for which node: ``trust/nodes`` at the newest commit this node verified
+    (its high-water mark: a commit it already judged signed), or at ``commit``. Never at a head it
+    has not verified: whoever serves the repo could otherwise name the keys."""
+    from reconciler.trust.notesig import note_trust
+
+    commit = commit or ctx.ledger.mark().commit
+    memo = ctx.memory.note_trust
+    if memo is None or memo[0] != commit:
+        memo = ctx.memory.note_trust = (commit, note_trust(ctx.source.repo, commit))
+    return memo[1]
 
 
 def _still(ctx: NodeContext, sentinel: str, commit: str) -> bool:
@@ -148,10 +167,17 @@ def cutover_watch(ctx: NodeContext, commit: str) -> list[str]:
     failed = next((note for n in watched if (note := fleet.note(n, commit)) is not None and note.state == "failed"),
                   None)
     if failed is not None:
-        why = f"cutover aborted: {failed.node} failed {commit[:12]}" + (f" ({failed.error})" if failed.error else "")
+        # another node's words, quoted bounded and cleaned (they reach this node's note and log)
+        why = f"cutover aborted: {failed.node} failed {commit[:12]}" + (
+            f" ({printable(failed.error, 1024)})" if failed.error else "")
+        text = f"{why}: back onto the VIP networks"
+        # Why, with the commit's record, before the plane moves: a pass killed after the move
+        # still notes it (the record is not noted yet, so no pass stops at the no-op check).
+        if ctx.ledger.last_event(commit) != text:
+            ctx.ledger.add_event(commit, text)
         ctx.ledger.replan(commit, {**{k: v for k, v in plane.items() if k != "watch"}, "aborted": True})
         log.error("%s: %s: back onto the VIP networks", ctx.node, why)
-        return [f"{why}: back onto the VIP networks"]
+        return []
     if all(fleet.reached(n, commit) is not None for n in watched):
         ctx.ledger.replan(commit, {k: v for k, v in plane.items() if k != "watch"})
         write_note(ctx, commit)
@@ -178,15 +204,15 @@ def _take(ctx: NodeContext, mine: tuple[Budget, ...], what: str) -> str | None:
     node = ctx.node
     group = {n for b in mine for n in b.members}
     claim = ctx.reporter.claim()
-    now = time.time()
+    now = ctx.clock().timestamp()
     if claim is None or claim.state != "queued" or not all(b.live(claim, now) for b in mine):
         # The doorway: say we are choosing before reading the others, so a node that reads us
         # meanwhile waits for our ticket instead of missing it.
         ctx.reporter.write_claim(Claim(node, "choosing", 0, now, what))
         if not ctx.reporter.push():
             return "waiting (budget): this node's claim could not be pushed (the remote did not answer)"
-        seen = fleet_view(ctx, group).claims
-        claim = Claim(node, "queued", next_ticket(seen, mine, time.time()), time.time(), what)
+        seen = observed(ctx, fleet_view(ctx, group).claims)
+        claim = Claim(node, "queued", next_ticket(seen, mine, ctx.clock().timestamp()), ctx.clock().timestamp(), what)
         ctx.reporter.write_claim(claim)
         if not ctx.reporter.push():
             return "waiting (budget): this node's ticket could not be pushed (the remote did not answer)"
@@ -194,11 +220,37 @@ def _take(ctx: NodeContext, mine: tuple[Budget, ...], what: str) -> str | None:
         claim = replace(claim, time=now, action=what)  # still here: kept live while it waits
         ctx.reporter.write_claim(claim)
         ctx.reporter.push()
-    held = wait(claim, fleet_view(ctx, group).claims, mine, time.time())
+    held = wait(claim, observed(ctx, fleet_view(ctx, group).claims), mine, ctx.clock().timestamp())
     if held is not None:
         return str(held)
     log.info("%s: disruption slot taken (ticket %d): %s", node, claim.ticket, what)
     return None
+
+
+def observed(ctx: NodeContext, claims: Mapping[str, Claim]) -> dict[str, Claim]:
+    """The others' claims timed by this node's clock: each as of when this node first read it
+    as it is now (a claim its node rewrites is new again; one nobody rewrites ages, and stops
+    counting after ``expire_after``, whatever time its writer put in it). A claim dated more than
+    ``CLOCK_SKEW`` ahead of this clock is expired: no clock is that far off, only a forger's."""
+    now = ctx.clock().timestamp()
+    before = ctx.ledger.claims_seen()
+    seen: dict[str, tuple[str, float]] = {}
+    out: dict[str, Claim] = {}
+    for node, claim in claims.items():
+        if node == ctx.node:
+            out[node] = claim  # our own, by our own clock
+            continue
+        if claim.time > now + CLOCK_SKEW:
+            ctx.say_once(("claim-ahead", node, claim.time), logging.WARNING, "%s: %s's disruption claim is dated "
+                         "%.0f s ahead of this clock: not counted", ctx.node, node, claim.time - now)
+            continue
+        as_read = f"{claim.state}|{claim.ticket}|{claim.time!r}|{claim.action}"
+        first = before.get(node)
+        seen[node] = first if first is not None and first[0] == as_read else (as_read, now)
+        out[node] = replace(claim, time=seen[node][1])
+    if seen != before:
+        ctx.ledger.set_claims_seen(seen)
+    return out
 
 
 def release(ctx: NodeContext) -> None:
@@ -206,5 +258,5 @@ def release(ctx: NodeContext) -> None:
     claim = ctx.reporter.claim()
     if claim is None or claim.state == "free":
         return
-    ctx.reporter.write_claim(Claim(ctx.node, "free", 0, time.time()))
+    ctx.reporter.write_claim(Claim(ctx.node, "free", 0, ctx.clock().timestamp()))
     ctx.reporter.push()  # a push that fails is retried on the next pass, like a note

@@ -45,13 +45,16 @@ def post(upgrader: Upgrader, fleet: FleetView, note: Callable[[], None]) -> tupl
         upgrader.ctx.ledger.step(upgrader.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started))
         ok, detail = _post(upgrader, post)
         detail = upgrader.ctx.redact(detail)
-        upgrader.forget("", post.name)
         upgrader.ctx.ledger.step(upgrader.commit, k, StepRecord("", post.name, Scope.NODE,
                                                           StepStatus.DONE if ok else StepStatus.FAILED, started,
                                                           time.time(), detail))
+        # Only once the record says done: the scratch directory holds the exit status that tells
+        # a pass killed before the record that the command ran (without it, it would run again).
+        upgrader.forget("", post.name)
         note()
         if not ok:
             return "", f"post_upgrade {post.name} failed on {upgrader.node}: {detail}"
+    upgrader.forget("")  # every post step recorded: what a pass killed after a record left goes too
     return "", ""
 
 

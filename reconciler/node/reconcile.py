@@ -9,6 +9,7 @@ each with its reason):
     resume    a reboot this node started: wait for it, or finish it; a cutover it watches
     noop      same commit, converged, every service running its slice: nothing at all (unless
               post_upgrade steps here wait on the fleet)
+    adopt     what runs with no record (the state dir was lost) taken back, or stopped (``node.adopt``)
     trust     verified and forward, or refused (noted once per root)          (``node.gate``)
     gate      a commit that failed here waits for `retry`; pins released when the branch moved;
               the repo loads; an owed upgrade first; suspended; the rollout says go, wait or
@@ -33,6 +34,7 @@ from reconciler.core.model import Verdict
 from reconciler.drivers.afterboot import after_boot
 from reconciler.drivers.observe import observe
 from reconciler.node import peers
+from reconciler.node.adopt import adopt_step
 from reconciler.node.context import NodeContext
 from reconciler.node.converge import converge_step
 from reconciler.node.gate import gate, trust
@@ -83,8 +85,13 @@ def prepare(ctx: NodeContext) -> tuple[Interrupted, ...]:
 
 def start(ctx: NodeContext, run: Run) -> Run:
     interrupted = prepare(ctx)
-    return replace(run, interrupted=interrupted,
-                   events=tuple(f"interrupted run: {i.action} {i.service} at {i.commit[:12]}" for i in interrupted))
+    events = tuple(f"interrupted run: {i.action} {i.service} at {i.commit[:12]}" for i in interrupted)
+    damaged = ctx.ledger.damaged()
+    if damaged is not None and not ctx.ledger.damage_noted():
+        # A corrupt ledger was set aside when it was opened: the passes carry it (no no-op) until
+        # a settled note does; the rest of the pass is the one after a lost state dir.
+        events += (damaged[0].event,)
+    return replace(run, interrupted=interrupted, events=events)
 
 
 def source(ctx: NodeContext, run: Run) -> Run:
@@ -163,4 +170,5 @@ def unchanged(ctx: NodeContext, commit: str) -> bool:
     return all(o.running and not o.drifted and o.hash == hashes[n] for n, o in seen.items())
 
 
-STEPS: tuple[Step, ...] = (start, source, resume, noop, trust, gate, upgrade_step, converge_step, post_step)
+STEPS: tuple[Step, ...] = (start, source, resume, noop, adopt_step, trust, gate, upgrade_step, converge_step,
+                          post_step)

@@ -7,12 +7,15 @@ remote has ahead of ours (state dir lost) is merged, keeping our note for a comm
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.core import faults
-from reconciler.core.errors import RemoteError
+from reconciler.core.errors import ConfigError, RemoteError
 from reconciler.fleet import notes
 from reconciler.source.refs import NOTES_PREFIX
 
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from reconciler.core.model import Report
     from reconciler.ledger import Ledger
     from reconciler.source.mirror import Source
+    from reconciler.trust.notesig import NoteKey
 
 log = logging.getLogger("reconciler.report")
 
@@ -30,9 +34,28 @@ def notes_ref(node: str) -> str:
     return NOTES_PREFIX + node
 
 
+def key_loader(path: Path | None, state_dir: Path) -> Callable[[], NoteKey]:
+    """The node's note key, read when the first note is signed (a poll that finds nothing new
+    signs nothing); a ``note_key`` setting that names no file is said at start, before any change."""
+    from functools import cache
+
+    if path is not None and not path.is_file():
+        raise ConfigError("note_key: no such file (an SSH private key: ssh-keygen -t ed25519 -N '' -f FILE)",
+                          file=str(path))
+
+    @cache
+    def load() -> NoteKey:
+        from reconciler.trust.notesig import NoteKey, default_key_path
+
+        return NoteKey.load(path) if path is not None else NoteKey.load_or_create(default_key_path(state_dir))
+
+    return load
+
+
 class Reporter:
-    def __init__(self, source: Source, ledger: Ledger, node: str) -> None:
+    def __init__(self, source: Source, ledger: Ledger, node: str, key: Callable[[], NoteKey] | None = None) -> None:
         self.source = source
+        self.key = key  # signs every note and claim (``trust.notesig``); None: unsigned (tests of old agents)
         self.ledger = ledger
         self.node = node
         self.ref = notes_ref(node)
@@ -50,16 +73,22 @@ class Reporter:
     def write(self, report: Report) -> None:
         sig = self._signature()
         faults.point("note", report.commit)
-        self.source.repo.create_note(
-            notes.encode(report), sig, sig, report.commit, self.ref, True,
-        )
+        self.source.repo.create_note(self._sealed(report.commit, notes.to_dict(report)), sig, sig, report.commit,
+                                     self.ref, True)
+
+    def _sealed(self, obj: str, body: Mapping[str, Any]) -> str:
+        """The note's text: its body signed by this node for ``obj`` (same record, same bytes)."""
+        if self.key is not None:
+            body = self.key().seal(self.node, obj, body)
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     def write_claim(self, claim: notes.Claim) -> None:
         """This node's disruption-slot register (``budget``): a note in its own ref, on the
         claim object; pushed like its reports."""
         sig = self._signature()
         faults.point("claim", f"{claim.state} {claim.ticket}")
-        self.source.repo.create_note(claim.encode(), sig, sig, notes.CLAIM_OBJECT, self.ref, True)
+        self.source.repo.create_note(self._sealed(notes.CLAIM_OBJECT, claim.to_dict()), sig, sig,
+                                     notes.CLAIM_OBJECT, self.ref, True)
 
     def claim(self) -> notes.Claim | None:
         """This node's claim. Every pass asks (``slots.release``), so it is read once per tip
@@ -70,6 +99,10 @@ class Reporter:
         if self._claim is None or self._claim[0] != tip:
             text = self.source.note(self.ref, notes.CLAIM_OBJECT)
             data = notes.decode(text) if text is not None else None
+            if data is not None and self.key is not None and not self.key().signed(self.node, notes.CLAIM_OBJECT, data):
+                # our ref came back from the remote after the state dir was lost: a claim we did
+                # not sign is not ours (a server's, a mirror's), and holds no slot
+                data = None
             self._claim = (tip, notes.Claim.parse(self.node, data) if data is not None else None)
         return self._claim[1]
 

@@ -38,6 +38,7 @@ def write_note(ctx: NodeContext, commit: str) -> None:
     report = ctx.ledger.report(commit, ctx.node, now_iso())
     if report is None:
         return
+    report = replace(report, root=ctx.keeper.gate.root.origin)  # signed with it: what recovery trusts
     previous = ctx.reporter.read(commit)
     if previous is None or {k: v for k, v in previous.items() if k != "time"} != \
             {k: v for k, v in notes.to_dict(report).items() if k != "time"}:

@@ -37,7 +37,6 @@ from reconciler.drivers.observe import observe
 from reconciler.drivers.steprun import INTERRUPTED, run_command
 from reconciler.fleet.rollout import FleetView, plan_rollout
 from reconciler.node.apply import apply_plan, pull_images
-from reconciler.plan.planner import plan as make_plan
 from reconciler.repo.steps import Step, StepAction
 from reconciler.upgrades.rules import (
     Bases,
@@ -132,6 +131,7 @@ class Upgrader:
         for up in self.mine:
             begun = ledger.upgrade(self.commit, up.service)
             if begun is not None and begun[3] == "done":
+                self.forget(up.service)  # what a pass killed between the record and the removal left
                 continue
             if begun is not None and begun[3] == "undone":
                 ledger.reset_upgrade(self.commit, up.service)  # the fleet goes on (a retry): from the top
@@ -280,7 +280,8 @@ class Upgrader:
             actions = (Action(kind, service, "upgrade step", svc, svc.runtime.driver),)
         else:
             assert svc is not None
-            planned = make_plan(Desired(self.node, self.commit, (svc,)), observe(self.node, drivers))
+            # through the context: the reasons cleaned of secret values, as every plan is
+            planned = self.ctx.plan(Desired(self.node, self.commit, (svc,)), observe(self.node, drivers))
             actions = tuple(a for a in planned.actions if a.service == service)
         results = apply_plan(Plan(self.node, self.commit, actions), drivers, self.ctx.ledger,
                              redact=self.ctx.redact)

@@ -1,13 +1,16 @@
 """What ``validate`` refuses in a repo beyond its schemas, each problem at its file and line:
 unknown names and cycles between services, upgrade and post-upgrade steps that cannot run,
 waves and stages that name nobody, variables the render would shadow, what a node's driver
-needs from a service, and VIP networks attached to two control planes at once. Pure.
+needs from a service, VIP networks attached to two control planes at once, and names that
+hold a control character or a line break (``unprintable``: a path that puts a line of its own
+into a review comment or a log). Pure.
 """
 
 from __future__ import annotations
 
 import graphlib
 import re
+import unicodedata
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from typing import Any
@@ -19,6 +22,22 @@ from reconciler.repo.planes import Mode
 from reconciler.repo.steps import PostStep, StepAction
 
 _ABSENT = object()  # a key a file does not have (a null is a value: the enum refused it)
+
+# Control characters, invisible format characters (a right-to-left override) and line or
+# paragraph separators: none belongs in a name a reviewer reads.
+_UNPRINTABLE = frozenset(("Cc", "Cf", "Zl", "Zp"))
+
+
+def unprintable(name: str) -> bool:
+    return not name.isprintable() and any(unicodedata.category(ch) in _UNPRINTABLE for ch in name)
+
+
+def check_file_names(services: Mapping[str, ServiceDef]) -> list[Problem]:
+    """Each file a service declares: its path, template and source, printable on one line."""
+    return [Problem(s.file, f.line, f"{what} {value!r} has a control character or a line break")
+            for s in services.values() for f in s.files
+            for what, value in (("path", f.path), ("template", f.template), ("source", f.source))
+            if value is not None and unprintable(value)]
 
 
 def check_drivers(repo: DeploymentRepo) -> list[Problem]:

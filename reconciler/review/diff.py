@@ -24,12 +24,13 @@ from reconciler.fleet.rollout import plan_rollout
 from reconciler.plan.planner import plan as make_plan
 from reconciler.render.inputs import Inputs
 from reconciler.render.node import render_node
+from reconciler.repo.checks import check_file_names, unprintable
 from reconciler.repo.cutover import CutoverStep, cutover_steps
 from reconciler.repo.definitions import DeploymentRepo
 from reconciler.repo.load import load_repo
 from reconciler.repo.steps import Stage
 from reconciler.repo.tree import Tree
-from reconciler.review.linediff import unified
+from reconciler.review.linediff import quoted, unified, visible
 from reconciler.upgrades.rules import Upgrade, bases, describe, fleet_upgrades_of, held_back, stage_of, upgraded
 
 
@@ -67,12 +68,13 @@ def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo 
     """``reconciler validate``: the repo (None when it does not load), each problem located, and
     how many nodes and service instances rendered. ``keys`` (age identities): also look for the
     values of the secrets they open in plain text elsewhere in the repo."""
-    problems: list[Problem] = []
+    problems: list[Problem] = path_problems(tree)
     nodes = services = 0
     try:
         repo = load_repo(tree)
     except RepoProblems as exc:
-        return None, exc.problems, 0, 0
+        return None, problems + exc.problems, 0, 0
+    problems += check_file_names(repo.services)
     problems += trust_problems(tree)
     for node in sorted(repo.nodes):
         try:
@@ -90,14 +92,36 @@ def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo 
     return repo, problems, nodes, services
 
 
+def path_problems(tree: Tree) -> list[Problem]:
+    """Every path in the repo with a control character or a line break, named escaped: the
+    loader would read it, and a review comment, a terminal or a log line would show it as
+    something else (a newline and "<!--" hide the rest of a comment)."""
+    problems = []
+    for entry in tree.listdir(""):
+        if entry == ".git":
+            continue
+        try:
+            below = tree.files(entry)
+        except BadInput:
+            below = []  # a symlink: load_repo names it where it reads it
+        problems += [Problem(visible(path), None, "a file name with a control character or a line break: "
+                                                  "not allowed in a deployment repo")
+                     for path in below or [entry] if unprintable(path)]
+    return problems
+
+
 def trust_problems(tree: Tree) -> list[Problem]:
     """The repo's ``trust/`` files read as a node reads them in a rotation: one it cannot read
     refuses the commit on every node (``BAD_TRUST_ROOT``), so it must not merge."""
+    from reconciler.trust.notesig import parse_nodes
     from reconciler.trust.root import TRUST_DIR, parse_revoked
     from reconciler.trust.sshsig import parse_allowed_signers
 
     problems = []
-    for name, parse in (("allowed_signers", parse_allowed_signers), ("revoked", parse_revoked)):
+    # trust/nodes (whose key signs which node's notes): one that cannot be read makes every
+    # note of the fleet count for nothing, and every wave wait
+    for name, parse in (("allowed_signers", parse_allowed_signers), ("revoked", parse_revoked),
+                        ("nodes", parse_nodes)):
         path = f"{TRUST_DIR}/{name}"
         try:
             if tree.exists(path):
@@ -168,14 +192,15 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
             lb = new.lines if new else []
             if (old is not None and old.secret) or (new is not None and new.secret):
                 # Never the content of a file that holds a secret: that it changed, and short hashes.
-                text = (f"<secret changed> {node}/{name}/{path}: sha256 {old.sha256[:12] if old else '(none)'}"
+                where = quoted(f"{node}/{name}/{path}")
+                text = (f"<secret changed> {where}: sha256 {old.sha256[:12] if old else '(none)'}"
                         f" -> {new.sha256[:12] if new else '(none)'}\n")
                 if old is not None and new is not None and old.mode != new.mode:
                     text = f"mode {old.mode:04o} -> {new.mode:04o}\n" + text
             elif la is None or lb is None:
                 text = "binary content differs\n"
             else:
-                text = unified(la, lb, f"a/{node}/{name}/{path}", f"b/{node}/{name}/{path}")
+                text = unified(la, lb, quoted(f"a/{node}/{name}/{path}"), quoted(f"b/{node}/{name}/{path}"))
                 if old is not None and new is not None and old.mode != new.mode:
                     text = f"mode {old.mode:04o} -> {new.mode:04o}\n" + text
             out.append(FileDiff(name, path, text))

@@ -7,6 +7,9 @@ match. Like git's xdiff, this takes the lines both files start and end with as t
 asks difflib only about the lines between. The hunks are a correct diff of the two files (the
 test applies them); where a changed region could be matched more than one way they may pair
 lines differently from difflib's own choice over the whole files.
+
+A header names its path as git does (``quoted``): in double quotes with C escapes when the path
+holds a control character, a line break, a quote or a backslash, so it stays one line.
 """
 
 from __future__ import annotations
@@ -15,6 +18,19 @@ import difflib
 from collections.abc import Iterator, Sequence
 
 Opcode = tuple[str, int, int, int, int]
+
+
+def visible(text: str) -> str:
+    """``text`` on one line: each character that prints as nothing or moves the cursor (a line
+    break, a tab, an escape, a right-to-left override) shown as its escape."""
+    return text if text.isprintable() else "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def quoted(path: str) -> str:
+    """A path in a diff header as git writes it: as it is, or quoted with its escapes."""
+    if path.isprintable() and '"' not in path and "\\" not in path:
+        return path
+    return '"' + visible(path.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 
 
 def _ends(a: Sequence[str], b: Sequence[str]) -> tuple[int, int, int]:

@@ -1,11 +1,18 @@
 """The review as a reader sees it: what every node does, summed up per action (most disruptive
 first), nodes grouped per service by what it does there, and the pull-request comment in
 markdown, cut to fit a forge's limit.
+
+Everything from the repo (paths, service, node and group names, reasons that quote keys, the
+diffs) is written so that the comment shows it and nothing more: a control character or a line
+break is shown as its escape, text is escaped for where it stands (``_md`` in markdown, ``_html``
+in the raw HTML of a ``<summary>``, ``code_span`` in a code span), and a diff's fence is longer
+than any run of backticks in it. A name that opened an HTML comment would hide the rest.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +21,7 @@ from typing import Any
 from reconciler.core.model import ActionKind
 from reconciler.repo.cutover import CutoverStep
 from reconciler.review.diff import FileDiff, NodeDiff
+from reconciler.review.linediff import visible
 
 # Most disruptive first: what a reviewer must see before anything else.
 DISRUPTION: tuple[ActionKind, ...] = (
@@ -124,26 +132,26 @@ def markdown(diffs: list[NodeDiff], a: str, b: str, *, groups: Mapping[str, Sequ
     head += ["", f"{len(diffs) - unchanged} of {len(diffs)} nodes change; {unchanged} unchanged."]
     if steps:
         head += ["", "#### Cutover of the VIP networks, in order (each step gated on the notes)", ""]
-        head += [_html(step.line(i)) for i, step in enumerate(steps, 1)]
+        head += [_md(step.line(i)) for i, step in enumerate(steps, 1)]
     found = changes(diffs)
     names = {id(c): node_set(c.nodes, groups or {}, len(diffs)) for c in found}
     overview = ["", "#### Per service", ""]
     blocks: list[str] = []
     for c in found:
-        files = ", ".join(f"`{p}` (+{plus} -{minus})" for p, plus, minus in c.files) or "no file"
-        blocks.append(f"- **{c.service}** on {_html(names[id(c)])}: **{c.kind}**, {files}: {_html(_short(c.reason))}")
+        files = ", ".join(f"{code_span(p)} (+{plus} -{minus})" for p, plus, minus in c.files) or "no file"
+        blocks.append(f"- **{_md(c.service)}** on {_md(names[id(c)])}: **{c.kind}**, {files}: {_md(_short(c.reason))}")
     details = ["", "#### Details", ""]
     for c in found:
-        body = [f"<details><summary>{c.service} on {_html(names[id(c)])}: {c.kind}</summary>", ""]
+        body = [f"<details><summary>{_html(c.service)} on {_html(names[id(c)])}: {c.kind}</summary>", ""]
         if c.reason != _short(c.reason):
-            body += [f"Why: {_html(_short(c.reason, 2000))}", ""]  # -o json has it whole
+            body += [f"Why: {_md(_short(c.reason, 2000))}", ""]  # -o json has it whole
         if names[id(c)].endswith(" more"):  # the short name left some out: here they all are
-            body += [f"Nodes: {', '.join(c.nodes)}.", ""]
+            body += [f"Nodes: {_md(', '.join(c.nodes))}.", ""]
         if len(c.nodes) > 1:
-            body += [f"The diff shown is {c.nodes[0]}'s; the others change the same lines.", ""]
+            body += [f"The diff shown is {_md(c.nodes[0])}'s; the others change the same lines.", ""]
         if c.upgrade:
             body += ["Upgrade steps, in order (each waits at its barrier):", ""]
-            body += [f"1. {_html(u)}" for u in c.upgrade] + [""]
+            body += [f"1. {_md(u)}" for u in c.upgrade] + [""]
         if c.diff:
             fence = "`" * max(3, _longest_backticks(c.diff) + 1)
             body += [f"{fence}diff", c.diff.rstrip("\n"), fence, ""]
@@ -195,5 +203,26 @@ def _short(reason: str, limit: int = 200) -> str:
     return reason if len(reason) <= limit else reason[:limit - 1] + "…"
 
 
+# Every character that starts markdown inline syntax (emphasis, links, images, code, raw HTML,
+# entities, strikethrough, table cells) and the escape itself. On one line (``visible``), no
+# block syntax can start mid-line.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>!&~|])")
+
+
+def _md(text: str) -> str:
+    """Text from the repo in markdown, shown as it is."""
+    return _MD_SPECIAL.sub(r"\\\1", visible(text))
+
+
 def _html(text: str) -> str:
-    return html.escape(text, quote=False)
+    """Text from the repo inside raw HTML (a ``<summary>``), where markdown does not apply."""
+    return html.escape(visible(text), quote=False)
+
+
+def code_span(text: str) -> str:
+    """Text from the repo as a code span: delimited by more backticks than any run in it."""
+    shown = visible(text)
+    ticks = "`" * (_longest_backticks(shown) + 1)
+    # A space on each side, which the span drops, lets the text itself begin or end with one.
+    pad = " " if shown[:1] in ("`", " ") or shown[-1:] in ("`", " ") else ""
+    return f"{ticks}{pad}{shown}{pad}{ticks}"

@@ -166,6 +166,10 @@ class AgentConfig:
     """A pass stops before changing anything when the state dir's filesystem has less free (DISK_FULL)."""
     ssh_command: str | None = None
     """GIT_SSH_COMMAND for ssh:// remotes (key, port, known hosts)."""
+    note_key: Path | None = None
+    """The SSH private key this node signs its notes with (its public half is the node's line in
+    the repo's ``trust/nodes``): the node's SSH key for the git server will do. None: a key the
+    agent makes in the state dir on first use (lost with the state dir: keep one outside it)."""
     trust: TrustConfig = TrustConfig()
     """Who may sign the commits this node applies."""
     host: HostConfig = HostConfig()

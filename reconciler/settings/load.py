@@ -109,6 +109,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
             supervise_interval=number("supervise_interval", 2.0),
             min_free_mb=number("min_free_mb", 16.0, zero=True, most=float(1 << 40)),
             ssh_command=values.get("ssh_command"),
+            note_key=_path(values.get("note_key")),
             trust=TrustConfig(
                 allowed_signers=_path(trust_values.get("allowed_signers")),
                 gpg_home=_path(trust_values.get("gpg_home")),

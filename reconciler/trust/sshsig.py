@@ -16,7 +16,10 @@ the tests run both on every case), including its odd corners: the file's valid-b
 still valid but a certificate's is not, and a security key's user-presence flag is not required.
 Deliberate differences, all stricter: signature version 0, RSA keys under 2048 bits, DSA, SHA-1
 signatures (also by a certificate's CA) and webauthn security-key signatures are refused; a
-malformed allowed-signers line is an error for the whole file, where ssh-keygen skips it. Times
+malformed allowed-signers line is an error for the whole file, where ssh-keygen skips it. A
+well-formed line of a key type refused on purpose (DSA) or not known here is skipped, as
+ssh-keygen skips a line it cannot use, with a warning naming the file and line (said once): a
+retired DSA key left in the file must not take every other signer down with it. Times
 without "Z" in the file are read as UTC, where ssh-keygen uses the local time zone.
 
 The keys, certificates and the check of one signature blob are ``sshkeys``; here the SSHSIG
@@ -28,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +48,8 @@ from reconciler.trust.sshkeys import (
     parse_key,
     wire_string,
 )
+
+log = logging.getLogger("reconciler.trust")
 
 _BEGIN = b"-----BEGIN SSH SIGNATURE-----\n"
 _END = b"\n-----END SSH SIGNATURE-----"
@@ -244,20 +250,36 @@ def public_key_fingerprint(line: str) -> str:
     return _key_of(words[0], words[1])[0].fingerprint
 
 
+class RefusedKeyType(ValueError):
+    """A well-formed key of a type refused on purpose (DSA) or not known here."""
+
+
 def _key_of(key_type: str, base64: str) -> tuple[SshKey, bytes]:
-    """The key written as ``TYPE BASE64`` (and its blob); ValueError saying why it is not one."""
+    """The key written as ``TYPE BASE64`` (and its blob); ValueError saying why it is not one,
+    ``RefusedKeyType`` when it is one of a type this verifier does not take."""
     try:
         blob = binascii.a2b_base64(base64, strict_mode=True)
         key = parse_key(blob)
-    except (binascii.Error, SignatureError) as exc:
+    except SignatureError as exc:
+        if exc.reason in ("WEAK_ALGORITHM", "UNSUPPORTED_KEY"):
+            raise RefusedKeyType(str(exc)) from None
+        raise ValueError(f"invalid {key_type} key: {exc}") from None
+    except binascii.Error as exc:
         raise ValueError(f"invalid {key_type} key: {exc}") from None
     if key.key_type != key_type:
         raise ValueError(f"the key is {key.key_type}, not {key_type}")
     return key, blob
 
 
+# The skipped lines warned about so far, (file, line, text): a root is read again on every
+# rotation and by every command, the warning is said once a process.
+_SKIPPED: set[tuple[str, int, str]] = set()
+_SKIPPED_AT_MOST = 1000
+
+
 def parse_allowed_signers(text: str, file: str) -> tuple[AllowedSigner, ...]:
-    """Parse an allowed-signers file; any malformed line is a ``BadInput`` naming it."""
+    """Parse an allowed-signers file; any malformed line is a ``BadInput`` naming it, and a line
+    of a key type refused on purpose is skipped with a warning (see the module's docstring)."""
     signers = []
     for n, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip(" \t\r")
@@ -265,6 +287,12 @@ def parse_allowed_signers(text: str, file: str) -> tuple[AllowedSigner, ...]:
             continue
         try:
             signers.append(_parse_line(line, n))
+        except RefusedKeyType as exc:
+            if (file, n, line) not in _SKIPPED:
+                if len(_SKIPPED) >= _SKIPPED_AT_MOST:
+                    _SKIPPED.clear()
+                _SKIPPED.add((file, n, line))
+                log.warning("%s:%d: allowed signers: %s: line skipped", file, n, exc)
         except ValueError as exc:
             raise BadInput(f"allowed signers: {exc}", file=file, line=n) from None
     return tuple(signers)

@@ -18,7 +18,8 @@ acted on). Key validity is judged by the agent's clock, never by a date inside t
 Two trailers in a signed message (git's trailer format; the message is under the signature):
 
 - ``Reconciler-Branch: NAME`` binds a head to the branch it was signed for: a head bound to
-  another branch is always refused, and a node or repo may require every head to be bound
+  another branch, or naming a branch more than once (ambiguous), is always refused, and a node
+  or repo may require every head to be bound
   (a signature alone names no branch, so whoever can move a branch could move it onto a
   signed commit made for another);
 - ``Reconciler-Seal: REASON``, from a principal in the node's ``sealers`` file, vouches for the
@@ -123,11 +124,22 @@ def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_
     """The root after ``commit_id`` (already verified under ``root``): the repo's trust/ if this
     commit changed it (against its first parent). The node's own revocation list always stays
     in force."""
-    signers_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers")
-    if signers_raw is None:
+    if tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers") is None:
         return root
     if read_commit(repo, commit_id).parent_ids and not changes_trust(repo, commit_id):
         return root
+    new = rotated_root_at(repo, commit_id, replace(root, revoked=node_revoked))
+    if (new.signers, new.revoked) == (root.signers, root.revoked):
+        return root
+    return new
+
+
+def rotated_root_at(repo: pygit2.Repository, commit_id: str, node_root: TrustRoot) -> TrustRoot:
+    """The root the repo's ``trust/`` holds at ``commit_id``, as a node adopts it there: its
+    signers and revocations, plus the node's own revocations, OpenPGP keyring and sealers."""
+    signers_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers")
+    if signers_raw is None:
+        raise TrustError(f"no {TRUST_DIR}/allowed_signers at {commit_id[:12]}", "BAD_TRUST_ROOT")
     revoked_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/revoked") or b""
     file = f"{TRUST_DIR}/allowed_signers@{commit_id[:12]}"
     try:
@@ -136,11 +148,7 @@ def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_
         revoked = parse_revoked(revoked_raw.decode(), f"{TRUST_DIR}/revoked@{commit_id[:12]}")
     except (UnicodeDecodeError, ReconcilerError) as exc:
         raise TrustError(f"rotation refused: {exc}", "BAD_TRUST_ROOT") from exc
-    new = TrustRoot(signers, revoked | node_revoked,
-                    root.gpg_home, f"repo@{commit_id}", root.sealers)
-    if (new.signers, new.revoked) == (root.signers, root.revoked):
-        return root
-    return new
+    return TrustRoot(signers, revoked | node_root.revoked, node_root.gpg_home, f"repo@{commit_id}", node_root.sealers)
 
 
 @dataclass(frozen=True)
@@ -241,6 +249,12 @@ class Gate:
             return None
         named = [b.removeprefix("refs/heads/") for b in trailer_values(read_commit(repo, head.commit).message,
                                                                        BRANCH_TRAILER)]
+        if len(named) > 1:
+            # Two trailers (a PR description ending in one, the merge bot adding another): which
+            # one the signer meant is not for the node to guess, even when they agree.
+            values = ", ".join(repr(b) for b in named)
+            return replace(head, ok=False, reason="AMBIGUOUS_BINDING", message=f"ambiguous branch binding "
+                           f"({values}): a head carries one '{BRANCH_TRAILER}' trailer")
         if named and self.branch not in named:
             signed_for = ", ".join(repr(b) for b in named)
             return replace(head, ok=False, reason="WRONG_BRANCH",

@@ -152,3 +152,6 @@ class Report:
     suspended: Mapping[str, str] | None = None  # held back by a suspension: {reason, by, since}
     # Two control planes side by side: the node's release, mode and VIP attachment at this commit
     plane: Mapping[str, Any] | None = None
+    # The commit trust root in force when the note was written: "node" (the node's own) or
+    # "repo@<commit>" (rotated through the repo): what a node that lost its state dir recovers
+    root: str = ""

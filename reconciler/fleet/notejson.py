@@ -1,0 +1,241 @@
+"""A note's JSON read within bounds: the one decoder every reader of notes and claims uses.
+
+A note is written by one node and read by every other node, by ``status --fleet`` and by the
+review bot, so one compromised node must not be able to stop them: JSON nested past Python's
+recursion limit, an integer of 5,000 digits, ``NaN`` or ``1e999``, a 20 MB error, a field of the
+wrong type would each raise in every reader, or be copied fleet-wide. Here every bound is
+checked on the raw text before ``json.loads`` builds anything deep or big, then the fields the
+readers use are checked against their types. A note outside them is malformed: a reason, never
+an exception; the readers count it as no note.
+
+Pure: text in, a body or the reason out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+KiB = 1024
+MAX_NOTE = 64 * KiB  # bytes of one note, checked before it is parsed
+MAX_TEXT = 4 * KiB  # characters of one text: an error, a reason, a service's detail, an event
+MAX_NAME = 256  # characters of a name: a key, a state, a service, a step, a time
+MAX_DEPTH = 16  # arrays and objects inside each other
+MAX_DIGITS = 18  # digits of an integer: any fits in 64 bits
+MAX_TICKET = 2**53  # a claim's ticket: one higher is still exact, as a float too
+CLAIM_STATES = ("choosing", "queued", "free")
+
+__all__ = ["CLAIM_STATES", "MAX_DEPTH", "MAX_DIGITS", "MAX_NAME", "MAX_NOTE", "MAX_TEXT", "MAX_TICKET", "check"]
+
+
+class _Refused(ValueError):
+    """Why a note is malformed (raised from inside json.loads' hooks, caught in ``check``)."""
+
+
+def check(raw: str | bytes) -> dict[str, Any] | str:
+    """The note's body, or why it is malformed (a short text naming the bound it broke)."""
+    try:
+        return _check(raw)
+    except _Refused as exc:
+        return str(exc)
+    except json.JSONDecodeError as exc:
+        return f"not JSON ({exc.msg} at character {exc.pos})"
+    except (ValueError, TypeError, RecursionError, OverflowError) as exc:  # bounds above make these unexpected
+        return f"not readable ({type(exc).__name__})"
+
+
+def _check(raw: str | bytes) -> dict[str, Any]:
+    if isinstance(raw, bytes | bytearray):
+        if len(raw) > MAX_NOTE:
+            raise _Refused(f"{len(raw)} bytes, more than {MAX_NOTE // KiB} KiB")
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Refused("not UTF-8") from None
+    elif isinstance(raw, str):
+        if len(raw) > MAX_NOTE or len(raw.encode("utf-8", "surrogatepass")) > MAX_NOTE:
+            raise _Refused(f"{len(raw.encode('utf-8', 'surrogatepass'))} bytes, more than {MAX_NOTE // KiB} KiB")
+        text = raw
+    else:
+        raise _Refused(f"a {type(raw).__name__}, not text")
+    depth = _depth(text)
+    if depth > MAX_DEPTH:
+        raise _Refused(f"nested {depth} deep, more than {MAX_DEPTH}")
+    data = json.loads(text, parse_int=_integer, parse_float=_float, parse_constant=_constant)
+    if not isinstance(data, dict):
+        raise _Refused(f"a JSON {_kind(data)}, not an object")
+    _texts(data)
+    if "claim" in data:
+        _claim(data["claim"])
+    else:
+        _fields(data, REPORT, "")
+    return data
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+def _depth(text: str) -> int:
+    """How deep arrays and objects nest, counted on the text (no recursion, nothing built):
+    strings taken out first, so a bracket inside one does not count."""
+    depth = deepest = 0
+    for c in _BRACKETS.sub("", _STRINGS.sub('""', text)):
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _integer(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_DIGITS:
+        raise _Refused(f"an integer of {digits} digits, more than {MAX_DIGITS}")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    if len(text) > 64:
+        raise _Refused(f"a number of {len(text)} characters")
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"a number out of range ({text[:32]})")
+    return value
+
+
+def _constant(text: str) -> Any:
+    raise _Refused(f"{text} is not a number a note may hold")
+
+
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+_SURROGATES = re.compile(r"[\ud800-\udfff]")
+
+
+def _texts(data: Any) -> None:
+    """Every string a text of at most ``MAX_TEXT`` characters, every key a name; no lone
+    surrogate (no output encoding can carry one). A loop, not recursion: the depth is bounded
+    already, but a reader's stack is not this function's to spend."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                _text(k, MAX_NAME, "a key")
+                stack.append(v)
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            _text(value, MAX_TEXT, "a text")
+
+
+def _text(value: str, limit: int, what: str) -> None:
+    if len(value) > limit:
+        raise _Refused(f"{what} of {len(value)} characters, more than {limit}")
+    if _SURROGATES.search(value):
+        raise _Refused(f"{what} holding a lone surrogate")
+
+
+# The schema of what the readers read: field -> its check; absent fields are allowed (an older
+# writer), others unchecked beyond the bounds above (a newer writer's).
+Check = Callable[[Any, str], None]
+
+
+def _name(value: Any, where: str) -> None:
+    if not isinstance(value, str) or len(value) > MAX_NAME:
+        raise _Refused(f"{where}: not a name (a string of at most {MAX_NAME} characters)")
+
+
+def _string(value: Any, where: str) -> None:
+    if not isinstance(value, str):
+        raise _Refused(f"{where}: a {_kind(value)}, not a string")
+
+
+def _optional_name(value: Any, where: str) -> None:
+    if value is not None:
+        _name(value, where)
+
+
+def _int(value: Any, where: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Refused(f"{where}: a {_kind(value)}, not an integer")
+
+
+def _optional_int(value: Any, where: str) -> None:
+    if value is not None:
+        _int(value, where)
+
+
+def _object(value: Any, where: str) -> None:
+    if not isinstance(value, dict):
+        raise _Refused(f"{where}: a {_kind(value)}, not an object")
+
+
+def _strings(value: Any, where: str) -> None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _Refused(f"{where}: not a list of strings")
+
+
+def _each(fields: Mapping[str, Check]) -> Check:
+    def check_each(value: Any, where: str) -> None:
+        if not isinstance(value, list):
+            raise _Refused(f"{where}: a {_kind(value)}, not a list")
+        for i, item in enumerate(value):
+            _object(item, f"{where}[{i}]")
+            _fields(item, fields, f"{where}[{i}].")
+    return check_each
+
+
+def _by_name(fields: Mapping[str, Check]) -> Check:
+    def check_by_name(value: Any, where: str) -> None:
+        _object(value, where)
+        for key, item in value.items():
+            _object(item, f"{where}.{key}")
+            _fields(item, fields, f"{where}.{key}.")
+    return check_by_name
+
+
+def _with(fields: Mapping[str, Check]) -> Check:
+    def check_with(value: Any, where: str) -> None:
+        _object(value, where)
+        _fields(value, fields, f"{where}.")
+    return check_with
+
+
+def _fields(data: Mapping[str, Any], fields: Mapping[str, Check], where: str) -> None:
+    for key, check_field in fields.items():
+        if key in data:
+            check_field(data[key], where + key)
+
+
+SERVICE: Mapping[str, Check] = {"result": _name, "action": _name, "reason": _string, "detail": _string,
+                                "steps": _strings, "pid": _optional_int, "hash": _optional_name}
+STEP: Mapping[str, Check] = {"service": _name, "step": _name, "scope": _name, "status": _name, "started": _name,
+                             "ended": _name, "detail": _string}
+REPORT: Mapping[str, Check] = {
+    "format": _int, "node": _name, "commit": _name, "state": _name, "time": _name, "plan_hash": _name,
+    "reason": _string, "error": _string, "services": _by_name(SERVICE), "upgrade": _each(STEP),
+    "events": _strings, "pins": _object, "signer": _object, "verdicts": _each({}),
+    "suspended": _object, "plane": _with({"vip": _name, "release": _name, "mode": _name}),
+}
+
+
+def _claim(claim: Any) -> None:
+    _object(claim, "claim")
+    _fields(claim, {"node": _name, "state": _name, "action": _string}, "claim.")
+    if claim.get("state") not in CLAIM_STATES:
+        raise _Refused(f"claim.state: not one of {', '.join(CLAIM_STATES)}")
+    ticket = claim.get("ticket", 0)
+    if not isinstance(ticket, int) or isinstance(ticket, bool) or not 0 <= ticket <= MAX_TICKET:
+        raise _Refused("claim.ticket: not an integer from 0 to 2**53")
+    when = claim.get("time", 0.0)
+    if not isinstance(when, int | float) or isinstance(when, bool) or not math.isfinite(when):
+        raise _Refused("claim.time: not a finite number")

@@ -1,0 +1,186 @@
+"""A node that lost its state dir (a disk replaced, a directory removed by hand) under the
+command line as users run it: it adopts the services it finds running as its own, and it never
+rewrites a note of its own against the ledger's table of allowed moves.
+
+History used here (each test builds its own)::
+
+    C0 initial deployment --- C1 a change --- C2 ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Deployment, SigningKey, age_args, git, wait_for
+
+from reconciler.agent import Agent
+from reconciler.daemon.supervisor import Supervisor
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ))
+
+
+def node_args(agent: Agent, key: SigningKey) -> list[str]:
+    return ["--node", agent.cfg.node, "--remote", agent.cfg.remote, "--state-dir", str(agent.cfg.state_dir),
+            "--allowed-signers", str(key.allowed_signers), *age_args(agent)]
+
+
+def status(agent: Agent, key: SigningKey) -> dict[str, Any]:
+    proc = cli("status", *node_args(agent, key), "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def events(note: dict[str, object]) -> list[str]:
+    found = note.get("events") or []
+    assert isinstance(found, list)
+    return [str(e) for e in found]
+
+
+def processes_of(state_dir: Path) -> dict[str, list[int]]:
+    """Every live process on the machine that runs a service of this state dir, by service."""
+    found: dict[str, list[int]] = {}
+    marker = f"RECONCILER_DATA_DIR={state_dir}/services/".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(marker):
+                found.setdefault(var[len(marker):].split(b"/")[0].decode(), []).append(int(entry.name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(tmp_path: Path) -> Iterator[None]:
+    """What a node forgot, the ``agents`` fixture cannot find: a test that fails before the node
+    adopted its services must still leave nothing running."""
+    yield
+    for node in (tmp_path / "nodes").glob("*"):
+        for pids in processes_of(node).values():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+class FakeClock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_node_that_lost_its_state_under_a_failed_head_adopts_every_service_it_finds_running(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)  # its settings, and every service stopped at the end
+    args = node_args(ctl1, merge_key)
+    assert cli("agent", "--once", *args).returncode == 0
+    deployment.edit("services/identity/templates/identity.conf.j2", "port = {{ port_base + ports.identity }}",
+                    "port = five-thousand")
+    bad = deployment.commit("identity: a config the program rejects")
+    assert cli("agent", "--once", *args).returncode == 1
+    assert (deployment.note("ctl1", bad) or {}).get("state") == "failed"
+    running = processes_of(ctl1.cfg.state_dir)
+    assert sorted(running) == ["db", "identity", "lb", "node-exporter"]
+
+    shutil.rmtree(ctl1.cfg.state_dir)  # the node forgets everything; its services run on
+    proc = cli("agent", "--once", *args)
+
+    assert proc.returncode == 0, proc.stderr
+    assert processes_of(ctl1.cfg.state_dir) == running  # none stopped, none started twice
+    for service in running:
+        assert f"adopted {service}" in proc.stderr, proc.stderr
+    seen = {s["name"]: s for s in status(ctl1, merge_key)["services"]}
+    assert {n: (s["running"], s["pid"]) for n, s in seen.items()} == {n: (True, p[0]) for n, p in running.items()}
+    note = deployment.note("ctl1", bad) or {}
+    assert note.get("state") == "failed"  # what it was: the adoption is an event on it
+    assert sorted(str(e).split(" ")[1] for e in events(note) if str(e).startswith("adopted ")) == sorted(running)
+
+    # Managed again: a killed db is restarted by the supervisor, from the record it adopted.
+    db = running["db"][0]
+    os.kill(db, signal.SIGKILL)
+    wait_for(lambda: "db" not in processes_of(ctl1.cfg.state_dir), what="db gone")
+    assert Supervisor(agents("ctl1", deployment.url), FakeClock()).tick() == ["db"]
+    assert processes_of(ctl1.cfg.state_dir)["db"] != [db]
+    # And a second pass finds nothing to adopt and nothing to do.
+    again = cli("agent", "--once", *args)
+    assert again.returncode == 0 and "adopted" not in again.stderr, again.stderr
+
+
+def test_a_node_that_lost_its_state_under_a_healthy_head_keeps_its_services_and_notes_the_adoption(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    cmp1 = agents("cmp1", deployment.url)
+    args = node_args(cmp1, merge_key)
+    assert cli("agent", "--once", *args).returncode == 0
+    running = processes_of(cmp1.cfg.state_dir)
+    head = git("rev-parse", "HEAD", cwd=deployment.work)
+
+    shutil.rmtree(cmp1.cfg.state_dir)
+    proc = cli("agent", "--once", *args, "-o", "json")
+
+    assert proc.returncode == 0, proc.stderr
+    assert processes_of(cmp1.cfg.state_dir) == running  # adopted, not restarted
+    out = json.loads(proc.stdout)
+    assert {n: s["action"] for n, s in out["report"]["services"].items()} == \
+        {"compute-agent": "none", "node-exporter": "none"}
+    note = deployment.note("cmp1", head) or {}
+    assert note.get("state") == "applied"
+    assert sum(e.startswith("adopted ") for e in events(note)) == 2
+
+
+def test_a_refused_rewind_after_state_loss_leaves_the_applied_note_as_it_was(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    cmp2 = agents("cmp2", deployment.url)
+    args = node_args(cmp2, merge_key)
+    c1 = git("rev-parse", "HEAD", cwd=deployment.work)
+    assert cli("agent", "--once", *args).returncode == 0
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    c2 = deployment.commit("kvm")
+    assert cli("agent", "--once", *args).returncode == 0
+    applied = deployment.note("cmp2", c1)
+    assert (applied or {}).get("state") == "applied"
+
+    deployment.push(c1, force=True)  # main points back at C1
+    from reconciler.node.context import drivers_for
+
+    for driver in drivers_for(cmp2.cfg, None).values():  # the disk replaced: nothing runs, nothing is known
+        for o in driver.observe():
+            driver.remove(o.name)
+    shutil.rmtree(cmp2.cfg.state_dir)
+    proc = cli("agent", "--once", *args)
+
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("[NOT_DESCENDANT]"), proc.stderr
+    assert deployment.note("cmp2", c1) == applied  # its verdict moves only as the table allows
+    after = deployment.note("cmp2", c2) or {}
+    assert after.get("state") == "applied"
+    assert f"refused head {c1[:12]}: NOT_DESCENDANT" in events(after)  # visible, on the node's head
+    shown = status(cmp2, merge_key)
+    assert shown["head"] == c2 and shown["verdict"] == "applied"
+    assert (shown["last_run"] or {}).get("state") == "refused" and shown["last_run"]["commit"] == c1
+
+    # The next poll refuses again, and writes nothing new.
+    again = cli("agent", "--once", *args)
+    assert again.returncode == 2
+    assert deployment.note("cmp2", c1) == applied and deployment.note("cmp2", c2) == after
