@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 from clock import Clock
 from conftest import Deployment, git, note_key
@@ -76,3 +77,40 @@ def test_a_claim_dated_years_ahead_counts_for_nothing_and_a_dead_nodes_claim_exp
     ctl1_claims(deployment, Claim("ctl1", "queued", 1, now(), "restart db"))
     head = restart_db(deployment, "c")
     assert ctl2.reconcile_once().waiting
+
+
+def test_a_node_whose_key_the_repo_does_not_list_takes_no_slot_the_others_cannot_see(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + BUDGET)
+    deployment.commit("budget: one controller at a time")
+    unlisted = tmp_path / "ctl2-new-key"  # made anew (the state dir was lost, say), not listed yet
+    NoteKey.load_or_create(unlisted)
+    ctl2 = agents("ctl2", deployment.url, note_key=unlisted)
+    assert ctl2.reconcile_once().exit_code == 0  # starts: no slot needed
+    head = restart_db(deployment, "a")
+    held = ctl2.reconcile_once()
+    assert held.waiting and "would count for no other node" in held.waiting, held
+    assert ctl2.ledger.verdict(head) != "applied"
+
+
+def test_an_older_claim_served_again_does_not_replace_the_newer_one_read_before(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    deployment.write("reconciler.yaml", deployment.read("reconciler.yaml") + BUDGET)
+    deployment.commit("budget: one controller at a time")
+    clock = Clock()
+    ctl2 = agents("ctl2", deployment.url, clock=clock)
+    assert ctl2.reconcile_once().exit_code == 0
+    now = clock.now.timestamp()
+    ctl1_claims(deployment, Claim("ctl1", "queued", 1, now, "restart db"))  # ctl1 restarts db
+    head = restart_db(deployment, "a")
+    assert ctl2.reconcile_once().waiting
+    # a stale mirror (or a hostile one) serves ctl1's older, genuinely signed "free" claim
+    ctl1_claims(deployment, Claim("ctl1", "free", 0, now - 600))
+    held = ctl2.reconcile_once()
+    assert held.waiting and "ctl1" in held.waiting, held
+    # ctl1 frees its slot for real (a newer claim): ctl2 goes
+    ctl1_claims(deployment, Claim("ctl1", "free", 0, now + 1))
+    went = ctl2.reconcile_once()
+    assert went.exit_code == 0 and not went.waiting and ctl2.ledger.verdict(head) == "applied", went

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,3 +278,63 @@ def test_a_corrupt_ledger_is_moved_aside_and_the_node_heals_without_touching_its
     assert again.returncode == 0 and "corrupt" not in again.stderr, again.stderr
     assert processes_of(state) == running
     assert len(list(state.glob("state.db.corrupt-*"))) == 1
+
+
+HOLD_LOCK = """\
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_corrupt_ledger_under_a_running_daemon_is_not_moved_aside_by_a_command(
+    upgrade_node: UpgradeNode, merge_key: SigningKey
+) -> None:
+    """A daemon holds the state dir (agent.lock) and its ledger open when the ledger is found
+    damaged by a command that builds the node's agent (`suspend`): moving it aside there would
+    leave the daemon writing the renamed copy and the command a fresh one (the suspension never
+    seen). The command says so in one line and changes nothing; with the daemon gone, the next
+    `agent --once` heals as before."""
+    node, state = upgrade_node, upgrade_node.cfg.state_dir
+    args = ["--node", "n1", "--remote", node.deployment.url, "--state-dir", str(state),
+            "--allowed-signers", str(merge_key.allowed_signers)]
+    assert cli("agent", "--once", *args).returncode == 0
+    db = state / "state.db"
+    _damage_header(db)
+    damaged = db.read_bytes()
+    daemon = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(state / "agent.lock")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert daemon.stdout is not None and daemon.stdout.readline() == "held\n"
+        proc = cli("suspend", "--reason", "disk swap", *args)
+
+        assert proc.returncode != 0
+        one_error_line(proc, "LEDGER_ERROR")
+        assert "damaged" in proc.stderr and f"pid {daemon.pid}" in proc.stderr and "restart" in proc.stderr
+        assert db.read_bytes() == damaged  # still state.db, nothing moved, nothing new beside it
+        assert not list(state.glob("state.db.corrupt-*")) and not (state / "state.db-wal").exists()
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+    healed = cli("agent", "--once", *args)
+    assert healed.returncode == 0, healed.stderr
+    kept = sorted(state.glob("state.db.corrupt-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == damaged, kept
+
+
+def test_the_daemon_itself_heals_its_ledger_under_its_own_lock(tmp_path: Path) -> None:
+    """The daemon takes agent.lock before its agent opens the ledger after a re-execution
+    (``shed``): its own lock (its pid in agent.lock) does not stop it healing."""
+    from reconciler.ledger import Ledger
+    from reconciler.ledger.statedir import State
+
+    Ledger.open(tmp_path).close()
+    _damage_header(tmp_path / "state.db")
+    with State(tmp_path).daemon_lock():
+        Ledger.open(tmp_path).close()
+    assert len(list(tmp_path.glob("state.db.corrupt-*"))) == 1

@@ -74,6 +74,7 @@ HOSTILE: dict[str, Callable[[str], str]] = {
     "a 5000-digit number": lambda c: '{"format": 1' + "0" * 5000 + f', "state": "applied", "commit": "{c}"}}',
     "a 5000-digit ticket": lambda c: '{"format": 1, "claim": {"state": "queued", "ticket": ' + "9" * 5000 + "}}",
     "an infinite time": lambda c: '{"format": 1, "state": "applied", "time": 1e999}',
+    "a string never closed, full of escaped quotes": lambda c: '{"error": "' + '\\"' * 32_000,
 }
 
 
@@ -97,6 +98,29 @@ def test_a_note_no_parser_survives_is_a_malformed_note_the_fleet_waits_on(
     assert status["ctl2"]["state"] == "pending"
     history = fleet_cli(deployment, clone, "history", "-o", "json")
     assert history.returncode == 0 and "Traceback" not in history.stderr, history.stderr[-3000:]
+
+
+def test_each_note_is_decoded_once_per_process_not_on_every_view(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pass reads the fleet several times over: a note (content-addressed) costs its
+    decoding once, however many notes the compromised node writes and however long it waits."""
+    from reconciler.fleet import notes
+
+    c1, _ = rollout_commit(deployment, tmp_path)
+    hostile_note(deployment, "ctl1", c1, '{"error": "' + '\\"' * 32_000 + c1, tmp_path)  # its own blob
+    decoded: list[str] = []
+    real = notes.body
+
+    def body(node: str, obj: str, text: str | bytes) -> Any:  # the real decoder, counted
+        decoded.append(node)
+        return real(node, obj, text)
+
+    monkeypatch.setattr(notes, "body", body)
+    ctl2 = agents("ctl2", deployment.url)
+    for _ in range(3):
+        assert ctl2.reconcile_once().waiting == "waiting for ctl1"
+    assert decoded.count("ctl1") == 1
 
 
 # Attack 4: a note on an object that is not a commit.

@@ -20,6 +20,7 @@ from conftest import NODES, Deployment, git, nodes_file, note_key
 
 from reconciler.agent import Agent
 from reconciler.fleet.notes import CLAIM_OBJECT, Claim
+from reconciler.node.operations import suspend
 from reconciler.settings import RemoteConfig
 from reconciler.trust.notesig import NoteKey
 
@@ -164,3 +165,41 @@ def test_a_claim_a_server_wrote_in_a_nodes_own_ref_holds_no_slot_for_it(
     mine = Claim("ctl2", "queued", 7, time.time(), "restart db")
     ctl2.reporter.write_claim(mine)
     assert ctl2.reporter.claim() == mine
+
+
+def test_a_held_node_signs_and_pushes_its_note_once_not_on_every_poll(
+    deployment: Deployment, agents: Callable[..., Agent]
+) -> None:
+    ctl1 = agents("ctl1", deployment.url)
+    assert ctl1.reconcile_once().exit_code == 0
+    suspend(ctl1.ctx, "disk swap", "op")
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    deployment.commit("a change the suspended node holds back")
+    assert ctl1.reconcile_once().suspended
+    tip = git("--git-dir", str(deployment.bare), "rev-parse", "refs/notes/reconciler/ctl1")
+    for _ in range(3):
+        assert ctl1.reconcile_once().suspended
+    # the same record: no new notes commit, no new signature, nothing pushed
+    assert git("--git-dir", str(deployment.bare), "rev-parse", "refs/notes/reconciler/ctl1") == tip
+
+
+def test_status_fleet_checks_notes_against_the_clones_own_head_not_the_one_a_mirror_serves(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    commit = roll_out_in_waves(deployment)
+    status_fleet(deployment, tmp_path, deployment.url)  # the operator's clone, at the reviewed head
+    # a keyless mirror serves a commit of its own on main that lists its key for ctl1, and signs
+    # ctl1's "applied" with it
+    mirror = tmp_path / "mirror"
+    git("clone", "-q", deployment.url, str(mirror))
+    forger = tmp_path / "forger"
+    NoteKey.load_or_create(forger)
+    (mirror / "trust" / "nodes").write_text(f"ctl1 {NoteKey.load(forger).public_line}\n")
+    git("-c", "user.name=m", "-c", "user.email=m@example.org", "commit", "-q", "-am", "keys of my own", cwd=mirror)
+    head = git("rev-parse", "HEAD", cwd=mirror)
+    for target in (commit, head):
+        add_note(mirror / ".git", "ctl1", target,
+                 json.dumps(NoteKey.load(forger).seal("ctl1", target, json.loads(applied_note("ctl1", target)))))
+    status = status_fleet(deployment, tmp_path, str(mirror))
+    assert "Traceback" not in status.stderr, status.stderr
+    assert "unverified" in status.stdout and "applied" not in status.stdout.split("┘")[-1], status.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 from hypothesis import given, settings
@@ -16,7 +17,7 @@ from reconciler.core.model import Report, ResultState, ServiceResult, Verdict
 from reconciler.core.model.desired import ActionKind
 from reconciler.core.text import printable
 from reconciler.fleet import notes
-from reconciler.fleet.notejson import MAX_DEPTH, MAX_NOTE, MAX_TEXT, MAX_TICKET, check
+from reconciler.fleet.notejson import MAX_DEPTH, MAX_NOTE, MAX_TEXT, MAX_TICKET, _depth, check
 from reconciler.fleet.notes import CLAIM_OBJECT, Claim, Malformed, Note
 
 FUZZ = settings(max_examples=300, deadline=None)
@@ -142,3 +143,70 @@ def test_printable_never_leaves_a_control_character(text: str) -> None:
     assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0x202A <= ord(c) <= 0x202E
                    or 0x2066 <= ord(c) <= 0x2069 or 0xD800 <= ord(c) <= 0xDFFF for c in shown)
     shown.encode("utf-8")
+
+
+def a_full_honest_note() -> str:
+    """A report of many services, indented as a node writes it, just under the size bound."""
+    service = {"result": "failed", "action": "restart", "reason": "exit 1", "detail": "listening on [::]:80 {tls}",
+               "steps": ["stop", "start"], "pid": 4000, "hash": "h" * 16}
+    services = {f"svc{i:04d}": service for i in range(MAX_NOTE // len(json.dumps(service)))}
+    while len(text := json.dumps({"format": 1, "node": "ctl1", "commit": COMMIT, "state": "failed",
+                                  "services": services}, indent=2, sort_keys=True)) > MAX_NOTE:
+        services.popitem()
+    return text
+
+
+def cpu_seconds(text: str, enough: float = math.inf, tries: int = 3) -> float:
+    """The least CPU time of a few decodes of ``text`` (this process's only: other tests running
+    beside this one do not count), stopping at the first one within ``enough``."""
+    best = math.inf
+    for _ in range(tries):
+        start = time.process_time()
+        check(text)
+        best = min(best, time.process_time() - start)
+        if best <= enough:
+            break
+    return best
+
+
+def test_a_string_left_open_costs_no_more_than_reading_an_honest_note() -> None:
+    """64 KiB a compromised node writes so that scanning it is quadratic (a string never closed,
+    full of escapes): every reader decodes every note on every view, so each must cost about
+    what an honest note of the same size does, and be malformed."""
+    honest = a_full_honest_note()
+    assert isinstance(check(honest), dict)
+    honest_cost = cpu_seconds(honest, tries=5)
+    for hostile in ('"' + '\\"' * 32767, '"\\' * 32768, "[" + '"\\\\' * 20000, "\\" * MAX_NOTE,
+                    '"' * MAX_NOTE, '["' * (MAX_NOTE // 2), "[" * MAX_NOTE):
+        assert len(hostile.encode()) <= MAX_NOTE
+        assert notes.decode(hostile) is None
+        assert isinstance(notes.body("ctl1", COMMIT, hostile), Malformed)
+        cost = cpu_seconds(hostile, enough=20 * honest_cost)
+        assert cost <= 20 * honest_cost, (hostile[:12], cost, honest_cost)
+
+
+def test_a_string_never_closed_is_said_and_an_escaped_backslash_closes_one() -> None:
+    assert check('{"error": "x') == "not JSON (a string never closed, from character 10)"
+    assert check('{"error": "x\\"}') == "not JSON (a string never closed, from character 10)"
+    assert check('{"error": "x\\\\"}') == {"error": "x\\"}
+    assert check('{"error": "[[[[[[[[[[[[[[[[[[\\"]]]"}') == {"error": '[[[[[[[[[[[[[[[[[["]]]'}
+
+
+def depth_of(value: Any) -> int:
+    if isinstance(value, dict | list):
+        return 1 + max(map(depth_of, value.values() if isinstance(value, dict) else value), default=0)
+    return 0
+
+
+# Strings made of what the scanner looks at: quotes, backslashes, brackets.
+tricky = st.text(alphabet=st.sampled_from('"\\[]{}a\u00e9\n'), max_size=12)
+nested = st.recursive(st.one_of(st.none(), st.integers(), tricky),
+                      lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                              st.dictionaries(tricky, inner, max_size=3)), max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(nested, st.booleans(), st.sampled_from([None, 0, 2]))
+def test_the_scanner_counts_the_depth_json_reads(value: Any, ascii_only: bool, indent: int | None) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent)
+    assert _depth(text) == depth_of(json.loads(text))

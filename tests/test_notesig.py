@@ -64,7 +64,10 @@ def test_whose_unsigned_notes_count_under_each_policy(tmp_path: Path) -> None:
     assert migrating.judge("ctl2", COMMIT, BODY, NOW) is None  # not listed yet: counts while migrating
     assert migrating.judge("ctl1", COMMIT, BODY, NOW) == "unsigned"  # listed: must sign
     other = key_of(tmp_path, "ecdsa")
-    assert "not in the allowed signers" in str(migrating.judge("ctl2", COMMIT, other.seal("ctl2", COMMIT, BODY), NOW))
+    # an upgraded agent that signs before it is listed counts as it did while the fleet moves over
+    assert migrating.judge("ctl2", COMMIT, other.seal("ctl2", COMMIT, BODY), NOW) is None
+    assert "not in the allowed signers" in str(signed.judge("ctl2", COMMIT, other.seal("ctl2", COMMIT, BODY), NOW))
+    assert "bad signature" in str(migrating.judge("ctl1", COMMIT, other.seal("ctl1", COMMIT, BODY), NOW))
     assert note_policy(b"trust:\n  notes: unsigned-allowed\n") == UNSIGNED_ALLOWED
     assert note_policy(b"format: 1\n") == SIGNED and note_policy(b"trust: [") == SIGNED
 

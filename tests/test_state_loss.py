@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Deployment, SigningKey, age_args, git, wait_for
+from conftest import Deployment, SigningKey, age_args, git, make_key, wait_for
 
 from reconciler.agent import Agent
 from reconciler.daemon.supervisor import Supervisor
+from reconciler.trust.notesig import NoteKey
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -147,6 +148,63 @@ def test_a_node_that_lost_its_state_under_a_healthy_head_keeps_its_services_and_
     note = deployment.note("cmp1", head) or {}
     assert note.get("state") == "applied"
     assert sum(e.startswith("adopted ") for e in events(note)) == 2
+
+
+def test_a_node_that_lost_its_state_after_a_key_rotation_adopts_what_the_retired_key_signed(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path
+) -> None:
+    """C0 (merge key) --- C1 rotation to a new key (signed by the merge key) --- C2 compute-agent
+    changed (new key): node-exporter still runs as C0 rendered it, signed by a retired key."""
+    new_key = make_key(tmp_path / "k", "merge-2026")
+    cmp1 = agents("cmp1", deployment.url)
+    args = node_args(cmp1, merge_key)
+    assert cli("agent", "--once", *args).returncode == 0
+    deployment.write("trust/allowed_signers", f'merge@example.org namespaces="git" {new_key.public}\n')
+    deployment.commit("rotate the merge key", key=merge_key)
+    assert cli("agent", "--once", *args).returncode == 0
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    change = deployment.commit("compute-agent: kvm, under the new key", key=new_key)
+    assert cli("agent", "--once", *args).returncode == 0
+    assert (deployment.note("cmp1", change) or {}).get("state") == "applied"
+    running = processes_of(cmp1.cfg.state_dir)
+    assert sorted(running) == ["compute-agent", "node-exporter"]
+
+    shutil.rmtree(cmp1.cfg.state_dir)
+    proc = cli("agent", "--once", *args)
+
+    assert proc.returncode == 0, proc.stderr
+    assert processes_of(cmp1.cfg.state_dir) == running, proc.stderr  # none stopped, none restarted
+    assert "adopted node-exporter" in proc.stderr and "adopted compute-agent" in proc.stderr, proc.stderr
+    assert "stopped" not in proc.stderr, proc.stderr
+
+
+def test_a_node_that_cannot_prove_its_trust_root_after_state_loss_stops_nothing(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey, tmp_path: Path
+) -> None:
+    """As above, but the note on the mark names no root (an older agent wrote it): the node
+    refuses until the operator gives the root, and meanwhile adopts nothing and stops nothing."""
+    new_key = make_key(tmp_path / "k", "merge-2026")
+    cmp1 = agents("cmp1", deployment.url)
+    args = node_args(cmp1, merge_key)
+    assert cli("agent", "--once", *args).returncode == 0
+    deployment.write("trust/allowed_signers", f'merge@example.org namespaces="git" {new_key.public}\n')
+    deployment.commit("rotate the merge key", key=merge_key)
+    assert cli("agent", "--once", *args).returncode == 0
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    change = deployment.commit("compute-agent: kvm, under the new key", key=new_key)
+    assert cli("agent", "--once", *args).returncode == 0
+    running = processes_of(cmp1.cfg.state_dir)
+    body = {k: v for k, v in (deployment.note("cmp1", change) or {}).items() if k not in ("root", "sig")}
+    sealed = NoteKey.load(cmp1.cfg.note_key or Path()).seal("cmp1", change, body)
+    git("--git-dir", str(deployment.bare), "-c", "user.name=cmp1", "-c", "user.email=cmp1@example.org", "notes",
+        "--ref=reconciler/cmp1", "add", "-f", "-m", json.dumps(sealed, indent=2), change)
+
+    shutil.rmtree(cmp1.cfg.state_dir)
+    proc = cli("agent", "--once", *args)
+
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("[ROOT_UNPROVEN]"), proc.stderr
+    assert processes_of(cmp1.cfg.state_dir) == running, proc.stderr
+    assert "stopped" not in proc.stderr and "adopted" not in proc.stderr, proc.stderr
 
 
 def test_a_refused_rewind_after_state_loss_leaves_the_applied_note_as_it_was(

@@ -64,9 +64,11 @@ class FleetSource:
 
         head = fetch_from_clone(self.clone, self.remote, self.branch)
         repo = open_clone(self.clone)
-        # The keys of trust/nodes at the branch head as fetched: a clone verifies no commit, so
-        # the operator's clone of the branch is what names the nodes' keys (the threat model).
-        return repo, head if rev is None else resolve(repo, rev), fleet_view(repo, trust=note_trust(repo, head))
+        # The keys of trust/nodes at the clone's own HEAD (what the operator checked out), never
+        # at the head just fetched: a clone verifies no commit, and whoever serves --remote
+        # would name the keys (the threat model).
+        own = None if repo.head_is_unborn else str(repo.head.target)
+        return repo, head if rev is None else resolve(repo, rev), fleet_view(repo, trust=note_trust(repo, own))
 
     def load(self, commit: str) -> DeploymentRepo:
         if self.clone is None:

@@ -96,9 +96,17 @@ def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note) -> dict[str, A
                     return None
             except KeyError:
                 pass  # not here (another branch's commit): no commit this reader asks about
-        size = odb.read_header(entry.id)[1]  # the size first: a 20 MB note is never read
-        data = notes.body(node, obj, odb.read(entry.id)[1]) if size <= MAX_NOTE else \
-            notes.Malformed(node, obj, f"{size} bytes, more than {MAX_NOTE // 1024} KiB")
+        blob = str(entry.id)
+        read = _DECODED.get(blob)
+        if read is None:
+            size = odb.read_header(entry.id)[1]  # the size first: a 20 MB note is never read
+            if size > MAX_NOTE:
+                read = f"{size} bytes, more than {MAX_NOTE // 1024} KiB"
+            else:
+                body = notes.body(node, obj, odb.read(entry.id)[1])
+                read = body.why if isinstance(body, notes.Malformed) else body
+            _decoded(blob, read, size)
+    data = read if isinstance(read, dict) else notes.Malformed(node, obj, read)
     if isinstance(data, notes.Malformed) and (key := (node, obj, str(entry.id))) not in _SAID:
         if len(_SAID) > 4096:
             _SAID.clear()
@@ -108,6 +116,25 @@ def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note) -> dict[str, A
 
 
 _SAID: set[tuple[str, str, str]] = set()  # the malformed notes said already: (node, object, note)
+
+
+def _decoded(blob: str, read: dict[str, Any] | str, size: int) -> None:
+    """Keep what the note ``blob`` decodes to: content-addressed, so it is decoded once per
+    process, not on every view of every pass. Bounded, cleared when full: by count, and by the
+    bytes of the bodies kept, since a note written to decode big (``[{}, {}, ...]``) takes some
+    24 times its text as objects (4 MiB of notes: about 100 MiB at worst, ~2000 honest notes).
+    A body kept is shared by every reader after: each only reads it."""
+    global _DECODED_BYTES
+    size = size if isinstance(read, dict) else len(read)
+    if len(_DECODED) >= 8192 or _DECODED_BYTES + size > 4 * 1024 * 1024:
+        _DECODED.clear()
+        _DECODED_BYTES = 0
+    _DECODED[blob] = read
+    _DECODED_BYTES += size
+
+
+_DECODED: dict[str, dict[str, Any] | str] = {}  # note blob -> its body, or why it is malformed
+_DECODED_BYTES = 0  # the bytes of the notes whose bodies _DECODED holds
 
 
 def _judged(trust: NoteTrust, node: str, obj: str, blob: str, data: Mapping[str, Any], at: datetime) -> str | None:

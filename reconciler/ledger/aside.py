@@ -10,11 +10,19 @@ what it knows as after a lost state dir (its notes on the remote, the drivers' r
 Two processes may open the same damaged ledger at once (a daemon and an `agent --once`): the
 move happens under a flock of the state dir, and only if ``state.db`` is still the file that
 was found damaged, so the second never moves the first one's fresh ledger aside.
+
+Never under a running daemon (``reconciler agent``, holding ``agent.lock`` for its life, with
+the ledger open): it would go on writing the renamed copy while the command that moved it wrote
+a fresh one (a `suspend` never seen by the daemon). A command that finds the ledger damaged then
+changes nothing and says to restart the daemon, which heals it as it opens it. The daemon's own
+lock (its pid in ``agent.lock``: a daemon that re-executed itself holds it before it opens the
+ledger) does not stop it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import time
@@ -68,6 +76,28 @@ def state_dir_locked(directory: Path) -> Iterator[None]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
+
+
+def daemon_holding(directory: Path) -> int | None:
+    """The pid of another process's daemon holding ``directory``'s ``agent.lock`` (0 when its
+    pid cannot be read); None when none holds it, or this process does. A shared flock tried
+    without waiting, and let go at once."""
+    try:
+        fd = os.open(directory / "agent.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return None  # no daemon ever ran here
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        text = os.read(fd, 32).decode(errors="replace").strip()
+        pid = int(text) if text.isdigit() else 0
+        return None if pid == os.getpid() else pid
     finally:
         os.close(fd)
 

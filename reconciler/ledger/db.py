@@ -193,6 +193,11 @@ class Store:
         with aside.state_dir_locked(root):
             if aside.identity(path) != found:  # another process moved it aside first
                 return cls.open(root, create=create)
+            daemon = aside.daemon_holding(root)
+            if daemon is not None:  # it has the ledger open: moved here, it would write the old copy
+                who = f"the running agent (pid {daemon})" if daemon else "the running agent"
+                raise ReconcilerError(f"{path}: the ledger is damaged ({why}); {who} heals it when it restarts: "
+                                      "restart it", reason="LEDGER_ERROR")
             damaged = aside.set_aside(path, why)
             log.error("%s: the node's ledger is corrupt (%s): moved aside to %s; starting a new one, rebuilt "
                       "from this node's notes and its services", path, why, damaged.moved_to or "(not kept)")

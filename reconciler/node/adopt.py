@@ -6,12 +6,18 @@ neither leave what it started running unmanaged (the supervisor revives, `status
 planner sees only what a driver has a record of) nor stop it for want of memory. The kinds that
 can find their own instances without records (``Kind.adopts``: the process driver by the marker
 in each process's environment, the docker driver by its containers' labels) name each one: the
-service, the hash of its version and the commit it was rendered from. That commit, vouched for
-by trust under the root in force, renders the same version again: its files and record are
-written and the instance runs on untouched (adopted), so the plan that follows starts from what
-runs (nothing to do when it matches the head). One that cannot be told apart (its commit not in
-the mirror, not signed under the root, another version than it runs) is stopped. Either way a
-log line and an event on the note of the node's mark (its notes give it back first).
+service, the hash of its version and the commit it was rendered from. That commit, if the mirror
+holds it, is rendered again as it ran, without vouching for it under the root in force (as the
+put-back of ``on_failure: node`` renders it): this node started that instance, so whatever key
+signed its commit, even one a rotation retired since, it already runs, and adopting it runs
+nothing new. Rendered to the same hash, its files and record are written and the instance runs
+on untouched (adopted); the plan that follows, from a verified head, decides what changes
+(nothing when it matches the head). One that cannot be tied to a version (no commit named, its
+commit not in the mirror, a render of another hash) is stopped, saying why. Either way a log
+line and an event on the note of the node's mark (its notes give it back first).
+
+While the trust root in force with the recovered mark cannot be proven, nothing is adopted and
+nothing stopped: the trust step refuses the head and says what the operator must give.
 
 Before trust: a refused head, or a head that failed here, leaves what runs managed all the same.
 Cheap when nothing is found: the process driver reads the environments its sweep reads; a kind
@@ -22,6 +28,7 @@ notes say it acted (once, after the loss).
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING
 
 from reconciler.core.errors import BadInput, ReconcilerError
@@ -36,14 +43,19 @@ if TYPE_CHECKING:
     from reconciler.node.run import Run
 
 log = logging.getLogger("reconciler.agent")
+FULL_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a commit id as the driver wrote it (SHA-1, SHA-256)
 
 
 def adopt_step(ctx: NodeContext, run: Run) -> Run:
+    forgot = ctx.ledger.mark().commit is None
+    try:
+        mark = ctx.keeper.high_water()  # after a loss: from the node's notes, their records with it
+    except TrustError:
+        return run  # the root in force cannot be proven: the trust step refuses and says what to give
     with ctx.state.services_lock(wait=60):
-        found = unrecorded(ctx)
+        found = unrecorded(ctx, every=forgot and mark is not None)
         if not found:
             return run
-        mark = _recovered(ctx)  # after a loss: from the node's notes, their records with it
         events = [adopt(ctx, kind, driver, f) for kind, driver, f in found]
     for text in events:
         log.warning("%s: %s", ctx.node, text)
@@ -54,21 +66,13 @@ def adopt_step(ctx: NodeContext, run: Run) -> Run:
     return run
 
 
-def _recovered(ctx: NodeContext) -> str | None:
-    """The high-water mark, recovered from the node's notes after a loss; None while the trust
-    root in force with it cannot be proven (the trust step refuses the head and says what the
-    operator must give: nothing is adopted under a root the node cannot name)."""
-    try:
-        return ctx.keeper.high_water()
-    except TrustError:
-        return None
-
-
-def unrecorded(ctx: NodeContext) -> list[tuple[str, Driver, Unrecorded]]:
-    """(kind, driver, instance) for each instance a driver finds running with no record of it."""
+def unrecorded(ctx: NodeContext, every: bool) -> list[tuple[str, Driver, Unrecorded]]:
+    """(kind, driver, instance) for each instance a driver finds running with no record of it;
+    ``every``: every kind that adopts is asked, not only those with records here (the ledger
+    remembered nothing, yet the node's notes say it acted)."""
     cfg = ctx.settings
     names = drivers_in_use(cfg.state_dir)
-    if ctx.ledger.mark().commit is None and _recovered(ctx) is not None:
+    if every:
         names |= {n for n in kinds.names() if kinds.kind_of(n).adopts}  # forgot it all: every kind asked
     out: list[tuple[str, Driver, Unrecorded]] = []
     for name in sorted(names):
@@ -92,7 +96,11 @@ def adopt(ctx: NodeContext, kind: str, driver: Driver, found: Unrecorded) -> str
     try:
         if not commit:
             raise BadInput("it does not say which commit it runs")
-        svc = ctx.resolver.at(commit).by_name().get(name)  # vouched for under the root in force
+        if not FULL_ID.fullmatch(commit) or ctx.resolver.revision(commit).commit != commit:
+            raise BadInput(f"it names {commit[:40]!r}, not a commit id")  # never a ref or an abbreviation
+        # As it ran, not vouched for again: whatever key signed it (one retired since included),
+        # this node started it, and the hash below ties the instance to this very render.
+        svc = ctx.resolver.render(commit).by_name().get(name)
         if svc is None or svc.runtime.driver != kind:
             raise BadInput(f"{commit[:12]} does not run it on this node's {kind} driver")
         if svc.hash != found.hash:

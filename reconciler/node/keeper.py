@@ -127,8 +127,10 @@ class TrustKeeper:
 
     def high_water(self) -> str | None:
         """The last commit this node acted on; after the state dir was lost, the newest commit
-        that this node's own notes (on the remote, written only by it) say it acted on, with
-        every note's record taken back into the ledger (``Ledger.restore``)."""
+        that this node's own notes (on the remote, signed with its note key) say it acted on,
+        with the root in force then and every such note's record taken back into the ledger
+        (``Ledger.restore``). A server can withhold notes (the node then starts from an older
+        mark, or as a new node under its configured root), never make one up."""
         mark = self.ledger.mark().commit
         if mark:
             return mark
@@ -136,6 +138,7 @@ class TrustKeeper:
 
         newest: tuple[str, str, str] | None = None
         records: list[Report] = []
+        skipped = 0
         try:
             entries = list(self.repo().notes(self.notes_ref))  # type: ignore[call-arg]  # stub lacks ref
         except KeyError:
@@ -150,9 +153,7 @@ class TrustKeeper:
             if data is None or commit == notes.CLAIM_OBJECT:  # a disruption claim is not about a commit
                 continue
             if not self._written_here(commit, data):
-                # the remote (or a mirror) can write in our ref; a note we did not sign moves no mark
-                log.warning("%s: a note on %s in this node's ref that it did not sign: ignored", self.node,
-                            commit[:12])
+                skipped += 1  # the remote (or a mirror) can write in our ref: only what we signed counts
                 continue
             record = recorded(self.node, commit, data)
             if record is not None:
@@ -161,7 +162,13 @@ class TrustKeeper:
             if data.get("state") != str(Verdict.REFUSED) and (newest is None or str(data.get("time", "")) > newest[0]):
                 newest = (str(data.get("time", "")), commit, str(data.get("root") or ""))
         if newest is None:
-            self.ledger.restore(records)
+            self.ledger.restore(records)  # refusals only: nothing this node acted on
+            if skipped:
+                # Notes that this key did not sign (an older agent's, a key lost with the state
+                # dir, or someone else's): no mark is proven, and the node starts as a new one,
+                # under its configured root (which must then be the root in force).
+                log.warning("%s: %d notes in this node's ref are not signed by its note key: no high-water mark "
+                            "recovered; starting as a new node under the configured trust root", self.node, skipped)
             return None
         origin = self._recover_root(newest[1], newest[2])  # before anything is taken back: it may refuse
         restored = self.ledger.restore(records)
@@ -172,14 +179,10 @@ class TrustKeeper:
         return newest[1]
 
     def _written_here(self, commit: str, data: Mapping[str, Any]) -> bool:
-        """A note in this node's ref that this node wrote: signed with its key, or with a key
-        ``trust/nodes`` lists for it at that commit (a key rotated since); unsigned only where
-        the repo still lets this node's notes go unsigned."""
-        from reconciler.trust.notesig import note_trust
-
-        if self.note_key is not None and self.note_key().signed(self.node, commit, data):
-            return True
-        return note_trust(self.repo(), commit).judge(self.node, commit, data, self.gate.clock()) is None
+        """A note in this node's ref that this node wrote: signed with its own key. Nothing else
+        proves it: the server (or a mirror) can write in the ref, and trust/nodes at the note's
+        commit is no proof (that commit is not verified yet: its author would name the keys)."""
+        return self.note_key is not None and self.note_key().signed(self.node, commit, data)
 
     def _recover_root(self, mark: str, named: str) -> str | None:
         """The commit root in force with the recovered ``mark``, as this node's own signed note

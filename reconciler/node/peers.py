@@ -202,6 +202,10 @@ def take(ctx: NodeContext, repo: DeploymentRepo, plan: Plan) -> str | None:
 
 def _take(ctx: NodeContext, mine: tuple[Budget, ...], what: str) -> str | None:
     node = ctx.node
+    if ctx.reporter.key is not None and (why := note_trust_of(ctx).refuses(node, ctx.reporter.key(), ctx.clock())):
+        # the others would not count our claim: a slot taken unseen is no slot (a key not yet
+        # listed in trust/nodes: a new node, a key made anew after the state dir was lost)
+        return f"waiting (budget): this node's claim would count for no other node ({why})"
     group = {n for b in mine for n in b.members}
     claim = ctx.reporter.claim()
     now = ctx.clock().timestamp()
@@ -231,7 +235,9 @@ def observed(ctx: NodeContext, claims: Mapping[str, Claim]) -> dict[str, Claim]:
     """The others' claims timed by this node's clock: each as of when this node first read it
     as it is now (a claim its node rewrites is new again; one nobody rewrites ages, and stops
     counting after ``expire_after``, whatever time its writer put in it). A claim dated more than
-    ``CLOCK_SKEW`` ahead of this clock is expired: no clock is that far off, only a forger's."""
+    ``CLOCK_SKEW`` ahead of this clock is expired: no clock is that far off, only a forger's.
+    A claim older (by its writer's time) than one read before from the same node is a replay
+    and does not replace it."""
     now = ctx.clock().timestamp()
     before = ctx.ledger.claims_seen()
     seen: dict[str, tuple[str, float]] = {}
@@ -246,11 +252,24 @@ def observed(ctx: NodeContext, claims: Mapping[str, Claim]) -> dict[str, Claim]:
             continue
         as_read = f"{claim.state}|{claim.ticket}|{claim.time!r}|{claim.action}"
         first = before.get(node)
+        if first is not None and (known := _as_claim(node, first[0])) is not None and claim.time < known.time:
+            # older than one this node read before: a replay (a mirror serving a stale copy, an
+            # old "free"); the newer one stands, aged from when it was first read
+            claim, as_read = known, first[0]
         seen[node] = first if first is not None and first[0] == as_read else (as_read, now)
         out[node] = replace(claim, time=seen[node][1])
     if seen != before:
         ctx.ledger.set_claims_seen(seen)
     return out
+
+
+def _as_claim(node: str, as_read: str) -> Claim | None:
+    """A claim as ``observed`` keeps it (``state|ticket|time|action``)."""
+    try:
+        state, ticket, when, action = as_read.split("|", 3)
+        return Claim(node, state, int(ticket), float(when), action)
+    except ValueError:
+        return None
 
 
 def release(ctx: NodeContext) -> None:

@@ -47,7 +47,14 @@ def key_loader(path: Path | None, state_dir: Path) -> Callable[[], NoteKey]:
     def load() -> NoteKey:
         from reconciler.trust.notesig import NoteKey, default_key_path
 
-        return NoteKey.load(path) if path is not None else NoteKey.load_or_create(default_key_path(state_dir))
+        if path is not None:
+            return NoteKey.load(path)
+        made = default_key_path(state_dir)
+        if not made.exists():
+            log.warning("no note_key setting: signing this node's notes with a key made in the state dir (%s); "
+                        "list it in the repo's trust/nodes (reconciler note-key), and keep one outside the state dir: "
+                        "lost with it, this node's history cannot be proven", made)
+        return NoteKey.load_or_create(made)
 
     return load
 

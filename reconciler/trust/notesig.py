@@ -42,6 +42,7 @@ NODES_FILE = "trust/nodes"
 SIGNED, UNSIGNED_ALLOWED = "signed", "unsigned-allowed"
 NOTE_POLICIES = (SIGNED, UNSIGNED_ALLOWED)
 SIG_FIELD = "sig"
+PROBE_OBJECT = "0" * 40  # what a node signs to learn whether its notes would count (never written)
 
 
 def payload(node: str, obj: str, body: Mapping[str, Any]) -> bytes:
@@ -176,15 +177,20 @@ class NoteTrust:
         good, and a reader need not judge it again as time passes."""
         return not any(s.valid_after or s.valid_before or s.cert_authority for s in self.signers)
 
+    def refuses(self, node: str, key: NoteKey, at: datetime) -> str | None:
+        """Why ``node``'s notes signed with ``key`` would count for nobody here (None: they count)."""
+        probe = {"format": 1, "probe": True}
+        return self.judge(node, PROBE_OBJECT, key.seal(node, PROBE_OBJECT, probe), at)
+
     def listed(self, node: str) -> bool:
         return any(sshsig._match_pattern_list(node, ",".join(s.principals)) == 1 for s in self.signers)
 
     def judge(self, node: str, obj: str, data: Mapping[str, Any], at: datetime) -> str | None:
         """None when ``node``'s note on ``obj`` counts; otherwise why it does not."""
         sig = data.get(SIG_FIELD)
+        if self.policy == UNSIGNED_ALLOWED and not self.problem and not self.listed(node):
+            return None  # moving to signed notes: a node not listed yet counts as it did (signed or not)
         if sig is None:
-            if self.policy == UNSIGNED_ALLOWED and not self.listed(node):
-                return None
             if self.problem:
                 return f"unsigned ({self.problem})"
             return "unsigned" if self.listed(node) else f"unsigned, and {node} has no key in {NODES_FILE}"
