@@ -338,3 +338,50 @@ def test_the_daemon_itself_heals_its_ledger_under_its_own_lock(tmp_path: Path) -
     with State(tmp_path).daemon_lock():
         Ledger.open(tmp_path).close()
     assert len(list(tmp_path.glob("state.db.corrupt-*"))) == 1
+
+
+def test_killed_at_every_side_effect_of_the_pass_that_heals_a_corrupt_ledger_the_next_run_finishes_it(
+    upgrade_node: UpgradeNode, merge_key: SigningKey, tmp_path: Path
+) -> None:
+    """The healing pass is a pass like any: killed before each of its numbered side effects (the
+    ledger moved aside, the fresh one filled from the notes, the adoption, the note), the next
+    plain `agent --once` finishes it: exit 0, the services untouched, the damaged file kept, the
+    note applied with the event."""
+    node, state = upgrade_node, upgrade_node.cfg.state_dir
+    args = ["--node", "n1", "--remote", node.deployment.url, "--state-dir", str(state),
+            "--allowed-signers", str(merge_key.allowed_signers)]
+
+    def agent_once(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reconciler", "agent", "--once", *args], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **env})
+
+    assert agent_once().returncode == 0
+    head = node.deployment.commit("a second commit")
+    assert agent_once().returncode == 0
+    running = processes_of(state)
+    _truncate_to_half(state / "state.db")
+    damaged = (state / "state.db").read_bytes()
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(state, snapshot, symlinks=True)
+
+    def restore() -> None:
+        shutil.rmtree(state)
+        shutil.copytree(snapshot, state, symlinks=True)
+
+    log = tmp_path / "points.log"
+    assert agent_once(RECONCILER_FAULT_LOG=str(log)).returncode == 0
+    points = log.read_text().splitlines()
+    assert any("aside" in p for p in points), points
+    for n in range(1, len(points) + 1):
+        restore()
+        killed = agent_once(RECONCILER_FAULT_AT=str(n))
+        assert killed.returncode == -9, (n, points[n - 1], killed.returncode, killed.stderr[-500:])
+        after = agent_once()
+        where = f"killed at {points[n - 1]}"
+        assert after.returncode == 0 and "Traceback" not in after.stderr, (where, after.stderr[-800:])
+        assert processes_of(state) == running, where  # not restarted, not doubled
+        assert any(p.read_bytes() == damaged for p in state.glob("state.db.corrupt-*")), where
+        note = node.deployment.note("n1", head) or {}
+        assert note.get("state") == "applied", (where, note)
+        assert any("ledger" in e for e in note.get("events", [])), (where, note)  # type: ignore[attr-defined]
+        assert agent_once().returncode == 0 and processes_of(state) == running, where  # and a plain one after
