@@ -1,8 +1,9 @@
 """The converge step: render, observe, plan, apply (under the services lock), then settle the
 verdict. Windows and budgets hold disruptive changes back (an operator's own command is held by
 neither); a failure under ``on_failure: node`` (or while taking the VIPs over) puts every service
-the pass changed back to the version it ran before. An action a killed run was doing is done
-again: every action on the ladder is safe to repeat.
+the pass changed back to the version it ran before; under ``on_failure: service`` a failed
+service its driver did not put back (a killed run had moved its record on) goes back alone. An
+action a killed run was doing is done again: every action on the ladder is safe to repeat.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
         # A node that fails as it takes the VIPs over leaves them whole: the old plane takes them back.
         if failed and not operation and (attaching or _on_failure(ctx, repo, run.commit) == "node"):
             run = replace(run, events=run.events + tuple(put_back(ctx, run.commit, results, before, drivers)))
+        elif failed and not operation:
+            run = replace(run, events=run.events + tuple(keep_back(ctx, run.commit, failed, before, drivers)))
     if operation:
         return rolled_back(ctx, run, the_plan, results, operation)
     reboots = any(r.action is ActionKind.REBOOT and r.state is ResultState.OK for r in results)
@@ -171,11 +174,26 @@ def _ran(before: Mapping[str, ServiceRecord | None], service: str) -> bool:
     return rec is not None and rec.running is not None
 
 
+def keep_back(ctx: NodeContext, commit: str, failed: list[ServiceResult], before: Mapping[str, ServiceRecord | None],
+              drivers: Mapping[str, Driver]) -> list[str]:
+    """``on_failure: service``: a failed service alone back on the version it ran before. Its
+    driver put back what its own record said ran, which a killed run of this commit may have
+    moved on (the new version again: "restored but not healthy") or left stopped (then this run
+    only started the new one, with nothing to restore); the ledger knows what ran."""
+    seen = observe(ctx.node, drivers).by_name()
+
+    def not_back(r: ServiceResult) -> bool:
+        rec, now = before.get(r.service), seen.get(r.service)
+        return (rec is not None and rec.running is not None
+                and (now is None or not now.running or now.hash != rec.running.hash))
+    return put_back(ctx, commit, [r for r in failed if not_back(r)], before, drivers, "on_failure service")
+
+
 def put_back(ctx: NodeContext, commit: str, results: list[ServiceResult], before: Mapping[str, ServiceRecord | None],
-             drivers: Mapping[str, Driver]) -> list[str]:
+             drivers: Mapping[str, Driver], why: str = "on_failure node") -> list[str]:
     """``on_failure: node``: every service this run (or a killed run of the same commit)
     changed goes back to the version it ran before (a service it started is stopped again).
-    Returns what the note says about it."""
+    Returns what the note says about it (each line starts with ``why``)."""
     changed = [r for r in results if (r.state is ResultState.OK and (
         r.action is not ActionKind.NONE or _changed_before(ctx, r.service, before)))
         or (r.state is ResultState.FAILED and _ran(before, r.service))]
@@ -191,12 +209,12 @@ def put_back(ctx: NodeContext, commit: str, results: list[ServiceResult], before
                 if any(o.name == r.service for o in driver.observe()):
                     driver.remove(r.service)
             ctx.ledger.removed(r.service)
-            events.append(f"on_failure node: {r.service} stopped (it was new in this run)")
+            events.append(f"{why}: {r.service} stopped (it was new in this run)")
             continue
         try:
             svc = ctx.resolver.render(version.commit).by_name().get(r.service)  # as it ran: with the held values
         except ReconcilerError as exc:
-            events.append(f"on_failure node: {r.service} not put back: {exc}")
+            events.append(f"{why}: {r.service} not put back: {exc}")
             continue
         if svc is None:
             continue
@@ -209,7 +227,7 @@ def put_back(ctx: NodeContext, commit: str, results: list[ServiceResult], before
             if r.action is ActionKind.NONE:
                 continue  # already back: its driver put it back
             origin = next(s.origin for s in old if s.name == r.service)
-            events.append(f"on_failure node: {r.service} put back to {origin[:12]} ({r.action} {r.state})"
+            events.append(f"{why}: {r.service} put back to {origin[:12]} ({r.action} {r.state})"
                           + (f": {r.detail}" if r.detail else ""))
     for e in events:
         log.warning("%s: %s", ctx.node, e)

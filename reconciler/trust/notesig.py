@@ -171,6 +171,19 @@ class NoteTrust:
         """Names this trust in a reader's cache (hashing the keys once, not per note)."""
         return hash((self.signers, self.policy, self.origin, self.problem))
 
+    @cached_property
+    def _by_key(self) -> dict[bytes, tuple[sshsig.AllowedSigner, ...]]:
+        out: dict[bytes, tuple[sshsig.AllowedSigner, ...]] = {}
+        for s in self.signers:
+            if not s.cert_authority:
+                blob = parse_key(s.key_blob).plain_blob
+                out[blob] = (*out.get(blob, ()), s)
+        return out
+
+    @cached_property
+    def _authorities(self) -> tuple[sshsig.AllowedSigner, ...]:
+        return tuple(s for s in self.signers if s.cert_authority)
+
     @property
     def timeless(self) -> bool:
         """No key of it has a validity window (nor a certificate's): a note's verdict holds for
@@ -201,7 +214,11 @@ class NoteTrust:
         plain = {k: v for k, v in data.items() if k != SIG_FIELD}
         try:
             signature = sshsig.verify(sig.encode(), payload(node, obj, plain), NAMESPACE)
-            sshsig.find_signer(self.signers, signature, node, at, NAMESPACE)
+            key = parse_key(signature.key_blob)
+            # only the lines of this key (and the CAs, for a certificate): a fleet's trust/nodes
+            # has a line per node, and each note would otherwise be matched against all of them
+            candidates = self._by_key.get(key.plain_blob, ()) + (self._authorities if key.cert else ())
+            sshsig.find_signer(candidates, signature, node, at, NAMESPACE)
         except ReconcilerError as exc:
             return f"bad signature: {exc}"
         except (ValueError, TypeError, OverflowError, UnicodeError) as exc:
