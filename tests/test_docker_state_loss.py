@@ -17,13 +17,17 @@ from reconciler.daemon.supervisor import Supervisor
 pytestmark = pytest.mark.usefixtures("docker_cleanup")
 
 
+@pytest.mark.parametrize("note_key", ["kept", "lost"])
 def test_a_node_that_lost_its_state_adopts_its_containers_and_restarts_none(
     dock: DockerDeployment,  # noqa: F811  (the fixture imported above)
-    agents: Callable[..., Agent], docker_engine: docker.DockerClient, merge_key: SigningKey,
+    agents: Callable[..., Agent], docker_engine: docker.DockerClient, merge_key: SigningKey, note_key: str,
 ) -> None:
+    """``lost``: the node's note key lived in the state dir (no note_key setting), so its notes on
+    the remote prove nothing after the loss and it starts as a new node: it adopts all the same."""
     import shutil
 
-    node = agents(dock.node, dock.url)  # its settings; every container it has is removed at the end
+    # its settings; every container it has is removed at the end
+    node = agents(dock.node, dock.url, **({"note_key": None} if note_key == "lost" else {}))
     args = node_args(node, merge_key)
     first = cli("agent", "--once", *args)
     assert first.returncode == 0, first.stderr

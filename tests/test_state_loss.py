@@ -242,3 +242,26 @@ def test_a_refused_rewind_after_state_loss_leaves_the_applied_note_as_it_was(
     again = cli("agent", "--once", *args)
     assert again.returncode == 2
     assert deployment.note("cmp2", c1) == applied and deployment.note("cmp2", c2) == after
+
+
+def test_a_node_that_lost_its_state_dir_and_the_note_key_in_it_still_keeps_its_services(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    # no note_key setting: the key the node made lives in the state dir and goes with it, so
+    # its notes on the remote prove nothing any more (it starts as a new node)
+    cmp1 = agents("cmp1", deployment.url, note_key=None)
+    args = node_args(cmp1, merge_key)
+    assert "--note-key" not in args
+    assert cli("agent", "--once", *args).returncode == 0
+    assert (cmp1.cfg.state_dir / "note_key").is_file()
+    running = processes_of(cmp1.cfg.state_dir)
+
+    shutil.rmtree(cmp1.cfg.state_dir)
+    proc = cli("agent", "--once", *args, "-o", "json")
+
+    assert proc.returncode == 0, proc.stderr
+    assert "not signed by its note key" in proc.stderr, proc.stderr  # said: no mark recovered
+    assert processes_of(cmp1.cfg.state_dir) == running  # adopted all the same, not started twice
+    out = json.loads(proc.stdout)
+    assert {n: s["action"] for n, s in out["report"]["services"].items()} == \
+        {"compute-agent": "none", "node-exporter": "none"}

@@ -53,7 +53,10 @@ def adopt_step(ctx: NodeContext, run: Run) -> Run:
     except TrustError:
         return run  # the root in force cannot be proven: the trust step refuses and says what to give
     with ctx.state.services_lock(wait=60):
-        found = unrecorded(ctx, every=forgot and mark is not None)
+        # a node with no mark asks every kind: it lost its state dir (its notes may not prove it,
+        # with a note key lost alongside) or it is new (then nothing is found, once per pass
+        # until its first verified head)
+        found = unrecorded(ctx, every=forgot)
         if not found:
             return run
         events = [adopt(ctx, kind, driver, f) for kind, driver, f in found]
@@ -69,7 +72,7 @@ def adopt_step(ctx: NodeContext, run: Run) -> Run:
 def unrecorded(ctx: NodeContext, every: bool) -> list[tuple[str, Driver, Unrecorded]]:
     """(kind, driver, instance) for each instance a driver finds running with no record of it;
     ``every``: every kind that adopts is asked, not only those with records here (the ledger
-    remembered nothing, yet the node's notes say it acted)."""
+    remembers no mark)."""
     cfg = ctx.settings
     names = drivers_in_use(cfg.state_dir)
     if every:

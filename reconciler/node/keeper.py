@@ -60,6 +60,7 @@ class TrustKeeper:
         self.node = node
         self.note_key = note_key  # this node's own: its notes on the remote are trusted only if it signed them
         self.node_root = node_root
+        self._said_unproven = False
         self.gate = Gate(self._adopted(node_root), Policy(cfg.policy), clock, node_root.revoked, branch,
                          cfg.require_branch_binding)
 
@@ -163,7 +164,8 @@ class TrustKeeper:
                 newest = (str(data.get("time", "")), commit, str(data.get("root") or ""))
         if newest is None:
             self.ledger.restore(records)  # refusals only: nothing this node acted on
-            if skipped:
+            if skipped and not self._said_unproven:
+                self._said_unproven = True  # asked more than once a pass (adoption, then the gate)
                 # Notes that this key did not sign (an older agent's, a key lost with the state
                 # dir, or someone else's): no mark is proven, and the node starts as a new one,
                 # under its configured root (which must then be the root in force).
