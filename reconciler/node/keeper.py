@@ -160,8 +160,12 @@ class TrustKeeper:
             if record is not None:
                 records.append(record)
             # The mark moves for every verified commit the node acted on, whatever came of it.
-            if data.get("state") != str(Verdict.REFUSED) and (newest is None or str(data.get("time", "")) > newest[0]):
-                newest = (str(data.get("time", "")), commit, str(data.get("root") or ""))
+            when = str(data.get("time", ""))
+            # the newest by its time; two in the same second: the later commit (a descendant)
+            if data.get("state") != str(Verdict.REFUSED) and (
+                    newest is None or when > newest[0]
+                    or (when == newest[0] and commit != newest[1] and self._descends(commit, newest[1]))):
+                newest = (when, commit, str(data.get("root") or ""))
         if newest is None:
             self.ledger.restore(records)  # refusals only: nothing this node acted on
             if skipped and not self._said_unproven:
@@ -179,6 +183,14 @@ class TrustKeeper:
         self.ledger.advance(newest[1], None, origin)
         log.warning("%s: high-water mark %s recovered from this node's notes", self.node, newest[1][:12])
         return newest[1]
+
+    def _descends(self, commit: str, other: str) -> bool:
+        from reconciler.trust.verify import is_descendant
+
+        try:
+            return is_descendant(self.repo(), commit, other)
+        except (KeyError, ValueError):
+            return False  # a commit the mirror lacks
 
     def _written_here(self, commit: str, data: Mapping[str, Any]) -> bool:
         """A note in this node's ref that this node wrote: signed with its own key. Nothing else
