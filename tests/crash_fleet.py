@@ -2,9 +2,8 @@
 notes, so the others' notes count, and a look at a node's notes ref on the remote with git.
 
 Notes steer other nodes only when their node signed them with the key the repo's
-``trust/nodes`` names for it (``trust.notesig``). ``signing`` makes one key per node with
-ssh-keygen, the ``trust/nodes`` file that names them, and the agent setting (``note_key``) that
-hands each node its key.
+``trust/nodes`` names for it (``trust.notesig``). ``signing`` gives the ``trust/nodes`` file
+that names each node's key and the agent setting (``note_key``) that hands it to the node.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import Deployment, make_key
+from conftest import Deployment, nodes_file, note_key
 from test_crash_points import Node, in_child
 
 from reconciler.agent import Agent
@@ -25,15 +24,10 @@ from reconciler.agent import Agent
 CLAIM_OBJECT = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # the empty tree: where a node's claim is noted
 
 
-def signing(directory: Path, nodes: list[str]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """(repo files to add, per node the AgentConfig settings that make it sign its notes)."""
-    lines, settings = [], {}
-    for node in nodes:
-        key = make_key(directory / "note-keys", node, principal=node)
-        key.key.chmod(0o600)
-        lines.append(f"{node} {key.public}\n")
-        settings[node] = {"note_key": key.key}
-    return {"trust/nodes": "".join(lines)}, settings
+def signing(nodes: list[str]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """(repo files to add, per node the AgentConfig settings that make it sign its notes): the
+    test session's key of each node (``conftest.note_key``), as the ``agents`` fixture gives it."""
+    return {"trust/nodes": nodes_file(*nodes)}, {node: {"note_key": note_key(node)} for node in nodes}
 
 
 def git_bare(dep: Deployment, *args: str) -> str:

@@ -119,7 +119,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path: Path, merge_key: SigningKey) -> Iterator[Fleet]:
-    trust_nodes, settings = signing(tmp_path, list(NODES))
+    trust_nodes, settings = signing(list(NODES))
     nodes = "".join(f"  {n}: {{groups: [controllers]}}\n" for n in NODES)
     files = {
         "reconciler.yaml": ("format: 1\nname: crash-budget\n"

@@ -141,7 +141,7 @@ def cloud(tmp_path: Path, merge_key: SigningKey, busybox_image: str, docker_engi
     for name in SERVICES:
         files[f"services/{name}/templates/index.html.j2"] = f"{name} of {{{{ pending_release or release }}}}\n"
     old, new = f"{prefix}-ctl1", f"{prefix}-ctl2"
-    trust_nodes, settings = signing(tmp_path, [old, new])
+    trust_nodes, settings = signing([old, new])
     dep = small_deployment(tmp_path, merge_key, {**files, **trust_nodes}, "release A and an isolated B")
     c = Cloud(dep, docker_engine, busybox_image, prefix, net, agent_of(dep, old, tmp_path, merge_key, settings[old]),
               agent_of(dep, new, tmp_path, merge_key, settings[new]))

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pytest
 from conftest import Deployment, SigningKey, free_port, small_deployment
-from needs import unavailable
 from test_cli import cli, one_error_line
 from test_crash_points import APP, SERVICE, count_points, killed_at
 from test_faults import processes_of
-from test_hardening import _fill
+from test_hardening import _fill, tmpfs
 
 from reconciler.agent import Agent
 from reconciler.settings import AgentConfig, TrustConfig
@@ -178,15 +177,8 @@ def test_killed_at_every_side_effect_of_an_upgrade_pass_each_step_runs_once(upgr
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs: room for a small node's state dir, and a disk that really fills up."""
-    if os.geteuid() != 0:
-        unavailable("root", "mounting a small filesystem needs root (CI runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "2M") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.mark.parametrize("leave", [0, 16 * 1024])

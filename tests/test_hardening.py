@@ -8,6 +8,7 @@ written against the commands and the notes, as an operator sees them. History::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -335,18 +336,25 @@ def _fill(path: Path, leave: int) -> Path:
     return filler
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 64 MiB tmpfs: a state dir whose disk can really fill up."""
+@contextlib.contextmanager
+def tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A real filesystem of ``size`` at ``mount`` (root only), unmounted after: a disk that
+    really fills up."""
     if os.geteuid() != 0:
         unavailable("root", "mounting a small filesystem needs root (CI runs as root)")
-    mount = tmp_path / "disk"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True)
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs: a state dir whose disk can really fill up."""
+    with tmpfs(tmp_path / "disk", "64m") as mount:
+        yield mount
 
 
 def test_a_full_disk_is_a_one_line_error_before_anything_changes_and_the_next_run_converges(

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import Deployment, SigningKey, age_args, git, make_key, wait_for
+from test_faults import processes_of
 
 from reconciler.agent import Agent
 from reconciler.daemon.supervisor import Supervisor
@@ -49,26 +50,6 @@ def events(note: dict[str, object]) -> list[str]:
     found = note.get("events") or []
     assert isinstance(found, list)
     return [str(e) for e in found]
-
-
-def processes_of(state_dir: Path) -> dict[str, list[int]]:
-    """Every live process on the machine that runs a service of this state dir, by service."""
-    found: dict[str, list[int]] = {}
-    marker = f"RECONCILER_DATA_DIR={state_dir}/services/".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state == "Z":
-            continue
-        for var in env.split(b"\0"):
-            if var.startswith(marker):
-                found.setdefault(var[len(marker):].split(b"/")[0].decode(), []).append(int(entry.name))
-    return found
 
 
 @pytest.fixture(autouse=True)

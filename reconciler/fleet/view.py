@@ -19,6 +19,7 @@ from typing import Any
 import pygit2
 
 from reconciler.core.errors import BadInput, RemoteError
+from reconciler.core.memo import Bounded
 from reconciler.fleet import notes
 from reconciler.fleet.notejson import MAX_NOTE
 from reconciler.fleet.notes import CLAIM_OBJECT, Claim, Note
@@ -97,7 +98,7 @@ def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note) -> dict[str, A
             except KeyError:
                 pass  # not here (another branch's commit): no commit this reader asks about
         blob = str(entry.id)
-        read = _DECODED.get(blob)
+        read = _DECODED.lookup(blob)[1]  # a body or a reason, never None once kept
         if read is None:
             size = odb.read_header(entry.id)[1]  # the size first: a 20 MB note is never read
             if size > MAX_NOTE:
@@ -105,53 +106,30 @@ def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note) -> dict[str, A
             else:
                 body = notes.body(node, obj, odb.read(entry.id)[1])
                 read = body.why if isinstance(body, notes.Malformed) else body
-            _decoded(blob, read, size)
+            _DECODED.put(blob, read, size if isinstance(read, dict) else len(read))
     data = read if isinstance(read, dict) else notes.Malformed(node, obj, read)
-    if isinstance(data, notes.Malformed) and (key := (node, obj, str(entry.id))) not in _SAID:
-        if len(_SAID) > 4096:
-            _SAID.clear()
-        _SAID.add(key)
+    if isinstance(data, notes.Malformed) and (key := (node, obj, blob)) not in _SAID:
+        _SAID.put(key, True)
         log.warning("%s", data)
     return data
 
 
-_SAID: set[tuple[str, str, str]] = set()  # the malformed notes said already: (node, object, note)
-
-
-def _decoded(blob: str, read: dict[str, Any] | str, size: int) -> None:
-    """Keep what the note ``blob`` decodes to: content-addressed, so it is decoded once per
-    process, not on every view of every pass. Bounded, cleared when full: by count, and by the
-    bytes of the bodies kept, since a note written to decode big (``[{}, {}, ...]``) takes some
-    24 times its text as objects (4 MiB of notes: about 100 MiB at worst, ~2000 honest notes).
-    A body kept is shared by every reader after: each only reads it."""
-    global _DECODED_BYTES
-    size = size if isinstance(read, dict) else len(read)
-    if len(_DECODED) >= 8192 or _DECODED_BYTES + size > 4 * 1024 * 1024:
-        _DECODED.clear()
-        _DECODED_BYTES = 0
-    _DECODED[blob] = read
-    _DECODED_BYTES += size
-
-
-_DECODED: dict[str, dict[str, Any] | str] = {}  # note blob -> its body, or why it is malformed
-_DECODED_BYTES = 0  # the bytes of the notes whose bodies _DECODED holds
+# Notes are content-addressed (``blob``): each is decoded once per process, and checked once
+# per trust, not on every view of every pass. The bodies are bounded by bytes too: a note
+# written to decode big (``[{}, {}, ...]``) takes some 24 times its text as objects (4 MiB of
+# notes: about 100 MiB at worst, ~2000 honest notes). A body kept is shared by every reader
+# after it: each only reads it.
+_DECODED: Bounded[str, dict[str, Any] | str] = Bounded(8192, 4 * 1024 * 1024)  # blob -> body, or why malformed
+_SAID: Bounded[tuple[str, str, str], bool] = Bounded(4096)  # malformed notes said already: (node, object, blob)
+_CHECKED: Bounded[tuple[int, str, str, str, int], str | None] = Bounded(8192)  # -> why it does not count
 
 
 def _judged(trust: NoteTrust, node: str, obj: str, blob: str, data: Mapping[str, Any], at: datetime) -> str | None:
-    """Why ``node``'s note on ``obj`` does not count (None: it does). A note is content-addressed
-    (``blob``): each is checked once per trust (and per minute where a key has a validity
-    window, judged to the minute), not on every poll."""
+    """Why ``node``'s note on ``obj`` does not count (None: it does); judged again each minute
+    only where a key has a validity window."""
     key = (trust.ident, node, obj, blob, 0 if trust.timeless else int(at.timestamp()) // 60)
-    hit = _CHECKED.get(key, _MISS)
-    if hit is _MISS:
-        if len(_CHECKED) > 8192:
-            _CHECKED.clear()
-        hit = _CHECKED[key] = trust.judge(node, obj, data, at)
-    return hit  # type: ignore[return-value]
-
-
-_MISS = object()
-_CHECKED: dict[tuple[int, str, str, str, int], object] = {}
+    known, why = _CHECKED.lookup(key)
+    return why if known else _CHECKED.put(key, trust.judge(node, obj, data, at))
 
 
 def open_clone(repo_dir: Path) -> pygit2.Repository:

@@ -114,9 +114,7 @@ class TrustKeeper:
         origin = None
         if decision.root.origin != self.gate.root.origin:
             commit = decision.root.origin.removeprefix("repo@")
-            for name in ("allowed_signers", "revoked"):
-                blob = tree_file(self.repo(), commit, f"trust/{name}")
-                atomic_write(self.dir / name, blob or b"", 0o600)
+            self._keep_root_of(commit)
             origin = decision.root.origin
             log.warning("%s: trust root rotated by %s", self.node, commit[:12])
             self.gate = self.gate.with_root(decision.root)
@@ -184,6 +182,11 @@ class TrustKeeper:
         log.warning("%s: high-water mark %s recovered from this node's notes", self.node, newest[1][:12])
         return newest[1]
 
+    def _keep_root_of(self, commit: str) -> None:
+        """The repo's ``trust/`` files at ``commit``, kept in the state dir as the root in force."""
+        for name in ("allowed_signers", "revoked"):
+            atomic_write(self.dir / name, tree_file(self.repo(), commit, f"trust/{name}") or b"", 0o600)
+
     def _descends(self, commit: str, other: str) -> bool:
         from reconciler.trust.verify import is_descendant
 
@@ -211,8 +214,7 @@ class TrustKeeper:
             except (TrustError, KeyError, ValueError) as exc:
                 raise TrustError(f"state dir lost: the trust root its notes name ({named[:17]}) cannot be "
                                  f"read: {exc}", "ROOT_UNPROVEN") from exc
-            for name in ("allowed_signers", "revoked"):
-                atomic_write(self.dir / name, tree_file(self.repo(), origin_commit, f"trust/{name}") or b"", 0o600)
+            self._keep_root_of(origin_commit)
             self.gate = self.gate.with_root(root)
             log.warning("%s: trust root %s recovered with the mark from this node's notes", self.node, named[:17])
             return root.origin

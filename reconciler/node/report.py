@@ -39,9 +39,15 @@ def key_loader(path: Path | None, state_dir: Path) -> Callable[[], NoteKey]:
     signs nothing); a ``note_key`` setting that names no file is said at start, before any change."""
     from functools import cache
 
-    if path is not None and not path.is_file():
-        raise ConfigError("note_key: no such file (an SSH private key: ssh-keygen -t ed25519 -N '' -f FILE)",
-                          file=str(path))
+    if path is not None:
+        # said at start, before a pass changes anything: a key found wrong only when the first
+        # note is signed would stop a pass after its changes were applied, before they were noted
+        if not path.is_file():
+            raise ConfigError("note_key: no such file (an SSH private key: ssh-keygen -t ed25519 -N '' -f FILE)",
+                              file=str(path))
+        from reconciler.trust.notesig import check_private_mode
+
+        check_private_mode(path)
 
     @cache
     def load() -> NoteKey:

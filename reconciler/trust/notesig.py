@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.core.errors import BadInput, ConfigError, ReconcilerError
 from reconciler.trust import sshsig
-from reconciler.trust.sshkeys import parse_key, wire_string
+from reconciler.trust.sshkeys import bad_signature, parse_key, wire_string
 
 if TYPE_CHECKING:
     import pygit2
@@ -70,15 +70,11 @@ class NoteKey:
         from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
         from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
+        check_private_mode(path)
         try:
-            mode = path.stat().st_mode
             raw = path.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read the note key: {exc.strerror}", file=str(path)) from exc
-        if mode & 0o077:
-            # as ssh does for a private key: one that others can read speaks for anyone who read it
-            raise ConfigError(f"permissions {mode & 0o777:04o} for the note key are too open (chmod 600)",
-                              file=str(path))
         try:
             key = load_ssh_private_key(raw, password=None)
         except (ValueError, TypeError) as exc:
@@ -136,12 +132,8 @@ class NoteKey:
     def signed(self, node: str, obj: str, data: Mapping[str, Any]) -> bool:
         """Did this key sign ``data`` as ``node``'s note on ``obj``? (A node reading back its own
         notes from a remote that could have written them.)"""
-        sig = data.get(SIG_FIELD)
-        if not isinstance(sig, str):
-            return False
-        plain = {k: v for k, v in data.items() if k != SIG_FIELD}
         try:
-            found = sshsig.verify(sig.encode(), payload(node, obj, plain), NAMESPACE)
+            found = verified(node, obj, data)
         except (ReconcilerError, ValueError, TypeError, OverflowError, UnicodeError):
             return False
         return parse_key(found.key_blob).plain_blob == parse_key(self.blob).plain_blob
@@ -150,6 +142,26 @@ class NoteKey:
         """``body`` with this key's signature for ``node``'s note on ``obj``."""
         plain = {k: v for k, v in body.items() if k != SIG_FIELD}
         return {**plain, SIG_FIELD: self.sign(payload(node, obj, plain))}
+
+
+def verified(node: str, obj: str, data: Mapping[str, Any]) -> sshsig.Signature:
+    """The signature ``data`` carries, checked over ``node``'s note on ``obj`` (whose key it is
+    says nothing yet). Raises ``ReconcilerError`` (or a ``ValueError`` of the payload's JSON)."""
+    sig = data.get(SIG_FIELD)
+    if not isinstance(sig, str):
+        raise bad_signature("no signature")
+    plain = {k: v for k, v in data.items() if k != SIG_FIELD}
+    return sshsig.verify(sig.encode(), payload(node, obj, plain), NAMESPACE)
+
+
+def check_private_mode(path: Path) -> None:
+    """As ssh does for a private key: one that others can read speaks for anyone who read it."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ConfigError(f"cannot read the note key: {exc.strerror}", file=str(path)) from exc
+    if mode & 0o077:
+        raise ConfigError(f"permissions {mode & 0o777:04o} for the note key are too open (chmod 600)", file=str(path))
 
 
 def _mpint(value: int) -> bytes:
@@ -211,9 +223,8 @@ class NoteTrust:
             return "the signature is not an SSH signature"
         if self.problem:
             return self.problem
-        plain = {k: v for k, v in data.items() if k != SIG_FIELD}
         try:
-            signature = sshsig.verify(sig.encode(), payload(node, obj, plain), NAMESPACE)
+            signature = verified(node, obj, data)
             key = parse_key(signature.key_blob)
             # only the lines of this key (and the CAs, for a certificate): a fleet's trust/nodes
             # has a line per node, and each note would otherwise be matched against all of them
