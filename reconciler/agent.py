@@ -21,6 +21,7 @@ from reconciler.ledger.statedir import State
 from reconciler.node.context import Memory, NodeContext
 from reconciler.node.desired import Resolver
 from reconciler.node.keeper import TrustKeeper
+from reconciler.node.localfiles import check_local
 from reconciler.node.peers import fleet_view
 from reconciler.node.reconcile import head, reconcile
 from reconciler.node.report import Reporter, key_loader, notes_ref
@@ -52,15 +53,23 @@ class Agent:
 
     def __post_init__(self) -> None:
         cfg = self.cfg
+        # The node's own files first: a settings error is said here, before a state dir is made
+        # or anything fetched, and never noted to the fleet as the commit's (``localfiles``).
+        check_local(cfg)
+        note_key = key_loader(cfg.note_key, cfg.state_dir)
         state = State(cfg.state_dir)
         ledger = Ledger.open(cfg.state_dir)
+        try:
+            ledger.claim(cfg.node)  # another node's state dir is refused, never taken over
+        except BaseException:
+            ledger.close()
+            raise
         source = Source(
             cfg.remote, cfg.branch, state.mirror, ssh_command=cfg.ssh_command, progress=self.progress,
             reads=cfg.read_urls, write=cfg.write_url,
             probes={r.url: TipProbe(r.probe, r.check_every, safe_url(r.probe)) for r in cfg.remotes
                     if r.probe and r.reads},
         )
-        note_key = key_loader(cfg.note_key, cfg.state_dir)
         keeper = TrustKeeper(cfg.trust, cfg.state_dir, ledger, lambda: source.repo, notes_ref(cfg.node), self.clock,
                              cfg.node, cfg.branch, note_key)
         memory = Memory()

@@ -131,7 +131,8 @@ def wants_json(args: Sequence[str]) -> bool:
 def _fail(reason: str, message: str, exit_code: int, as_json: bool, partial: dict[str, Any] | None = None) -> NoReturn:
     if as_json:
         emit_json({**(partial or {}), "error": {"reason": reason, "message": message, "exit_code": exit_code}})
-    click.echo(f"error: {message} [{reason}]", err=True)
+    for line in message.splitlines() or [""]:  # several mistakes (of a settings file): one line each
+        click.echo(f"error: {line} [{reason}]", err=True)
     sys.exit(exit_code)
 
 

@@ -184,17 +184,55 @@ def default_config() -> Path | None:
         return None
 
 
-def agent_config(agent_opts: dict[str, Any], **defaults: Any) -> AgentConfig:
+def agent_config(agent_opts: dict[str, Any], *, node_of: Callable[[Path], str | None] | None = None,
+                 **defaults: Any) -> AgentConfig:
     """The settings from --config and flags; ``defaults`` fill what neither gives (a read-only
-    command passes a placeholder remote, since it never contacts one)."""
+    command passes a placeholder remote, since it never contacts one); ``node_of``: where the
+    node is read from its state dir when neither names it."""
     opts = dict(agent_opts)
     config_file = opts.pop("config_file") or default_config()
     for key, value in defaults.items():
         if opts.get(key) is None:
             opts[key] = value
-    return load_config(config_file, opts)
+    return load_config(config_file, opts, node_of=node_of)
 
 
 def node_agent(agent_opts: dict[str, Any], **defaults: Any) -> Agent:
     """The one way a command builds this node's Agent from its options."""
     return Agent(agent_config(agent_opts, **defaults))
+
+
+def _owner(root: Path, node: str | None = None) -> str | None:
+    """The node whose agent keeps the state dir ``root`` (None: no ledger there, or an agent's
+    from before it recorded its node); ``node``: refused when it is another's."""
+    if not (root / "state.db").is_file():
+        return None
+    from reconciler.ledger import Ledger
+
+    ledger = Ledger.open(root, create=False)
+    try:
+        if node is not None:
+            ledger.claim(node, record=False)
+        return ledger.owner()
+    finally:
+        ledger.close()
+
+
+def local_config(agent_opts: dict[str, Any], **defaults: Any) -> AgentConfig:
+    """The settings of a command on the node's existing state dir (status, logs, suspend...):
+    the node it names when the settings name none; refused when they name another (it would be
+    shown, or changed, under the wrong name)."""
+    cfg = agent_config(agent_opts, node_of=_owner, **defaults)
+    _owner(cfg.state_dir, cfg.node)
+    return cfg
+
+
+def existing_agent(agent_opts: dict[str, Any], *, empty_ok: bool = False) -> Agent:
+    """The Agent of a command that steers the node between passes (suspend, resume, retry,
+    unpin): only over a state dir its agent made, never a new one at a mistyped --state-dir
+    (see ``statedir.require_agent_state``; ``empty_ok``: or an empty directory made for it)."""
+    from reconciler.ledger.statedir import require_agent_state
+
+    cfg = local_config(agent_opts)
+    require_agent_state(cfg.state_dir, empty_ok=empty_ok)
+    return Agent(cfg)

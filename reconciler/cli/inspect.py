@@ -16,6 +16,7 @@ from reconciler.cli.common import (
     agent_options,
     emit_json,
     escape,
+    local_config,
     new_table,
     out,
     output_option,
@@ -71,14 +72,19 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
         return
     if repo_dir is not None or watch:
         raise BadInput("--repo and --watch go with --fleet")
-    cfg = agent_config(agent_opts, remote="unused")
+    cfg = local_config(agent_opts, remote="unused")  # the node: its state dir's, when not given
     from reconciler.ledger import Ledger
     from reconciler.ledger.statedir import State
     from reconciler.node.context import drivers_for
 
-    State(cfg.state_dir, create=False)
+    state = State(cfg.state_dir, create=False)
     ledger = Ledger.open(cfg.state_dir, create=False)
     observed = observe(cfg.node, drivers_for(cfg, None))
+    # An action a pass journalled and has not seen through: what runs may be the new version,
+    # not yet checked healthy. Under way while a pass holds the lock; else the next run redoes it.
+    busy = state.held()
+    in_flight = [{"service": i.service, "action": str(i.action), "commit": i.commit,
+                  "state": "in progress" if busy else "interrupted"} for i in ledger.interrupted()]
     last = ledger.last_run()
     head = ledger.mark().commit
     record = ledger.record(head) if head else None
@@ -92,7 +98,7 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
         emit_json({"node": cfg.node, "head": head, "verdict": str(record.verdict) if record else None,
                    "applied_commit": applied, "pins": pins, "last_run": last, "suspended": suspended,
                    "ledger_damaged": {"time": damaged.time, "why": damaged.why, "moved_to": damaged.moved_to}
-                   if damaged else None, **observed.to_dict()})
+                   if damaged else None, "in_flight": in_flight, **observed.to_dict()})
         return
     out.print(f"node {cfg.node}: head {head[:12] if head else 'none yet'}"
               + (f" {style(str(record.verdict))}" if record else "")
@@ -102,10 +108,18 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
                   f"{escape(suspended.get('reason') or 'no reason given')}; nothing is applied")
     if damaged:  # said for as long as this ledger lives: its history begins there
         out.print(escape(damaged.event))
+    for f in in_flight:  # what runs there may be the new version, not yet seen healthy
+        out.print(f"{escape(f['action'])} {f['service']} at {f['commit'][:12]}: "
+                  + ("in progress" if busy else "interrupted; the next run finishes it"))
     table = new_table("service", "driver", "running", "pid", "commit", "hash", "pinned")
     pinned = {p["service"]: p["commit"] for p in pins}
+    flight = {f["service"]: f"[yellow]{escape(f['action'])} {f['state']}[/]" for f in in_flight}
     for s in observed.services:
-        table.add_row(s.name, s.driver, style("ok") if s.running else style("failed"), str(s.pid or "-"),
+        running = style("ok") if s.running else style("failed")
+        running = flight.get(s.name, running)
+        if s.drifted:  # changed by hand since applied: said here, not only under -o json
+            running += f", drifted: {escape(s.drifted.removeprefix('files: '))}"
+        table.add_row(s.name, s.driver, running, str(s.pid or "-"),
                       (s.commit or "")[:12], (s.hash or "")[:12], pinned.get(s.name, "")[:12])
     out.print(table)
 
@@ -158,8 +172,17 @@ def history(agent_opts: dict[str, Any], service: str | None, limit: int, fleet: 
     table = new_table("time", "service", "commit", "action", "result", "reason")
     for r in rows:
         when = datetime.fromtimestamp(r.time, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(when, r.service, r.commit[:12], r.action, style(r.result), escape(r.detail or r.reason))
+        table.add_row(when, r.service, r.commit[:12], r.action, style(r.result),
+                      escape(_why(r.reason, r.detail, r.action)))
     out.print(table)
+
+
+def _why(reason: str, detail: str, action: str) -> str:
+    """The plan's reason, then what the detail adds to it: a failure, the steps of an escalation,
+    a revive's count. A lone "restart: ok" adds nothing the action and result columns do not say."""
+    if not detail or detail == f"{action}: ok":
+        return reason or detail
+    return f"{reason}; {detail}" if reason else detail
 
 
 @click.command()
@@ -185,7 +208,7 @@ def logs(agent_opts: dict[str, Any], service: str, follow: bool, lines: int, out
       1  the runtime did not answer (a docker engine down)
       2  bad input: SERVICE does not run on this node (UNKNOWN_SERVICE), bad settings
     """
-    cfg = agent_config(agent_opts, remote="unused")
+    cfg = local_config(agent_opts, remote="unused")
     from reconciler.ledger.statedir import State
     from reconciler.node.context import drivers_for
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -29,6 +30,9 @@ from reconciler.cli.common import (
 from reconciler.core.errors import ReconcilerError
 from reconciler.node import operations
 from reconciler.node.run import RunResult
+
+if TYPE_CHECKING:
+    from reconciler.agent import Agent
 
 
 @click.command()
@@ -63,6 +67,28 @@ def plan(agent_opts: dict[str, Any], rev: str | None, no_fetch: bool, output: st
     out.print(f"{n} change{'s' if n != 1 else ''}" if n else "nothing to do")
 
 
+class Interrupted(ReconcilerError):
+    """Ctrl-C (SIGINT) stopped a pass; the journal keeps what was under way for the next run."""
+
+    reason = "ABORTED"
+    exit_code = 130
+
+
+def _pass(agent: Agent, run: Callable[[], RunResult]) -> RunResult:
+    """``run``, a pass; stopped by Ctrl-C, it says what it interrupted (``Interrupted``)."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        try:
+            under_way = [f"{i.action} {i.service} at {i.commit[:12]}" for i in agent.ledger.interrupted()]
+        except Exception:  # the ledger unreadable now: the next run still finds its journal
+            raise Interrupted("aborted: the next run finishes what this one began") from None
+        if not under_way:
+            raise Interrupted("aborted: no service was being changed; the next run starts over") from None
+        raise Interrupted(f"aborted during {', '.join(under_way)} (not yet seen healthy): the next run "
+                          "finishes it") from None
+
+
 def _run_error(result: RunResult) -> ReconcilerError | None:
     """Why a pass exits non-zero: its error, or the verdict of a run that failed or halted."""
     if result.error is not None:
@@ -75,9 +101,10 @@ def _run_error(result: RunResult) -> ReconcilerError | None:
                            reason=rep.reason or state.upper())
 
 
-def _finish_run(result: RunResult, output: str) -> None:
+def _finish_run(result: RunResult, output: str, headline: str = "") -> None:
     """Print a pass and exit with its code; under -o json a failure is one object, the result
-    with its ``error``."""
+    with its ``error``. ``headline``: what an operator's command did, said in place of the head's
+    verdict (which such a command does not change)."""
     if output == "json":
         error = _run_error(result)
         if error is not None:
@@ -95,13 +122,13 @@ def _finish_run(result: RunResult, output: str) -> None:
         rep = result.report
         if rep.services:
             table = new_table("service", "action", "result", "reason", "detail",
-                          title=f"{result.node} @ {short}: {rep.state}")
+                          title=headline or f"{result.node} @ {short}: {rep.state}")
             for r in rep.services:
                 table.add_row(r.service, style(str(r.action)), style(str(r.state)), escape(r.reason),
                               escape(r.detail))
             out.print(table)
         else:
-            out.print(f"{result.node} @ {short}: {style(str(rep.state))}")
+            out.print(headline or f"{result.node} @ {short}: {style(str(rep.state))}")
     if not result.pushed:
         err.print("[yellow]warning[/]: the note could not be pushed; it will be pushed on the next run")
     if result.error is not None:
@@ -133,11 +160,13 @@ def apply(agent_opts: dict[str, Any], commit: str | None, rev: str | None, servi
          failure elsewhere, the remote did not answer, DISK_FULL, another run holds the lock
       2  bad input or refused, nothing applied: a --service this node does not run, a
          problem in the repo at that commit, an unsigned or rewound commit, bad settings
+    130  interrupted (Ctrl-C): says which action on which service was under way; the next
+         run finishes it
     """
     agent = node_agent(agent_opts)
     rev = commit or rev
-    result = agent.reconcile_once(fetch=not no_fetch and rev is None, rev=rev, instantiate=True,
-                                  only=set(services) or None)
+    result = _pass(agent, lambda: agent.reconcile_once(fetch=not no_fetch and rev is None, rev=rev,
+                                                       instantiate=True, only=set(services) or None))
     _finish_run(result, output)
 
 
@@ -168,17 +197,22 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
          failure elsewhere, the remote did not answer, DISK_FULL, another run (or daemon)
          holds the lock
       2  bad input or refused, nothing applied: a problem in the repo at that commit, an
-         unsigned or rewound commit, bad settings
+         unsigned or rewound commit, bad settings (a file they name missing: said before
+         anything is fetched, and never noted)
+    130  interrupted (Ctrl-C) during --once: says which action on which service was under
+         way; the next run finishes it
     """
     from reconciler.daemon.afterpass import Outputs
     from reconciler.daemon.loop import run_daemon
 
-    settings = {"interval": interval, "jitter": jitter, "metrics_textfile": metrics_textfile}
+    settings: dict[str, Any] = {"interval": interval, "jitter": jitter, "metrics_textfile": metrics_textfile}
     the_agent = node_agent(agent_opts, **settings)
     if once:
         outputs = Outputs(the_agent)  # a bad notify or metrics setting stops before the pass
         try:
-            result = the_agent.reconcile_once()
+            result = _pass(the_agent, the_agent.reconcile_once)
+        except Interrupted:
+            raise  # no poll to count: it did not end
         except ReconcilerError as exc:
             outputs(None, exc)  # the metrics say the poll failed; the error is the command's
             raise
@@ -261,7 +295,10 @@ def rollback(agent_opts: dict[str, Any], service: str, to: str | None, output: s
       2  bad input or refused: an unknown service or commit, nothing earlier to go back
          to, an earlier commit that is not signed by a trusted key
     """
-    _finish_run(operations.rollback(node_agent(agent_opts).ctx, service, to), output)
+    ctx = node_agent(agent_opts).ctx
+    result = operations.rollback(ctx, service, to)
+    pin = next((p for p in ctx.ledger.pins() if p.service == service), None) if result.error is None else None
+    _finish_run(result, output, f"{result.node}: {service} rolled back to {pin.commit[:12]}, pinned" if pin else "")
 
 
 @click.command()

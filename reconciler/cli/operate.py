@@ -15,7 +15,7 @@ from reconciler.cli.common import (
     agent_options,
     emit_json,
     escape,
-    node_agent,
+    existing_agent,
     out,
     output_option,
 )
@@ -40,9 +40,10 @@ def unpin(agent_opts: dict[str, Any], service: str, output: str) -> None:
     Exit codes:
       0  the pin is released
       1  another run holds the lock
-      2  bad input: SERVICE is not pinned on this node (NOT_PINNED), bad settings
+      2  bad input: SERVICE is not pinned on this node (NOT_PINNED), bad settings, no state dir
+         there (the agent has not run there)
     """
-    the_agent = node_agent(agent_opts)
+    the_agent = existing_agent(agent_opts)
     if not operations.unpin(the_agent.ctx, service):
         error = BadInput(f"service {service} is not pinned on node {the_agent.cfg.node}", reason="NOT_PINNED")
         if output == "json":
@@ -70,9 +71,9 @@ def retry(agent_opts: dict[str, Any], output: str) -> None:
     Exit codes:
       0  the head will be tried again on the next run, or there is nothing to retry
       1  another run holds the lock
-      2  bad input: bad settings
+      2  bad input: bad settings, no state dir there (the agent has not run there)
     """
-    failed = operations.retry(node_agent(agent_opts).ctx)
+    failed = operations.retry(existing_agent(agent_opts).ctx)
     if output == "json":
         emit_json({"retry": failed})
         return
@@ -95,10 +96,11 @@ def suspend(agent_opts: dict[str, Any], reason: str, output: str) -> None:
 
     \b
     Exit codes:
-      0  suspended (or its reason updated); a node that never ran yet starts out suspended
-      2  bad input: bad settings
+      0  suspended (or its reason updated); a node that never ran yet (its state dir made
+         empty for it) starts out suspended
+      2  bad input: bad settings, no state dir there (only the agent makes one)
     """
-    the_agent = node_agent(agent_opts)
+    the_agent = existing_agent(agent_opts, empty_ok=True)
     already = operations.suspend(the_agent.ctx, reason, operations.invoker())
     record = the_agent.ledger.suspension() or {}
     if output == "json":
@@ -125,9 +127,9 @@ def resume(agent_opts: dict[str, Any], output: str) -> None:
     \b
     Exit codes:
       0  resumed, or it was not suspended
-      2  bad input: bad settings
+      2  bad input: bad settings, no state dir there (the agent has not run there)
     """
-    the_agent = node_agent(agent_opts)
+    the_agent = existing_agent(agent_opts)
     lifted = operations.resume(the_agent.ctx)
     if output == "json":
         emit_json({"node": the_agent.cfg.node, "resumed": lifted})

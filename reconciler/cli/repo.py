@@ -116,13 +116,14 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
          an --out that cannot be written (a file, a directory where a file goes)
     """
     from reconciler.render.node import render_node
+    from reconciler.render.vipnets import checked
     from reconciler.repo.load import load_repo
     from reconciler.repo.tree import open_tree
 
     if not nodes and not all_nodes or nodes and all_nodes:
         raise BadInput("give --node NODE or --all" + (", not both" if nodes else ""))
     tree = open_tree(repo_dir, rev)
-    repo = load_repo(tree)
+    repo = checked(load_repo(tree))
     names = sorted(repo.nodes) if all_nodes else list(nodes)
     if out_dir is not None:
         _no_spec_clash(repo)
@@ -218,7 +219,8 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
 
     if output != "markdown" and (max_bytes or artifact_url or report_file):
         raise BadInput("--max-bytes, --artifact-url and --report-file go with -o markdown")
-    tree_a, tree_b = open_tree(repo_dir, rev_a), open_tree(repo_dir, rev_b)
+    needs = "the commits REV_A and REV_B"
+    tree_a, tree_b = open_tree(repo_dir, rev_a, needs), open_tree(repo_dir, rev_b, needs)
     repo_a, repo_b = load_at(tree_a), load_at(tree_b)
     diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, None if all_nodes or not nodes else list(nodes),
                        jobs=jobs or None)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from reconciler.cli.common import out, write_output
+from reconciler.cli.common import emit_json, out, output_option, write_output
 from reconciler.core.errors import BadInput
 
 if TYPE_CHECKING:
@@ -36,9 +36,10 @@ if TYPE_CHECKING:
               help="Cut the comment to this size [the forge's: GitHub 65536, Gerrit 16000].")
 @click.option("--artifact-url", help="Where the full report is; linked when the comment is cut.")
 @click.option("--report-file", type=click.Path(path_type=Path), help="Also write the uncut report here.")
+@output_option
 def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None, github_repo: str | None,
                 api_url: str, gerrit_url: str | None, change: str | None, revision: str | None,
-                max_bytes: int | None, artifact_url: str | None, report_file: Path | None) -> None:
+                max_bytes: int | None, artifact_url: str | None, report_file: Path | None, output: str) -> None:
     """Validate HEAD, diff it against BASE for every node, and post the diff on the change:
     GitHub: one comment, found again by a hidden marker and edited in place, and a commit status
     per changed node group (reconciler/<group>) and reconciler/validate; Gerrit: a review
@@ -74,7 +75,8 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
         the_forge = Gerrit(gerrit_url, os.environ.get("GERRIT_USER", ""), os.environ.get("GERRIT_PASSWORD", ""),
                            change or "", revision or "")
     limit = (max_bytes or (GITHUB_LIMIT if forge == "github" else GERRIT_LIMIT)) - len(MARKER) - 1
-    tree_a, tree_b = open_tree(repo_dir, base), open_tree(repo_dir, head)
+    needs = "the commits BASE and HEAD"
+    tree_a, tree_b = open_tree(repo_dir, base, needs), open_tree(repo_dir, head, needs)
     repo_b, problems, _, _ = validate_tree(tree_b)
     groups: tuple[GroupStatus, ...] = ()
     if repo_b is None or problems:
@@ -101,8 +103,14 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
     if report_file is not None:
         write_output("--report-file", report_file, full.encode())
     valid = repo_b is not None and not problems
-    for line in the_forge.post(Review(tree_b.label, body, valid, groups)):
-        out.print(line)
+    posted = the_forge.post(Review(tree_b.label, body, valid, groups))
+    if output == "json":
+        emit_json({"base": tree_a.label, "head": tree_b.label, "valid": valid, "posted": posted,
+                   "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in problems],
+                   "groups": [{"group": g.group, "ok": g.ok, "description": g.description} for g in groups]})
+    else:
+        for line in posted:
+            out.print(line)
     if not valid:
         sys.exit(1)  # the comment and the vote carry the problems
 

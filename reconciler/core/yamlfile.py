@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -226,6 +227,46 @@ def safe_load(text: bytes, file: str, max_nodes: int = LIMITS.yaml_nodes) -> Any
     return _load(text, file, max_nodes, lines=None)
 
 
+def safe_load_all(text: bytes, file: str, max_nodes: int = LIMITS.yaml_nodes) -> list[Any]:
+    """Every document of a ``---``-separated stream (a SOPS file may hold several), bounded
+    like ``safe_load``: ``max_nodes`` counts all the documents together, aliases expanded."""
+    try:
+        decoded = text.decode("utf-8")
+        loader = _CountingLoader(decoded, file, max_nodes)
+        try:
+            nodes: list[yaml.Node] = []
+            while loader.check_node():  # type: ignore[no-untyped-call]
+                node = loader.get_node()  # type: ignore[no-untyped-call]
+                if node is not None:
+                    nodes.append(node)
+            if nodes:
+                # one bound for the whole stream: a document per alias bomb must not multiply it
+                _check_expansion(yaml.SequenceNode("tag:yaml.org,2002:seq", nodes, nodes[0].start_mark),
+                                 max_nodes, file)
+            docs = []
+            for node in nodes:
+                try:
+                    docs.append(loader.construct_document(node))
+                except ValueError as exc:
+                    located = _unconstructable(loader, node, file)
+                    if located is None:
+                        raise
+                    raise located from exc
+            return docs
+        finally:
+            loader.dispose()  # type: ignore[no-untyped-call]
+    except UnicodeDecodeError as exc:
+        raise BadInput("not UTF-8 text", file=file) from exc
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise BadInput(f"invalid YAML: {exc.problem or exc.context or 'invalid YAML'}", file=file,
+                       line=mark.line + 1 if mark else None) from exc
+    except yaml.YAMLError as exc:
+        raise BadInput(f"invalid YAML: {exc}", file=file) from exc
+    except RecursionError as exc:
+        raise BadInput("YAML nested too deeply", file=file) from exc
+
+
 @cache
 def schema(name: str) -> dict[str, Any]:
     text = resources.files("reconciler").joinpath("schema", f"{name}.schema.json").read_text()
@@ -241,19 +282,27 @@ def check_schema(doc: YamlDoc, name: str) -> list[Problem]:
     for err in validator.iter_errors(doc.data):
         path = tuple(err.absolute_path)
         where = "/".join(str(p) for p in path)
-        message = _short(err)
-        problems.append(Problem(doc.file, doc.line(_at_key(err, path)), f"{where}: {message}" if where else message))
+        for at, message in _unknown_keys(err, path) or [(path, _short(err))]:
+            problems.append(Problem(doc.file, doc.line(at), f"{where}: {message}" if where else message))
     return problems
 
 
-def _at_key(err: Any, path: Path_) -> Path_:
-    """An unknown key's own line, not its mapping's: a typo deep in a long inventory is found
-    where it was made."""
+def _unknown_keys(err: Any, path: Path_) -> list[tuple[Path_, str]]:
+    """Each unknown key of a mapping on its own line (not its mapping's: a typo deep in a long
+    inventory is found where it was made), with the name it is nearest to."""
     if err.validator != "additionalProperties" or not isinstance(err.instance, dict):
-        return path
+        return []
     known, patterns = err.schema.get("properties", {}), err.schema.get("patternProperties", {})
-    unknown = [k for k in err.instance if k not in known and not any(re.search(p, str(k)) for p in patterns)]
-    return (*path, str(unknown[0])) if unknown else path
+    unknown = [str(k) for k in err.instance if k not in known and not any(re.search(p, str(k)) for p in patterns)]
+    return [((*path, k), f"unknown key {k!r}{near(k, known)}") for k in unknown]
+
+
+def near(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name nearest a mistyped one, or nothing."""
+    import difflib
+
+    found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {found[0]!r}?)" if found else ""
 
 
 def _short(err: Any) -> str:

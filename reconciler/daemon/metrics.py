@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("reconciler.metrics")
 
 # What a poll came to: a verdict a pass settled on, or one of the outcomes that settle nothing.
-RESULTS = tuple(str(v) for v in Verdict) + ("unchanged", "error")
+# Each once: "error" is a verdict too, and a label value twice is a page OpenMetrics refuses.
+RESULTS = tuple(dict.fromkeys([*(str(v) for v in Verdict), "unchanged", "error"]))
 # A failed change of these is put back to the version that ran before it (apply's restore); a
 # failed start has nothing to go back to and a revive is the supervisor's, not a change.
 ROLLED_BACK_ON_FAILURE = tuple(str(k) for k in (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE,

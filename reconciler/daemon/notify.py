@@ -161,8 +161,11 @@ class Notifier:
     def _notify_apprise(self, event: Event) -> None:
         title = f"reconciler: {event.node} {event.event} at {event.commit[:12]}"
         text = " ".join(p for p in (f"[{event.reason}]" if event.reason else "", event.detail) if p)
+        from apprise import NotifyType  # loaded already: an apprise target was configured
+
+        kind = NotifyType(_APPRISE_TYPE.get(event.event, "info"))
         try:
-            ok = bool(self._apprise.notify(title=title, body=text or event.event))
+            ok = bool(self._apprise.notify(title=title, body=text or event.event, notify_type=kind))
         except Exception as exc:  # a plugin's own error must not stop the pass
             ok, text = False, f"{type(exc).__name__}: {exc}"
         if not ok:
@@ -179,6 +182,12 @@ class Notifier:
     def _remember(self, keys: Iterable[str]) -> None:
         kept = list(keys)[-KEEP:]
         atomic_write(self.path, json.dumps({"sent": kept}, indent=1).encode() + b"\n", mode=0o600)
+
+
+# apprise's NotifyType by value (its enum is a StrEnum of these): what a target shows as red,
+# amber or green. A refused commit or a hand edit needs a look; nothing broke.
+_APPRISE_TYPE = {"failed": "failure", "halted": "failure", "refused": "warning", "drift": "warning",
+                 "applied": "success"}
 
 
 def _safe(url: str) -> str:

@@ -32,12 +32,10 @@ from reconciler.core.errors import ApplyError, ReconcilerError
 from reconciler.core.model import DesiredService, ObservedService
 from reconciler.drivers import dockernet
 from reconciler.drivers.base import Check, Unrecorded
-from reconciler.drivers.dockerengine import PREFIX, EngineDown, connect, pull
+from reconciler.drivers.dockerengine import PREFIX, STOP_TIMEOUT, EngineDown, connect, pull
 from reconciler.drivers.dockerspec import create_args
 from reconciler.drivers.files import read_dir, read_record, sync_dir, write_record
 from reconciler.drivers.registry import PullFailed, RegistryLogin
-
-STOP_TIMEOUT = 10
 
 
 class DockerDriver:
@@ -360,18 +358,18 @@ class DockerDriver:
         previous = self._record(svc.name)
         c.reload()
         before = dockernet.recorded(previous, dockernet.attached(c))  # not where a killed run left it
-        dockernet.sync(self.client, self.node, c, svc)
-        sync_dir(self._live(svc.name), svc.files)
-        if check is not None:
-            try:
+        try:  # a refused connect too (no free address): off it again, then back where it was
+            dockernet.sync(self.client, self.node, c, svc)
+            sync_dir(self._live(svc.name), svc.files)
+            if check is not None:
                 check()
-            except ReconcilerError as exc:
-                missed = dockernet.restore(self.client, c, before)
-                if previous is not None:
-                    write_record(self._dir(svc.name), previous)
-                restored = f"previous networks NOT restored: {missed}" if missed else \
-                    f"previous networks restored ({', '.join(sorted(before)) or 'none'})"
-                raise ApplyError(f"{exc}; {restored}") from exc
+        except ReconcilerError as exc:
+            missed = dockernet.restore(self.client, c, before)
+            if previous is not None:
+                write_record(self._dir(svc.name), previous)
+            restored = f"previous networks NOT restored: {missed}" if missed else \
+                f"previous networks restored ({', '.join(sorted(before)) or 'none'})"
+            raise ApplyError(f"{exc}; {restored}") from exc
         self._write_record(svc, commit, c)
 
     def stop(self, name: str) -> None:

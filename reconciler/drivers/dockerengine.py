@@ -16,6 +16,7 @@ from reconciler.core.errors import ApplyError
 from reconciler.drivers.registry import PullFailed, RegistryLogin, redact, registry_of, split_reference
 
 PREFIX = "reconciler."
+STOP_TIMEOUT = 10  # seconds a container is given to stop before it is killed
 
 
 class EngineDown(ApplyError):

@@ -1,6 +1,14 @@
 """A container's networks on the Docker engine: the bridges a node's services share (made on
 first use, labelled as this node's, removed when nothing uses them), joined and left live, and
-put back as they were when the service fails its check on the new ones."""
+put back as they were when the service fails its check on the new ones.
+
+A connect the engine refuses (no free address on the network) still leaves the network in the
+container's settings, with no address: the agent's record says it is not on it, and the next
+start of the container (a plain ``docker restart``, the engine's restart policy) would join it,
+or fail for want of an address. ``join`` takes it off again and looks (an inspect) before it
+says the connect failed. The engine lets a running container leave only a network it has an
+endpoint on, so when the plain disconnect is refused the container is stopped, taken off and
+started again: a restart now, said in the error, not a join behind the agent's back later."""
 
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ from docker.models.containers import Container
 from reconciler.core import faults
 from reconciler.core.errors import ApplyError
 from reconciler.core.model import DesiredService, Runtime
-from reconciler.drivers.dockerengine import PREFIX
+from reconciler.drivers.dockerengine import PREFIX, STOP_TIMEOUT
 
 
 def aliases(rt: Runtime, network: str | None) -> tuple[str, ...]:
@@ -27,6 +35,56 @@ def attached(c: Container) -> dict[str, tuple[str, ...]]:
     nets = c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {}
     short = {c.id[:12], c.id, c.name}
     return {n: tuple(a for a in (e or {}).get("Aliases") or () if a not in short) for n, e in nets.items()}
+
+
+def stale(c: Container) -> set[str]:
+    """The networks a running container lists without being on them (no endpoint): what a
+    refused connect left, which its next start would join."""
+    nets = c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {}
+    running = (c.attrs.get("State") or {}).get("Running", False)
+    return {n for n, e in nets.items() if running and not (e or {}).get("EndpointID")}
+
+
+def join(client: docker.DockerClient, c: Container, net: str, names: tuple[str, ...]) -> None:
+    """``c`` onto ``net`` with the aliases ``names``; refused, off it again (see the module's
+    docstring), or an ``ApplyError`` that says it is not."""
+    try:
+        faults.point("connect", f"{c.name} {net}")
+        client.networks.get(net).connect(c, aliases=list(names) or None)
+    except docker.errors.APIError as exc:
+        raise ApplyError(f"{exc.explanation or exc}{leave(client, c, net)}") from exc
+
+
+def listed(c: Container) -> set[str]:
+    """The networks the engine lists for the container, inspected now."""
+    c.reload()
+    return set(c.attrs.get("NetworkSettings", {}).get("Networks") or {})
+
+
+def leave(client: docker.DockerClient, c: Container, net: str) -> str:
+    """``c`` off ``net``, which a refused connect left listed; "" when it was not listed, else
+    what was done, or what is still wrong (checked by an inspect)."""
+    if net not in listed(c):
+        return ""
+    restarted = False
+    try:
+        faults.point("disconnect", f"{c.name} {net} (a failed connect)")
+        client.networks.get(net).disconnect(c)
+    except docker.errors.APIError:  # running, with no endpoint there: only a stopped one leaves it
+        restarted = True
+        try:
+            faults.point("stop", c.name)
+            c.stop(timeout=STOP_TIMEOUT)
+            faults.point("disconnect", f"{c.name} {net} (a failed connect, stopped)")
+            client.networks.get(net).disconnect(c)
+        except docker.errors.APIError:
+            pass  # said below, from what the engine lists
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                c.start()
+    if net in listed(c):
+        return f"; the engine still lists {net} for {c.name}: its next start would join it"
+    return f"; {c.name} restarted to leave {net}, which the engine kept listed" if restarted else ""
 
 
 def ensure(client: docker.DockerClient, node: str, names: tuple[str, ...]) -> None:
@@ -43,20 +101,24 @@ def sync(client: docker.DockerClient, node: str, c: Container, svc: DesiredServi
         return
     ensure(client, node, svc.runtime.networks)
     c.reload()
-    have = attached(c)
     rt = svc.runtime
     want = {n: aliases(rt, n) for n in rt.networks} or {rt.network_mode or "bridge": ()}
+    gone = stale(c)  # a refused connect's leftover, from a run killed before it took it off
+    have = {n: a for n, a in attached(c).items() if n not in gone}
     try:
+        for net in sorted(gone - set(want)):
+            leave(client, c, net)
         for net in sorted(have):
             if net not in want or not set(want[net]) <= set(have[net]):
                 faults.point("disconnect", f"{c.name} {net}")
                 client.networks.get(net).disconnect(c)
         for net in sorted(want):
             if net not in have or not set(want[net]) <= set(have[net]):
-                faults.point("connect", f"{c.name} {net}")
-                client.networks.get(net).connect(c, aliases=list(want[net]) or None)
+                join(client, c, net, want[net])
     except docker.errors.APIError as exc:
         raise ApplyError(f"node {node}, service {svc.name}: {exc.explanation or exc}") from exc
+    except ApplyError as exc:
+        raise ApplyError(f"node {node}, service {svc.name}: {exc}") from exc
 
 
 def recorded(rec: Mapping[str, Any] | None, now: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
@@ -73,8 +135,13 @@ def recorded(rec: Mapping[str, Any] | None, now: dict[str, tuple[str, ...]]) -> 
 def restore(client: docker.DockerClient, c: Container, before: dict[str, tuple[str, ...]]) -> str:
     """The networks (and aliases) it had; returns what could not be put back ("": all was)."""
     c.reload()
-    now = attached(c)
+    gone = stale(c)
+    now = {n: a for n, a in attached(c).items() if n not in gone}
     missed = []
+    for net in sorted(gone - set(before)):
+        said = leave(client, c, net)
+        if net in listed(c):
+            missed.append(f"still on {net}{said}")
     for net in sorted(set(now) - set(before)):
         try:
             faults.point("disconnect", f"{c.name} {net}")
@@ -83,10 +150,9 @@ def restore(client: docker.DockerClient, c: Container, before: dict[str, tuple[s
             missed.append(f"still on {net}: {exc.explanation or exc}")
     for net in sorted(set(before) - set(now)):
         try:
-            faults.point("connect", f"{c.name} {net}")
-            client.networks.get(net).connect(c, aliases=list(before[net]) or None)
-        except docker.errors.APIError as exc:
-            missed.append(f"not back on {net}: {exc.explanation or exc}")
+            join(client, c, net, before[net])
+        except ApplyError as exc:
+            missed.append(f"not back on {net}: {exc}")
     return "; ".join(missed)
 
 

@@ -23,6 +23,7 @@ from reconciler.core.model import ActionKind, DesiredService, FileSpec, Observed
 from reconciler.drivers.base import Check
 from reconciler.drivers.files import read_record, write_record
 from reconciler.drivers.hostaccess import HostAccess
+from reconciler.drivers.revisions import file_drift
 
 PENDING = "reboot-pending.json"
 
@@ -42,9 +43,7 @@ class HostDriver:
         return read_record(self._dir(service))
 
     def _write_record(self, svc: DesiredService, commit: str) -> None:
-        rec = {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(), "commit": commit,
-               "paths": sorted(f.path for f in svc.files)}
-        write_record(self._dir(svc.name), rec)
+        write_record(self._dir(svc.name), {**_applied(svc), "commit": commit})
 
     def current(self, paths: list[str]) -> tuple[FileSpec, ...]:
         """The host files as they are now."""
@@ -68,10 +67,12 @@ class HostDriver:
             rec = self._record(d.name)
             if rec is None:
                 continue
+            now = self.current(rec["paths"]) if files else ()
             out.append(ObservedService(
                 name=d.name, driver=self.name, running=True, hash=rec["hash"], commit=rec["commit"],
-                fingerprint=tuple(sorted(rec["fingerprint"].items())),
-                files=self.current(rec["paths"]) if files else (),
+                fingerprint=tuple(sorted(rec["fingerprint"].items())), files=now,
+                # A hand edit of a host file is drift like one of a service's live files.
+                drifted=file_drift(rec, now) if files else "", drift=str(rec.get("drift", "correct")),
             ))
         return out
 
@@ -168,10 +169,10 @@ class HostDriver:
     def reboot(self, svc: DesiredService, commit: str) -> None:
         """Write the files, note the reboot as pending for this commit, then reboot."""
         self._write(svc.files)
-        pending = {"commit": commit, "service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(),
-                   "paths": sorted(f.path for f in svc.files), "boot_id": self.host.boot_id(),
-                   "undrain": svc.undrain, "time": time.time()}
-        atomic_write(self.root / PENDING, json.dumps(pending, indent=2, sort_keys=True).encode())
+        pending = {**_applied(svc), "commit": commit, "boot_id": self.host.boot_id(), "undrain": svc.undrain,
+                   "time": time.time()}
+        # Private like the record: it holds the keys of the secret files' hashes.
+        atomic_write(self.root / PENDING, json.dumps(pending, indent=2, sort_keys=True).encode(), 0o600)
         done = self.host.sh(self.host.reboot_command, timeout=120)
         if done.returncode != 0:
             (self.root / PENDING).unlink(missing_ok=True)
@@ -189,7 +190,9 @@ class HostDriver:
         return self.host.boot_id()
 
     def finish_reboot(self, pending: dict[str, Any]) -> None:
-        rec = {k: pending[k] for k in ("service", "hash", "fingerprint", "commit", "paths")}
+        kept = ("service", "hash", "fingerprint", "commit", "paths", "drift", "file_keys")
+        # A pending reboot written before drift was recorded has neither drift nor file_keys.
+        rec: dict[str, Any] = {k: pending[k] for k in kept if k in pending}
         write_record(self._dir(pending["service"]), rec)
         (self.root / PENDING).unlink(missing_ok=True)
 
@@ -202,3 +205,11 @@ class HostDriver:
 
     def revive(self, name: str) -> int | None:
         return None
+
+
+def _applied(svc: DesiredService) -> dict[str, Any]:
+    """What a record says of the version written: its files' hashes (and the keys of the secret
+    ones', to check the files against them: drift), the policy for a hand edit."""
+    return {"service": svc.name, "hash": svc.hash, "fingerprint": svc.fingerprint(),
+            "paths": sorted(f.path for f in svc.files), "drift": svc.drift,
+            "file_keys": {f.path: f.key.hex() for f in svc.files if f.key}}

@@ -246,6 +246,7 @@ REPORT: Mapping[str, Check] = {
     "reason": _string, "error": _string, "services": _by_name(SERVICE), "upgrade": _each(STEP),
     "events": _strings, "pins": _object, "signer": _object, "verdicts": _each({}),
     "suspended": _object, "plane": _with({"vip": _name, "release": _name, "mode": _name}),
+    "refused": _with({"head": _name, "reason": _name, "time": _name}),  # a rewind the node refused
 }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from reconciler.core.model import Report
 from reconciler.core.text import cut
 from reconciler.fleet.notejson import CLAIM_STATES, MAX_NAME, MAX_NOTE, MAX_TEXT, MAX_TICKET, check
+from reconciler.upgrades.rules import STARTED_FRESH
 
 FORMAT = 1
 
@@ -88,6 +89,8 @@ def _to_dict(report: Report, keep: int, brief: int = 0) -> dict[str, Any]:
         out["suspended"] = dict(report.suspended)
     if report.plane:
         out["plane"] = dict(report.plane)
+    if report.refused:
+        out["refused"] = {k: text(str(v), MAX_NAME - 64) for k, v in report.refused.items()}
     return out
 
 
@@ -138,6 +141,11 @@ class Note:
     error: str = ""
     steps: Mapping[tuple[str, str], str] = field(default_factory=dict)  # (service, step) -> status
     vip: str = ""  # "attached" | "detached": on the VIP networks at this commit ("": no two planes)
+    fresh: frozenset[str] = frozenset()  # services whose steps it skipped, not running them before
+    # On the commit the node runs: the older head it refused to rewind to, why, and when
+    refused_head: str = ""
+    refused_reason: str = ""
+    refused_time: str = ""
 
     @staticmethod
     def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
@@ -147,10 +155,16 @@ class Note:
         upgrade = data.get("upgrade")
         steps = {(_str(s.get("service")), _str(s.get("step"))): _str(s.get("status"))
                  for s in (upgrade if isinstance(upgrade, list) else ()) if isinstance(s, Mapping)}
+        fresh = frozenset(_str(s.get("service")) for s in (upgrade if isinstance(upgrade, list) else ())
+                          if isinstance(s, Mapping) and s.get("status") == "skipped"
+                          and s.get("detail") == STARTED_FRESH)
         plane = data.get("plane")
+        refused = data.get("refused")
+        refused = refused if isinstance(refused, Mapping) else {}
         return Note(node, commit, _str(data.get("state")), _str(data.get("time")),
                     _str(failed[0]) if failed else "", _str(data.get("error"), MAX_TEXT), steps,
-                    _str(plane.get("vip")) if isinstance(plane, Mapping) else "")
+                    _str(plane.get("vip")) if isinstance(plane, Mapping) else "", fresh,
+                    _str(refused.get("head")), _str(refused.get("reason")), _str(refused.get("time")))
 
 
 # A node's claim on a disruption slot (see ``budget``) is a note too, in the same ref, on an

@@ -78,7 +78,15 @@ def fleet_status(rollout: Rollout, nodes: list[str], commit: str, fleet: FleetVi
         mine: Note | None = next((x for x in fleet.notes.get(node, ()) if x.commit == commit), None)
         reached = fleet.reached(node, commit)
         refused = next((why for obj, why in fleet.rejected.get(node, ()) if obj == commit), None)
-        if mine is not None and mine.state != "applied":
+        rewound = _rewound(fleet, node, commit)
+        if rewound is not None:
+            # Its note on C may well say applied (it did, before it ran a later commit): the branch
+            # was moved back, and the node, which runs that later one, refused to follow.
+            detail = (f"runs {rewound.commit[:12]}, which the branch no longer holds; refused the rewind to "
+                      f"{commit[:12]}: {rewound.refused_reason}")
+            out.append(NodeStatus(node, wave_of.get(node, "-"), "refused", rewound.commit, printable(detail, 512),
+                                  stages.get(node, "")))
+        elif mine is not None and mine.state != "applied":
             # What a node wrote is shown as text only, whatever it holds (``core.text``).
             detail = f"{mine.failed_service}: {mine.error}" if mine.failed_service else mine.error
             out.append(NodeStatus(node, wave_of.get(node, "-"), printable(mine.state, 64), commit, printable(detail),
@@ -99,6 +107,12 @@ def fleet_status(rollout: Rollout, nodes: list[str], commit: str, fleet: FleetVi
         return out
     return [replace(s, release=p.release, pending_release=p.pending, plane=_plane(p, planes.active))
             if (p := planes.placements.get(s.node)) is not None else s for s in out]
+
+
+def _rewound(fleet: FleetView, node: str, commit: str) -> Note | None:
+    """The node's note that says it refused to rewind to ``commit`` (its last such), if any."""
+    said = [n for n in fleet.notes.get(node, ()) if n.refused_head == commit and n.commit != commit]
+    return max(said, key=lambda n: n.refused_time) if said else None
 
 
 def _plane(p: Placement, active: bool) -> str:

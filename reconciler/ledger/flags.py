@@ -14,17 +14,20 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from reconciler.core.errors import ConfigError
 from reconciler.ledger.aside import Damaged
 from reconciler.ledger.db import DAMAGED_KEY, Store
 
 SUSPENDED_KEY = "suspended"  # meta: an operator's suspension, JSON {reason, by, since}
 REPO_SUSPENDED_KEY = "suspended_repo"  # meta: the verified head's `suspend: true`, same shape
 POST_PENDING_KEY = "post_upgrade_pending"  # meta: the commit whose post steps wait on the fleet
+REWIND_KEY = "rewind_refused"  # meta: JSON {commit, head, reason, time}: the last rewind refused
 PUSHED_KEY = "notes_pushed"  # meta: the notes ref's tip when it was last pushed
 PUSHED_TIME_KEY = "notes_pushed_time"  # when the last push went through (seconds since the epoch; metrics)
 POLL_KEY = "metrics_last_poll"  # meta: JSON {time, result, head, head_time}
 POLLS_KEY = "metrics_polls"  # meta: JSON result -> count, the polls_total counter kept across restarts
 CLAIMS_SEEN_KEY = "claims_seen"  # meta: JSON node -> [claim as read, first seen (this clock)]
+NODE_KEY = "node"  # meta: the node whose agent keeps this state dir (written by agents since issue 37)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,18 @@ class FlagLedger(Store):
         agents before these accessors wrote it)."""
         self._set_meta(POST_PENDING_KEY, commit or "")
 
+    # a rewind refused ---------------------------------------------------------------------
+    def rewind_refused(self) -> dict[str, str] | None:
+        """The last time the branch was moved back to a commit this node had applied and it
+        refused to go there: {commit (the one it ran then), head, reason, time}; None: never."""
+        record = _json_object(self._meta(REWIND_KEY))
+        return {k: str(v) for k, v in record.items()} if "commit" in record else None
+
+    def set_rewind_refused(self, commit: str, head: str, reason: str, time: str) -> None:
+        """Said on ``commit``'s note (the one the node runs): the refused head's own stays as it was."""
+        self._set_meta(REWIND_KEY, json.dumps({"commit": commit, "head": head, "reason": reason, "time": time},
+                                              sort_keys=True))
+
     # notes pushed ------------------------------------------------------------------------
     def notes_pushed(self) -> NotesPushed:
         when = self._meta(PUSHED_TIME_KEY)
@@ -148,6 +163,24 @@ class FlagLedger(Store):
 
     def set_claims_seen(self, seen: Mapping[str, tuple[str, float]]) -> None:
         self._set_meta(CLAIMS_SEEN_KEY, json.dumps({n: list(v) for n, v in seen.items()}, sort_keys=True))
+
+    # whose state dir this is -------------------------------------------------------------
+    def owner(self) -> str | None:
+        """The node whose agent keeps this ledger; None when none said yet (an agent before the
+        flag, until its next start)."""
+        return self._meta(NODE_KEY) or None
+
+    def claim(self, node: str, *, record: bool = True) -> None:
+        """This state dir is ``node``'s: ``ConfigError`` when it is another node's (a command
+        would show, change or note that node's state under this one's name); ``record``: kept
+        as its owner when none is yet (an agent; a read leaves it as it is)."""
+        if record and self.owner() is None:
+            with self._tx("claim") as db:
+                db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?,?)", (NODE_KEY, node))
+        known = self.owner()
+        if known is not None and known != node:
+            raise ConfigError(f"state dir {self.path.parent} is node {known}'s, not {node}'s: --node or "
+                              "--state-dir is wrong")
 
     # a corrupt ledger set aside ----------------------------------------------------------
     def damaged(self) -> tuple[Damaged, bool] | None:

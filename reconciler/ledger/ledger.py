@@ -40,8 +40,10 @@ class Ledger(CommitLedger, ServiceLedger, UpgradeLedger, FlagLedger):
         held = rec.verdict is Verdict.WAITING and rec.reason == "SUSPENDED"
         suspended = self.suspension() if held or commit == self.mark().commit else None
         plane = self._one("SELECT body FROM planes WHERE commit_id=?", commit)
+        rewind = self.rewind_refused()
+        refused = {k: v for k, v in rewind.items() if k != "commit"} if rewind and rewind["commit"] == commit else None
         return Report(node, commit, rec.verdict, time_text, services=results, reason=rec.reason, error=rec.error,
                       plan_hash=rec.plan_hash, signer=rec.signer, verdicts=verdicts, events=events, pins=pins,
                       steps=tuple(self.steps(commit)), suspended=suspended,
-                      plane=json.loads(plane[0]) if plane else None)
+                      plane=json.loads(plane[0]) if plane else None, refused=refused)
 

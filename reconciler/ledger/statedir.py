@@ -39,6 +39,8 @@ class State:
     def __init__(self, root: Path, *, create: bool = True) -> None:
         self.root = root
         if not create:
+            if root.exists() and not root.is_dir():
+                raise StateMissing(f"state dir {root} is not a directory (is --state-dir right?)")
             if not root.is_dir():
                 raise StateMissing(f"state dir {root} does not exist (is --state-dir right?)")
             return
@@ -101,6 +103,18 @@ class State:
             os.close(fd)
         return None
 
+    def held(self, name: str = "lock") -> bool:
+        """Whether a process holds the flock on ``name`` now, read from the kernel's table
+        (``/proc/locks``) without taking it: a reader that took it, even for an instant, would
+        make a pass starting then give up (``Busy``)."""
+        try:
+            st = os.stat(self.root / name)
+            table = Path("/proc/locks").read_text()
+        except OSError:
+            return False
+        where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        return any(len(f := line.split()) > 5 and f[1] == "FLOCK" and f[5] == where for line in table.splitlines())
+
     def services_lock(self, wait: float = 0.0) -> contextlib.AbstractContextManager[int]:
         return self.lock(wait, "services.lock", "another run changing services")
 
@@ -134,4 +148,18 @@ class State:
                            f"{need / 2**20:.0f} MiB; nothing was changed")
 
 
-__all__ = ["MIN_FREE_BYTES", "State", "atomic_write", "fsync_dir"]
+def require_agent_state(root: Path, *, empty_ok: bool = False) -> None:
+    """For a command that steers a node between passes (suspend, resume, retry, unpin): ``root``
+    must be a state dir an agent made (its ledger is there), else ``StateMissing``. Only the agent
+    makes one: a mistyped --state-dir made into a new, empty node would be "suspended" while
+    the real one keeps applying. ``empty_ok``: an empty directory made for the node before its
+    first run (an installer's, systemd's ``StateDirectory=``) will do too."""
+    if (root / "state.db").is_file():
+        return
+    with contextlib.suppress(OSError):
+        if empty_ok and root.is_dir() and not any(root.iterdir()):
+            return
+    raise StateMissing(f"no state dir at {root}: the agent has not run there")
+
+
+__all__ = ["MIN_FREE_BYTES", "State", "atomic_write", "fsync_dir", "require_agent_state"]

@@ -76,10 +76,11 @@ class Resolver:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        from reconciler.render.vipnets import checked
         from reconciler.repo.load import load_repo
         from reconciler.repo.tree import GitTree
 
-        repo = load_repo(GitTree(self._git(), commit))
+        repo = checked(load_repo(GitTree(self._git(), commit)))
         if aborted:
             repo = replace(repo, cutover_aborted=True)
         if repo.secret_files:

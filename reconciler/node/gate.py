@@ -65,6 +65,8 @@ def verify(ctx: NodeContext, run: Run) -> VerifiedRevision | RunResult:
             text = f"refused head {run.commit[:12]}: {exc.reason}"
             if mark is not None and ctx.ledger.last_event(mark) != text:
                 ctx.ledger.add_event(mark, text)
+                # and as a field of that note, which the fleet view reads at the head it refused
+                ctx.ledger.set_rewind_refused(mark, run.commit, exc.reason, now_iso())
                 ctx.ledger.count_run(run.commit, Verdict.REFUSED, exc.reason)
                 write_note(ctx, mark)
             return RunResult(ctx.node, run.commit, run.fetched, report=report, pushed=ctx.reporter.push(),
@@ -78,6 +80,8 @@ def gate(ctx: NodeContext, run: Run) -> Run | RunResult:
     assert verified is not None  # ``trust`` ran
     rec = ctx.ledger.record(commit)
     if rec is not None and rec.verdict is Verdict.FAILED and not rec.retry and not run.interrupted:
+        if run.ask.only is not None:
+            unknown_services(ctx, commit, run.ask.only)  # the operator's typo first: not "nothing to do"
         ctx.say_once(("failed", commit), logging.WARNING,
                      "%s: %s failed here before; not retried until a new commit or `reconciler retry`",
                      ctx.node, commit[:12])
@@ -121,6 +125,20 @@ def gate(ctx: NodeContext, run: Run) -> Run | RunResult:
     report = Report(ctx.node, commit, Verdict.HALTED, now_iso(), reason="HALTED", error=verdict.reason,
                     signer=run.signer, events=tuple(undone))
     return settle(ctx, run, report, None)
+
+
+def unknown_services(ctx: NodeContext, commit: str, only: frozenset[str]) -> None:
+    """``apply --service`` names a service this node does not run at ``commit``: ``BadInput``
+    (exit 2), as ``converge`` says it, before a shortcut could answer "nothing to do". A repo
+    that does not load is left to the pass (it says so where it always does)."""
+    try:
+        runs = ctx.resolver.load(commit).services_of(ctx.node)
+    except BadInput:
+        return
+    unknown = sorted(only - set(runs))
+    if unknown:
+        raise BadInput(f"service {', '.join(unknown)} is not on node {ctx.node} at {commit[:12]} "
+                       f"(it runs: {', '.join(runs) or 'nothing'})", reason="UNKNOWN_SERVICE")
 
 
 def release_pins(ctx: NodeContext, head: str) -> list[str]:

@@ -43,16 +43,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("reconciler.trust")
 
 
+def configured_root(cfg: TrustConfig) -> TrustRoot:
+    """The trust root the node's settings name, read from its files (``ConfigError``: missing,
+    unreadable, malformed, or none named)."""
+    root = load_root(cfg.allowed_signers, cfg.gpg_home, cfg.revoked, cfg.sealers)
+    if root.empty:
+        raise ConfigError("no trust root: set trust.allowed_signers and/or trust.gpg_home "
+                          "(--allowed-signers / --gpg-home); the agent applies only signed commits")
+    return root
+
+
 class TrustKeeper:
     """The node's trust state over its ledger and mirror."""
 
     def __init__(self, cfg: TrustConfig, state_root: Path, ledger: Ledger, repo: Callable[[], pygit2.Repository],
                  notes_ref: str, clock: Callable[[], datetime], node: str, branch: str,
                  note_key: Callable[[], NoteKey] | None = None) -> None:
-        node_root = load_root(cfg.allowed_signers, cfg.gpg_home, cfg.revoked, cfg.sealers)
-        if node_root.empty:
-            raise ConfigError("no trust root: set trust.allowed_signers and/or trust.gpg_home "
-                              "(--allowed-signers / --gpg-home); the agent applies only signed commits")
+        node_root = configured_root(cfg)
         self.ledger = ledger
         self.dir = state_root / "trust"
         self.repo = repo

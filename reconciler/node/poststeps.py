@@ -17,7 +17,14 @@ from reconciler.drivers.steprun import host_command
 from reconciler.fleet.rollout import FleetView, plan_rollout
 from reconciler.repo.steps import PostStep, StepAction
 from reconciler.repo.windows import closed
-from reconciler.upgrades.rules import holding, post_steps_due, post_targets, reboot_turn
+from reconciler.upgrades.rules import (
+    STARTED_FRESH,
+    holding,
+    post_earned,
+    post_steps_due,
+    post_targets,
+    reboot_turn,
+)
 
 if TYPE_CHECKING:
     from reconciler.node.upgrader import Upgrader
@@ -32,10 +39,18 @@ def post(upgrader: Upgrader, fleet: FleetView, note: Callable[[], None]) -> tupl
     done = {r.step: r for r in upgrader.ctx.ledger.steps(upgrader.commit) if r.service == ""}
     for k, (post, waiting) in enumerate(due):
         rec = done.get(post.name)
-        if rec is not None and rec.status in (StepStatus.DONE, StepStatus.FAILED):
+        if rec is not None and rec.status in (StepStatus.DONE, StepStatus.FAILED, StepStatus.SKIPPED):
             continue
         if waiting:
             return f"post_upgrade {post.name} waits for {_shown(waiting)} to apply {upgrader.commit[:12]}", ""
+        if rec is None and (why := _unearned(upgrader, post, fleet)):
+            # Every participant noted the commit: no step of it ran anywhere (a revert of an upgrade
+            # that never landed), so neither does the post step. Noted, so the fleet sees why.
+            now = time.time()
+            upgrader.ctx.ledger.step(upgrader.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.SKIPPED,
+                                                                    now, now, why))
+            note()
+            continue
         if post.action is StepAction.REBOOT:
             waits, failed = _reboot(upgrader, k, post, rec, fleet, note)
             if waits or failed:
@@ -56,6 +71,14 @@ def post(upgrader: Upgrader, fleet: FleetView, note: Callable[[], None]) -> tupl
             return "", f"post_upgrade {post.name} failed on {upgrader.node}: {detail}"
     upgrader.forget("")  # every post step recorded: what a pass killed after a record left goes too
     return "", ""
+
+
+def _unearned(upgrader: Upgrader, post: PostStep, fleet: FleetView) -> str:
+    """Why ``post`` does not run for the commit ('' when some node ran its services' steps)."""
+    fresh = {n: note.fresh for n in fleet.notes if (note := fleet.note(n, upgrader.commit)) is not None}
+    fresh[upgrader.node] = frozenset(r.service for r in upgrader.ctx.ledger.steps(upgrader.commit)
+                                     if r.status is StepStatus.SKIPPED and r.detail == STARTED_FRESH)
+    return post_earned(post, upgrader.everyone, upgrader.progress(fleet), fresh)
 
 
 def _reboot(upgrader: Upgrader, k: int, post: PostStep, rec: StepRecord | None, fleet: FleetView,

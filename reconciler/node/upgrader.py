@@ -39,6 +39,7 @@ from reconciler.fleet.rollout import FleetView, plan_rollout
 from reconciler.node.apply import apply_plan, pull_images
 from reconciler.repo.steps import Step, StepAction
 from reconciler.upgrades.rules import (
+    STARTED_FRESH,
     Bases,
     Upgrade,
     barrier,
@@ -147,7 +148,7 @@ class Upgrader:
                 ledger.begin_upgrade(self.commit, up.service, back, up.from_version, up.to_version)
             if not up.needed:
                 self._skip_all(up, f"runs {up.to_version or 'nothing'} already" if up.from_version == up.to_version
-                               else "not running here before: started at the new version")
+                               else STARTED_FRESH)
                 note()
                 continue
             outcome = self._steps(up, fleet, others, note)

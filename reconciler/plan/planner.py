@@ -147,11 +147,14 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
         parts = {p for p, _ in _changed_parts(svc, o)}
         default = config_change(svc.runtime.driver)
         kind, reason = decide(parts, o.files, svc.files, svc.rules, default)
+        # The new version goes over a hand edit (under drift: report too): said, not done silently.
+        over = f"; replaces a hand edit ({o.drifted.removeprefix('files: ')})" if o.drifted else ""
         if not o.running:  # nothing to reload or connect: start it with the new slice
-            return Action(ActionKind.START, svc.name, f"not running ({o.detail or 'stopped'}); {reason}", svc, drv)
+            return Action(ActionKind.START, svc.name, f"not running ({o.detail or 'stopped'}); {reason}{over}", svc,
+                          drv)
         if kind is ActionKind.NONE:
-            return Action(kind, svc.name, f"{reason}: files updated, nothing restarted", svc, drv, sync=True)
-        return Action(kind, svc.name, reason, svc, drv)
+            return Action(kind, svc.name, f"{reason}: files updated, nothing restarted{over}", svc, drv, sync=True)
+        return Action(kind, svc.name, reason + over, svc, drv)
     if o.drifted or not o.running:
         stopped = f"not running ({o.detail or 'stopped'})"
         if o.drifted.startswith("files:"):  # a start writes the repo's files anyway

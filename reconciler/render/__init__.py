@@ -10,5 +10,6 @@ bring Jinja with it. Inside, bottom to top:
 - ``variables``: what a template reads (``context``), the node's secrets among it (``SecretView``);
 - ``runtime``: a service's runtime strings rendered and checked;
 - ``node``: a service's render on a node, and the node's whole slice;
+- ``vipnets``: the VIP networks as each node's services render them, checked;
 - ``inputs``: what a service's render reads, and whether it changed between two commits.
 """

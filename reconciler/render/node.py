@@ -155,6 +155,18 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     )
 
 
+def network_names(repo: DeploymentRepo, node: str, svc: ServiceDef, share: NodeShare | None = None) -> tuple[str, ...]:
+    """The names the service's ``networks`` render to on ``node``, a VIP network off the live
+    plane too (``render.vipnets`` checks them against ``vip.networks``); only these strings are
+    rendered, each in the context the whole render gives it."""
+    env = _compiled(svc).env
+    ctx = context(repo, node, svc, None, share, env.globals)
+    budget = Budget(repo.limits)
+    names = (str(e["name"]) if isinstance(e, Mapping) else str(e) for e in svc.container.get("networks", ()))
+    return tuple(render_template(env, ctx, name=None, text=text, file=svc.file, line=svc.lines.get("runtime"),
+                                 node=node, service=svc.name, what="runtime", budget=budget) for text in names)
+
+
 def stand_in(repo: DeploymentRepo, node: str, svc: ServiceDef, node_services: Container[str]) -> DesiredService:
     """A service of the node that is not rendered: its name, driver and ``depends_on`` (what the
     planner orders by), no files, no command. Only for a review that knows the service renders

@@ -3,19 +3,25 @@
 Pure: bytes and keys in, values out; no file is opened here (the agent reads the identity file,
 the repo loader reads the SOPS files from the tree). What the format is, as SOPS writes it:
 
-- every leaf value is ``ENC[AES256_GCM,data:<b64>,iv:<b64>,tag:<b64>,type:<str|int|float|bool|bytes>]``:
+- every leaf value is ``ENC[AES256_GCM,data:<b64>,iv:<b64>,tag:<b64>,type:<str|int|float|bool|bytes|time>]``:
   AES-256-GCM under the file's data key, 32-byte nonce, the tag apart, and as additional data
   the path of mapping keys to the value joined with ``:`` plus a trailing ``:`` (a list item
   has its list's path; indexes are not part of it);
-- ``sops.age``: one entry per recipient, ``enc`` the data key age-encrypted to it (armored);
+- ``sops.age``: one entry per recipient, ``enc`` the data key age-encrypted to it (armored); a
+  recipient is an age X25519 key or an ssh public key (ssh-ed25519, ssh-rsa), opened with the
+  ssh private key as the identity;
 - ``sops.mac``: SHA-512 over every value's plaintext in document order, upper-case hex,
   encrypted like a value with ``sops.lastmodified`` as additional data: a value swapped,
   removed or added without the data key is refused.
 
+A ``type:time`` value (an unquoted date or timestamp) is the text ``sops -d`` prints for it (Go's
+RFC 3339, e.g. ``2027-01-01T00:00:00Z``); a file of several YAML documents is the names of all
+of them (see ``repo.sops``).
+
 Handled: YAML files, age recipients, ``unencrypted_suffix``/``encrypted_suffix`` and their
 regex forms, ``mac_only_encrypted``. Not handled (refused with a clear error): PGP, KMS and
-Vault keys without an age recipient, ``key_groups`` with Shamir thresholds, JSON/INI/dotenv
-stores. A value never appears in an error raised here.
+Vault keys without an age recipient, ``key_groups`` with Shamir thresholds, the comment regex
+rules, JSON/INI/dotenv stores. A value never appears in an error raised here.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ import binascii
 import datetime
 import hashlib
 import hmac
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyrage
@@ -34,9 +40,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from reconciler.core.errors import BadInput
-from reconciler.repo.sops import Opened, SopsFile
+from reconciler.repo.sops import ENC, Opened, SopsFile, encrypted_at, go_time, leaves
 
-ENC = re.compile(r"^ENC\[AES256_GCM,data:(.*),iv:(.+),tag:(.+),type:(.+)\]$", re.S)
 # The constant SOPS feeds the MAC first when only encrypted values are authenticated, so the two
 # kinds of MAC never coincide (sops.go, MACOnlyEncryptedInitialization).
 MAC_ONLY_ENCRYPTED_INIT = bytes.fromhex("8a3fd2ad54ce66527b1034f3d147be0b0b975b3bf44f72c6fdadec8176f27d69")
@@ -49,15 +54,33 @@ class SecretUnreadable(BadInput):
     reason = "SECRET_UNREADABLE"
 
 
-def identities(text: str, file: str) -> tuple[pyrage.x25519.Identity, ...]:
-    """The age identities of an identity file (``age-keygen``'s format: comments, one key a line)."""
+@dataclass(frozen=True)
+class AgeKey:
+    """One identity a node decrypts with, and the recipient it opens (as ``repo.sops.recipient_id``)."""
+
+    identity: Any  # pyrage.x25519.Identity or pyrage.ssh.Identity
+    recipient: str
+
+    def __repr__(self) -> str:
+        return f"AgeKey({self.recipient})"  # never the private key
+
+    def to_public(self) -> str:
+        return self.recipient
+
+
+def identities(text: str, file: str) -> tuple[AgeKey, ...]:
+    """The identities of an identity file: ``age-keygen``'s format (comments, one key a line), or
+    an OpenSSH private key (ed25519 or rsa, no passphrase), as ``age -i`` and sops read them."""
+    if "-----BEGIN" in text:
+        return (_ssh_identity(text, file),)
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         try:
-            out.append(pyrage.x25519.Identity.from_str(line))
+            key = pyrage.x25519.Identity.from_str(line)
+            out.append(AgeKey(key, str(key.to_public())))
         except pyrage.IdentityError:
             # The line is a private key, or meant to be one: never echo it.
             raise BadInput("not an age identity (AGE-SECRET-KEY-1...)", file=file, line=n) from None
@@ -66,34 +89,33 @@ def identities(text: str, file: str) -> tuple[pyrage.x25519.Identity, ...]:
     return tuple(out)
 
 
-def public_keys(keys: Iterable[pyrage.x25519.Identity]) -> frozenset[str]:
-    return frozenset(str(k.to_public()) for k in keys)
+def _ssh_identity(text: str, file: str) -> AgeKey:
+    """An OpenSSH private key as an age identity; its public key (derived here: pyrage's ssh
+    identity does not say it) is the recipient it opens. Never echoes the key."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_ssh_private_key
+
+    data = text.encode()
+    try:
+        private = load_ssh_private_key(data, password=None)
+    except TypeError:
+        raise BadInput("an ssh key with a passphrase: the agent cannot type it; use a key without one, "
+                       "readable by its owner only", file=file) from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise BadInput("neither an age identity (AGE-SECRET-KEY-1...) nor an OpenSSH private key", file=file) from None
+    public = private.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    kind = public.split()[0]
+    if kind not in ("ssh-ed25519", "ssh-rsa"):
+        raise BadInput(f"an ssh key of type {kind}: age reads ssh-ed25519 and ssh-rsa keys only", file=file)
+    try:
+        identity = pyrage.ssh.Identity.from_buffer(data)
+    except pyrage.IdentityError:
+        raise BadInput(f"an ssh key of type {kind} that age cannot read", file=file) from None
+    return AgeKey(identity, public)
 
 
-def _encrypted(f: SopsFile, path: list[str]) -> bool:
-    """Whether SOPS encrypted the value at ``path`` (sops.go, Tree.shouldBeEncrypted)."""
-    encrypted = True
-    if f.unencrypted_suffix and any(p.endswith(f.unencrypted_suffix) for p in path):
-        encrypted = False
-    if f.encrypted_suffix:
-        encrypted = any(p.endswith(f.encrypted_suffix) for p in path)
-    if f.unencrypted_regex and any(re.search(f.unencrypted_regex, p) for p in path):
-        encrypted = False
-    if f.encrypted_regex:
-        encrypted = any(re.search(f.encrypted_regex, p) for p in path)
-    return encrypted
-
-
-def _leaves(value: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
-    """Leaves in document order, each with its SOPS path (list items share their list's)."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _leaves(v, [*path, str(k)])
-    elif isinstance(value, list):
-        for v in value:
-            yield from _leaves(v, path)
-    elif value is not None:
-        yield path, value
+def public_keys(keys: Iterable[AgeKey]) -> frozenset[str]:
+    return frozenset(k.recipient for k in keys)
 
 
 def _open(f: SopsFile, value: str, key: bytes, aad: str, where: str) -> tuple[bytes, str]:
@@ -124,6 +146,10 @@ def _typed(plain: bytes, kind: str, f: SopsFile, where: str) -> tuple[Any, bytes
             # strconv.ParseBool's spellings; the MAC takes Python's own True/False, as SOPS does.
             b = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}[text.lower()]
             return b, str(b).encode()
+        if kind == "time":
+            # The text sops -d prints (Go's RFC3339Nano), and what its MAC takes (time.MarshalText).
+            when = go_time(text)
+            return when, when.encode()
     except (KeyError, ValueError):
         pass
     raise SecretUnreadable(f"{where}: a value of type {kind} that SOPS would not write", file=f.path)
@@ -136,11 +162,11 @@ def _plain_bytes(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
     if isinstance(value, datetime.datetime | datetime.date):
-        return value.isoformat().encode()
+        return go_time(value).encode()  # time.MarshalText, not Python's isoformat
     return str(value).encode()
 
 
-def data_key(f: SopsFile, keys: Iterable[pyrage.x25519.Identity]) -> bytes | None:
+def data_key(f: SopsFile, keys: Iterable[AgeKey]) -> bytes | None:
     """The file's data key, if one of ``keys`` is among its recipients; None otherwise."""
     keys = tuple(keys)
     mine = public_keys(keys)
@@ -148,7 +174,7 @@ def data_key(f: SopsFile, keys: Iterable[pyrage.x25519.Identity]) -> bytes | Non
         if recipient not in mine:
             continue
         try:
-            key: bytes = pyrage.decrypt(enc.encode(), list(keys))
+            key: bytes = pyrage.decrypt(enc.encode(), [k.identity for k in keys])
         except pyrage.DecryptError:
             raise SecretUnreadable(f"the data key for {recipient} does not decrypt with this node's identity",
                                    file=f.path) from None
@@ -171,7 +197,7 @@ def decrypt(f: SopsFile, key: bytes) -> dict[str, Any]:
             return [walk(v, path) for v in value]
         if value is None:
             return None
-        encrypted = _encrypted(f, path)
+        encrypted = encrypted_at(f, path)
         where = ".".join(path)
         if encrypted and value == "":
             out, raw = "", b""  # SOPS leaves an empty string as it is
@@ -181,7 +207,9 @@ def decrypt(f: SopsFile, key: bytes) -> dict[str, Any]:
             plain, kind = _open(f, value, key, ":".join(path) + ":", where)
             out, raw = _typed(plain, kind, f, where)
         else:
-            out, raw = value, _plain_bytes(value)
+            raw = _plain_bytes(value)
+            # a time left plain reads as sops -d prints it, like an encrypted one
+            out = raw.decode() if isinstance(value, datetime.date) else value
         if encrypted or not f.mac_only_encrypted:
             mac.update(raw)
         return out
@@ -197,7 +225,7 @@ def decrypt(f: SopsFile, key: bytes) -> dict[str, Any]:
 HASH_LABEL = b"reconciler: hash of a rendered file that holds a secret, v1"
 
 
-def open_files(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Identity]) -> dict[str, Opened]:
+def open_files(files: Mapping[str, SopsFile], keys: Iterable[AgeKey]) -> dict[str, Opened]:
     """Path -> the opened file, for every file encrypted to one of ``keys``; the others are left
     alone (another group's secrets: this node never holds them)."""
     keys = tuple(keys)
@@ -209,7 +237,7 @@ def open_files(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Ident
     return out
 
 
-def unlock(files: Mapping[str, SopsFile], keys: Iterable[pyrage.x25519.Identity]) -> dict[str, dict[str, Any]]:
+def unlock(files: Mapping[str, SopsFile], keys: Iterable[AgeKey]) -> dict[str, dict[str, Any]]:
     """Path -> values of every file encrypted to one of ``keys`` (see ``open_files``)."""
     return {path: dict(f.values) for path, f in open_files(files, keys).items()}
 
@@ -241,7 +269,7 @@ def placeholders(f: SopsFile) -> dict[str, Any]:
 def named_values(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     """(dotted name, value as text) of every leaf, for telling where a value is and never what;
     not the empty ones (an empty text is in every text)."""
-    for path, value in _leaves(dict(values), []):
+    for path, value in leaves(dict(values), []):
         if str(value):
             yield ".".join(path), str(value)
 

@@ -28,6 +28,7 @@ from typing import Any
 from reconciler.core.errors import RenderError
 from reconciler.render.secrets import SecretUnreadable, file_key, named_values, placeholders
 from reconciler.repo.definitions import DeploymentRepo, ServiceDef
+from reconciler.repo.sops import recipient_id
 
 
 class SecretView(Mapping[str, Any]):
@@ -115,7 +116,8 @@ def secret_view(repo: DeploymentRepo, node: str) -> SecretView:
                else "its age key is not among the file's recipients")
     else:
         mine = repo.node_vars(node).get("age_recipient") or ()
-        mine = {mine} if isinstance(mine, str) else set(mine)
+        # an ssh public key is compared without its comment, as the file's recipients are
+        mine = {recipient_id(str(r)) for r in ([mine] if isinstance(mine, str) else mine)}
         readable = {p: placeholders(f) for p, f in repo.secret_files.items() if mine & set(f.recipients)}
         why = ("the file is not encrypted to its age_recipient" if mine else
                "it has no age_recipient variable in the inventory")

@@ -93,14 +93,18 @@ def check_driver_names(doc: YamlDoc, schema_name: str) -> list[Problem]:
 
 def check_planes(repo: DeploymentRepo, lines: Mapping[str, int | None]) -> list[Problem]:
     """What ``validate`` refuses: a VIP network attached to nodes of two releases at once,
-    cutover nodes of one group on two releases, a VIP name no service uses. ``lines``: node ->
-    its line in inventory.yaml."""
+    cutover nodes of one group on two releases, a VIP name no service uses; on the network
+    names as written (``render.vipnets`` checks those written through a variable as each node
+    renders them). ``lines``: node -> its line in inventory.yaml."""
     problems: list[Problem] = []
     p = repo.planes
     nets, vsvcs = repo.vip_networks, repo.vip_services
-    used = {str(_net_name(e)) for s in repo.services.values() for e in s.container.get("networks", ())}
-    for name in sorted(nets - used):
-        problems.append(Problem("reconciler.yaml", None, f"vip.networks: no service names network {name!r}"))
+    written = [str(_net_name(e)) for s in repo.services.values() for e in s.container.get("networks", ())]
+    # A name written through a variable is what a node renders it to: ``render.vipnets`` checks
+    # those per node. Two releases on a name written out is a conflict whatever the others render.
+    if not any(templated(n) for n in written):
+        for name in sorted(nets - set(written)):
+            problems.append(unnamed(name))
     for name in sorted(vsvcs - set(repo.services)):
         problems.append(Problem("reconciler.yaml", None, f"vip.services: unknown service {name!r}"))
     for g in sorted(repo.groups):
@@ -118,13 +122,29 @@ def check_planes(repo: DeploymentRepo, lines: Mapping[str, int | None]) -> list[
                    for s in repo.services_of(n) if s in repo.services):
                 on.setdefault(p[n].plane, []).append(n)
         if len(on) > 1:
-            where = "; ".join(f"release {r}: {', '.join(ns)}" for r, ns in sorted(on.items()))
-            last = max(on.items(), key=lambda kv: kv[0])[1][0]
-            problems.append(Problem("inventory.yaml", lines.get(last),
-                                    f"VIP network {net!r} would be attached to two releases at once ({where}); "
-                                    "isolate the new one (pending_release, mode: isolated) or cut over "
-                                    "(mode: cutover)"))
+            problems.append(two_releases(net, on, lines))
     return problems
+
+
+def unnamed(net: str, said: str = "") -> Problem:
+    """A VIP network no service names (``said``: what the names written through a variable
+    render to instead)."""
+    return Problem("reconciler.yaml", None, f"vip.networks: no service names network {net!r}{said}")
+
+
+def two_releases(net: str, on: Mapping[str, list[str]], lines: Mapping[str, int | None]) -> Problem:
+    """A VIP network that nodes of more than one release (``on``: release -> its nodes) would
+    be attached to at once, at the line of the newest release's first node."""
+    where = "; ".join(f"release {r}: {', '.join(ns)}" for r, ns in sorted(on.items()))
+    last = max(on.items(), key=lambda kv: kv[0])[1][0]
+    return Problem("inventory.yaml", lines.get(last),
+                   f"VIP network {net!r} would be attached to two releases at once ({where}); "
+                   "isolate the new one (pending_release, mode: isolated) or cut over (mode: cutover)")
+
+
+def templated(text: str) -> bool:
+    """A runtime string a node renders (the render's own test: a plain one is kept as it is)."""
+    return "{" in text
 
 
 def _net_name(entry: Any) -> Any:

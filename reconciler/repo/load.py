@@ -21,7 +21,7 @@ from fnmatch import fnmatchcase
 
 from reconciler.core.errors import BadInput, InvalidRepo
 from reconciler.core.limits import LIMITS, Limits
-from reconciler.core.yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml, safe_load
+from reconciler.core.yamlfile import Problem, RepoProblems, YamlDoc, check_schema, load_yaml, safe_load_all
 from reconciler.drivers.kinds import ceiling
 from reconciler.repo.budgets import Budget, BudgetError, parse_budgets
 from reconciler.repo.checks import (
@@ -36,7 +36,7 @@ from reconciler.repo.checks import (
 )
 from reconciler.repo.definitions import DeploymentRepo, FileDecl, GroupDef, NodeDef, ServiceDef
 from reconciler.repo.sops import SopsFile
-from reconciler.repo.sops import parse as parse_sops
+from reconciler.repo.sops import parse_documents as parse_sops
 from reconciler.repo.steps import Stage, check_steps, parse_post, parse_steps
 from reconciler.repo.tree import Tree
 from reconciler.repo.windows import Window, WindowError, parse_windows
@@ -290,7 +290,7 @@ def _secret_files(tree: Tree, limits: Limits, problems: list[Problem]) -> dict[s
         if raw is None:
             continue
         try:
-            out[path] = parse_sops(path, safe_load(raw, path, limits.yaml_nodes))
+            out[path] = parse_sops(path, safe_load_all(raw, path, limits.yaml_nodes))  # sops writes ---
         except BadInput as exc:
             problems.append(_problem(exc, path))
     return out

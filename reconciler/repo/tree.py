@@ -237,8 +237,9 @@ class DirTree:
         return sorted(out)
 
 
-def open_tree(repo_dir: Path, rev: str | None) -> Tree:
-    """A directory that is a git repo is read at ``rev``; without ``rev``, as files on disk."""
+def open_tree(repo_dir: Path, rev: str | None, needs: str = "--rev") -> Tree:
+    """A directory that is a git repo is read at ``rev``; without ``rev``, as files on disk.
+    ``needs``: what of the command line wants a git repo, named when it is not one."""
     if rev is None:
         if not repo_dir.is_dir():
             raise BadInput(f"{repo_dir}: not a directory")
@@ -246,5 +247,5 @@ def open_tree(repo_dir: Path, rev: str | None) -> Tree:
     try:
         repo = pygit2.Repository(str(repo_dir))
     except pygit2.GitError as exc:
-        raise BadInput(f"{repo_dir}: not a git repository (needed for --rev)") from exc
+        raise BadInput(f"{repo_dir}: not a git repository (needed for {needs})") from exc
     return GitTree(repo, rev)

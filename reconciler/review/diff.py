@@ -24,6 +24,7 @@ from reconciler.fleet.rollout import plan_rollout
 from reconciler.plan.planner import plan as make_plan
 from reconciler.render.inputs import Inputs
 from reconciler.render.node import render_node
+from reconciler.render.vipnets import check_vip_networks, checked
 from reconciler.repo.checks import check_file_names, unprintable
 from reconciler.repo.cutover import CutoverStep, cutover_steps
 from reconciler.repo.definitions import DeploymentRepo
@@ -31,7 +32,17 @@ from reconciler.repo.load import load_repo
 from reconciler.repo.steps import Stage
 from reconciler.repo.tree import Tree
 from reconciler.review.linediff import quoted, unified, visible
-from reconciler.upgrades.rules import Upgrade, bases, describe, fleet_upgrades_of, held_back, stage_of, upgraded
+from reconciler.upgrades.rules import (
+    Upgrade,
+    bases,
+    describe,
+    describe_post,
+    fleet_upgrades_of,
+    held_back,
+    holding,
+    stage_of,
+    upgraded,
+)
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,7 @@ class NodeDiff:
 def load_at(tree: Tree) -> DeploymentRepo:
     """The repo at one of a review's two commits; a problem in it names that commit."""
     try:
-        return load_repo(tree)
+        return checked(load_repo(tree))
     except BadInput as exc:
         raise exc.in_commit(tree.label) from None
 
@@ -75,14 +86,18 @@ def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo 
     except RepoProblems as exc:
         return None, problems + exc.problems, 0, 0
     problems += check_file_names(repo.services)
+    problems += check_vip_networks(repo)  # the names written through a variable, as each node renders them
     problems += trust_problems(tree)
+    failed: dict[tuple[str, int | None, str], list[str]] = {}
     for node in sorted(repo.nodes):
         try:
             services += len(render_node(repo, node, tree.label).services)
             nodes += 1
         except BadInput as exc:
             message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
-            problems.append(Problem(exc.file or "?", exc.line, message))
+            # The node's name aside: the same mistake on five nodes is one problem, said once.
+            failed.setdefault((exc.file or "?", exc.line, message.removeprefix(f"node {node}")), []).append(node)
+    problems += [Problem(file, line, _for_nodes(tail, names)) for (file, line, tail), names in failed.items()]
     keys = tuple(keys)
     if keys:
         try:
@@ -90,6 +105,16 @@ def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo 
         except BadInput as exc:  # a file these keys should open and cannot: said, never its value
             problems.append(Problem(exc.file or "?", exc.line, str(exc).split(": ", 1)[-1]))
     return repo, problems, nodes, services
+
+
+def _for_nodes(tail: str, names: list[str], most: int = 5) -> str:
+    """A render problem as one node's, or once for all the ``names`` it breaks. ``tail``: its
+    message after "node N" (": ..." or ", service S: ..."); the whole message if it names none."""
+    named = tail.startswith((": ", ", "))
+    if len(names) == 1:
+        return f"node {names[0]}{tail}" if named else tail
+    shown = names if len(names) <= most else [*names[:most - 1], f"{len(names) - most + 1} more"]
+    return f"{tail[2:] if named else tail} (nodes {', '.join(shown)})"
 
 
 def path_problems(tree: Tree) -> list[Problem]:
@@ -219,6 +244,7 @@ class _Review:
     base: Mapping[str, tuple[str, DeploymentRepo]]
     upgrades: Mapping[str, Upgrade]
     stage: Stage | None
+    holding: Mapping[str, tuple[str, ...]]  # service -> nodes outside the stage that keep it (post steps wait)
 
 
 # Below this many nodes a diff is quicker than starting workers.
@@ -244,7 +270,8 @@ def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
     # A review compares with A alone: every node's base is A (a node's stage history is the agent's).
     base = bases(set(repo_a.nodes) | set(repo_b.nodes), [(a, repo_a)])
     upgrades = fleet_upgrades_of(repo_b, upgraded(repo_b, base), order)
-    review = _Review(repo_a, a, repo_b, b, inputs, base, upgrades, stage_of(repo_b))
+    review = _Review(repo_a, a, repo_b, b, inputs, base, upgrades, stage_of(repo_b),
+                     holding(repo_b, base) if upgrades and repo_b.post_upgrade else {})
     for node in names:
         if node not in repo_a.nodes and node not in repo_b.nodes:
             repo_b.node(node)  # raises UnknownNode
@@ -298,6 +325,8 @@ def _diff_node(r: _Review, node: str) -> NodeDiff:
     steps = tuple(line for up in r.upgrades.values() if node in up.participants for line in describe(up, node))
     if held and r.stage is not None:
         steps += (f"{', '.join(sorted(held))}: kept at their version (not in stage {r.stage.name})",)
+    if r.upgrades and r.repo_b.post_upgrade:
+        steps += describe_post(r.repo_b, node, r.upgrades, r.repo_b.members, r.holding)
     plan = make_plan(db, as_applied(da))
     # A review keeps what it prints: not every rendered file of every action (a worker would
     # send them all back).

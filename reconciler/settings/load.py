@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,26 @@ from reconciler.settings.agent import (
 )
 
 
-def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
-    """Settings from ``path`` (if any), then non-None ``overrides``; clear errors for each problem."""
+def load_config(path: Path | None, overrides: dict[str, Any],
+                node_of: Callable[[Path], str | None] | None = None) -> AgentConfig:
+    """Settings from ``path`` (if any), then non-None ``overrides``; clear errors for each problem.
+    ``node_of``: for a command on an existing state dir, the node it names (read when neither
+    the file nor the flags name one). A file with mistakes has them all said at once (``problems``)."""
+    try:
+        return _load_config(path, overrides, node_of)
+    except ConfigError as exc:
+        if path is None:
+            raise
+        from reconciler.settings.problems import every_problem
+
+        file = str(path)
+        raise every_problem(exc, path, {
+            "metrics": lambda v: _metrics(v, None, file), "notify": lambda v: _notify(v, file),
+            "remotes": lambda v: _remotes(v, file), "docker": lambda v: _docker(v, file)}) from None
+
+
+def _load_config(path: Path | None, overrides: dict[str, Any],
+                 node_of: Callable[[Path], str | None] | None) -> AgentConfig:
     values: dict[str, Any] = {}
     lines: dict[str, int | None] = {}  # the line each top-level setting is on in the file
     overrides = dict(overrides)
@@ -87,6 +106,8 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
         return _number(values.get(key, default), key, *at, zero=zero, most=most)
     if remotes and not values.get("remote"):
         values["remote"] = next((r.url for r in remotes if r.writes), remotes[0].url)
+    if not values.get("node") and node_of is not None and isinstance(values.get("state_dir", ""), str | Path):
+        values["node"] = node_of(Path(str(values.get("state_dir", "/var/lib/reconciler"))).expanduser())
     for required in ("node", "remote"):
         if not values.get(required):
             flag = "--" + required.replace("_", "-")
@@ -101,7 +122,8 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     try:
         cfg = AgentConfig(
             node=str(values["node"]),
-            remote=_remote(str(values["remote"])),
+            remote=_remote(str(values["remote"]), *(("command line", "--remote", None) if "remote" in given
+                                                      else (file, "remote", lines.get("remote")))),
             branch=str(values.get("branch", "main")),
             state_dir=Path(str(values.get("state_dir", "/var/lib/reconciler"))).expanduser(),
             interval=number("interval", 60.0),
@@ -282,17 +304,43 @@ def _path(value: Any) -> Path | None:
     return None if value in (None, "") else Path(str(value)).expanduser()
 
 
-def _remote(url: str) -> str:
+# The URL schemes git fetches from (git-fetch(1) "GIT URLS"). Any other ``x://`` would have git
+# look for a helper ``git-remote-x``: a typo (``htps://``) failing at every poll as a network fault.
+SCHEMES = ("file", "ssh", "git", "http", "https", "git+ssh", "ssh+git")
+
+
+def _remote(url: str, file: str = "command line", what: str = "remote", line: int | None = None) -> str:
     """A plain local path is taken as a file:// URL (absolute), like git does; a git bundle
     (``bundle:///media/usb/cloud.bundle`` or a path ending in ``.bundle``) stays a path, the only
-    way git reads one."""
+    way git reads one. A URL git cannot fetch from is refused here, as a setting: it is no fault
+    of the network, and no retry mends it."""
     if url.startswith("bundle://"):
         return os.path.abspath(url.removeprefix("bundle://"))
-    if "://" in url or url.startswith("git@") or ":" in url.split("/")[0]:
+    if "://" in url:
+        _check_url(url, file, what, line)
+        return url
+    if url.startswith("git@") or ":" in url.split("/")[0]:
         return url
     if url.endswith(".bundle"):
         return os.path.abspath(url)
     return "file://" + os.path.abspath(url)
+
+
+def _check_url(url: str, file: str, what: str, line: int | None) -> None:
+    """A URL of a scheme git fetches from, with a host (file://: none, an absolute path)."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    forms = "file:///path, ssh://host/path, git://host/path, https://host/path, user@host:path or a local path"
+    if scheme not in SCHEMES:  # named by its scheme only: the rest may hold a password
+        raise ConfigError(f"{what}: git cannot fetch from {scheme + '://'!r} URLs (give {forms})",
+                          file=file, line=line)
+    host = rest.split("/", 1)[0].rpartition("@")[2]
+    name = host[1:host.find("]")] if host.startswith("[") else host.partition(":")[0]
+    if scheme == "file" and host not in ("", "localhost"):
+        raise ConfigError(f"{what}: a file:// URL takes an absolute path, three slashes: file:///{rest}",
+                          file=file, line=line)
+    if scheme != "file" and not name:
+        raise ConfigError(f"{what}: a {scheme}:// URL names no host (give {forms})", file=file, line=line)
 
 
 def _probe(item: dict[str, Any], i: int, role: str, file: str) -> tuple[str | None, float]:
@@ -324,7 +372,7 @@ def _remotes(value: Any, file: str) -> tuple[RemoteConfig, ...]:
         role = str(item.get("role", "both"))
         if role not in ROLES:
             raise ConfigError(f"remotes[{i}]: role {role!r} is not one of {', '.join(ROLES)}", file=file)
-        url = _remote(str(item["url"]))
+        url = _remote(str(item["url"]), file, f"remotes[{i}].url")
         if role != "read" and not ("://" in url or ":" in url.split("/")[0]):
             raise ConfigError(f"remotes[{i}]: a git bundle can only be read (role: read)", file=file)
         probe, check_every = _probe(item, i, role, file)

@@ -33,8 +33,13 @@ if TYPE_CHECKING:
     from reconciler.repo.steps import PostStep, Stage, Step
 
 __all__ = ["Barrier", "Scope", "StepRecord", "StepStatus", "Upgrade",
-           "barrier", "bases", "describe", "fleet_upgrades_of", "held_back", "holding", "plan_upgrades",
-           "post_steps_due", "post_targets", "reboot_turn", "stage_of", "upgraded", "version_changed", "version_of"]
+           "STARTED_FRESH", "barrier", "bases", "describe", "describe_post", "fleet_upgrades_of", "held_back",
+           "holding", "plan_upgrades", "post_earned", "post_steps_due", "post_targets", "reboot_turn", "stage_of",
+           "upgraded", "version_changed", "version_of"]
+
+# What a node notes on the steps it skips because it did not run the service before the commit:
+# the commit brings it a version it never ran, which earns the post steps as a step run does.
+STARTED_FRESH = "not running here before: started at the new version"
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,56 @@ def post_steps_due(repo: DeploymentRepo, node: str, fleet_upgrades: Iterable[str
             continue
         out.append((post, tuple(n for n in runs if not applied(n))))
     return tuple(out)
+
+
+def post_earned(post: PostStep, upgrades: Mapping[str, Upgrade], progress: Progress,
+                fresh: Mapping[str, Iterable[str]]) -> str:
+    """Why ``post`` does not run for the commit ('' when it does). A commit "upgrades" a service
+    whenever its version differs from the parent's, a revert of an upgrade that failed too; a
+    post step (an unpin, a reboot) is owed only where some node ran a step of one of its
+    ``after`` services' upgrades (``progress``: what each participant noted) or started its new
+    version fresh (``fresh``: node -> such services). Every node skipping every step (each runs
+    that version already) earns none. Read once every participant noted the commit applied."""
+    ups = [upgrades[s] for s in post.after if s in upgrades]
+    for up in ups:
+        for node in up.participants:
+            noted = progress.get(node, {})
+            if up.service in fresh.get(node, ()) or any(
+                    svc == up.service and status != StepStatus.SKIPPED for (svc, _), status in noted.items()):
+                return ""
+    names = " or ".join(up.service for up in ups)
+    return f"no node ran the steps of {names} at this commit (each runs {_versions(ups)} already)"
+
+
+def _versions(ups: Sequence[Upgrade]) -> str:
+    return ", ".join(f"{up.service} {up.to_version or 'nothing'}" for up in ups)
+
+
+def describe_post(repo: DeploymentRepo, node: str, upgrades: Mapping[str, Upgrade],
+                  members: Callable[[str], Iterable[str]], held: Mapping[str, tuple[str, ...]] | None = None,
+                  ) -> tuple[str, ...]:
+    """The post steps ``node`` runs for the commit, and what they wait for (a reviewer's `diff`):
+    a review cannot know what the nodes run, so it says when a post step does not run."""
+    lines = []
+    for post in repo.post_upgrade:
+        ups = [upgrades[s] for s in post.after if s in upgrades]
+        if not ups or node not in post_targets(repo, post, members):
+            continue
+        what = f"post_upgrade {post.name} ({post.action})"
+        if any((held or {}).get(s) for s in post.after):
+            lines.append(f"{what}: waits for the commit of a later stage (nodes outside this one keep "
+                         f"{', '.join(sorted(s for s in post.after if (held or {}).get(s)))})")
+            continue
+        runs = sorted({n for up in ups for n in up.participants})
+        names = "'s or ".join(up.service for up in ups)
+        lines.append(f"{what}, after {', '.join(up.service for up in ups)} applied on {_count(runs)}: only if some "
+                     f"node runs {names}'s steps (a node that runs {_versions(ups)} already skips them; where "
+                     "every node does, as after reverting an upgrade that never landed, it does not run)")
+    return tuple(lines)
+
+
+def _count(nodes: Sequence[str]) -> str:
+    return f"all {len(nodes)} nodes" if len(nodes) > 1 else nodes[0] if nodes else "no node"
 
 
 def post_targets(repo: DeploymentRepo, post: PostStep, members: Callable[[str], Iterable[str]]) -> set[str]:

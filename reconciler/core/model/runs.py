@@ -155,3 +155,6 @@ class Report:
     # The commit trust root in force when the note was written: "node" (the node's own) or
     # "repo@<commit>" (rotated through the repo): what a node that lost its state dir recovers
     root: str = ""
+    # On the commit the node runs: the branch was moved back to an older commit it had applied
+    # and it refused to go there ({head, reason, time}); that commit's own verdict stays as it was
+    refused: Mapping[str, str] | None = None
