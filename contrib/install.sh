@@ -1,5 +1,5 @@
 #!/bin/sh
-# Put the reconciler agent on a Debian node (README: "Install on a node"). Run as root:
+# Put the reconciler agent on a Debian node (docs/node-install.md). Run as root:
 #
 #   contrib/install.sh --wheels DIR     # offline: the agent and its dependencies from DIR's wheels
 #   contrib/install.sh PACKAGE          # anything pip installs (a wheel, a checkout, reconciler==0.1.0)

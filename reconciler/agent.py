@@ -49,6 +49,10 @@ class Agent:
     cfg: AgentConfig
     progress: bool | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # The node's agent (a pass that converges: `agent`, `apply`, the daemon) keeps the state dir:
+    # it records itself as its owner. Any other command only checks it is this node's: a
+    # mistyped --node there must not make the real agent's start a refusal (exit 2, for good).
+    keeps: bool = True
     ctx: NodeContext = field(init=False)
 
     def __post_init__(self) -> None:
@@ -60,7 +64,7 @@ class Agent:
         state = State(cfg.state_dir)
         ledger = Ledger.open(cfg.state_dir)
         try:
-            ledger.claim(cfg.node)  # another node's state dir is refused, never taken over
+            ledger.claim(cfg.node, record=self.keeps)  # another node's state dir is refused, never taken over
         except BaseException:
             ledger.close()
             raise

@@ -10,6 +10,9 @@ stamp=.venv/.reconciler-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing reconciler and its dependencies into .venv ..." >&2
+  # The distribution was called "reconciler" before it became reconciler-gitops (PyPI's
+  # "reconciler" is another project): an old install would keep owning the import package.
+  if .venv/bin/pip show -q reconciler >/dev/null 2>&1; then .venv/bin/pip uninstall -q -y reconciler >/dev/null; fi
   if ! .venv/bin/pip install -q -e '.[test]' >.venv/install.log 2>&1; then
     cat .venv/install.log >&2
     echo "error: installing into .venv failed (log above, and in .venv/install.log)" >&2

@@ -1,7 +1,7 @@
 """A disruption claim is aged by the reader's clock: from when this node first read it as it is,
 never from the time its writer put in it. A claim dated far ahead counts for nothing; one left
 behind by a node that went away stops counting ``expire_after`` after it was first seen, as the
-README promises, whatever date it bears.
+disruption budgets page (docs/operations/budgets.md) promises, whatever date it bears.
 
 ctl1 is the compromised (or merely broken) node here: it holds its own notes key, so what it
 writes is signed and well formed. ctl2 is the honest agent that must not be held for good.

@@ -101,7 +101,7 @@ def test_a_read_command_on_a_missing_node_is_a_json_error_and_exit_2(tmp_path: P
         assert "does not exist" in error["message"]
         one_error_line(proc, "NO_STATE")
     proc = cli("status", "--state-dir", "/nonexistent", "-o", "json")  # and no node at all
-    assert proc.returncode == 2 and as_json(proc)["error"]["reason"] == "BAD_CONFIG"
+    assert proc.returncode == 2 and as_json(proc)["error"]["reason"] == "NO_STATE"  # said as such, not "no node"
 
 
 def test_a_usage_error_is_json_too_and_plain_without_o_json() -> None:
@@ -173,6 +173,7 @@ def test_a_failing_canary_fails_its_apply_and_status_fleet_and_retry_names_the_c
     assert ctl1.reconcile_once().exit_code == 0
     ctl1.close()
     # ctl2's view of the fleet, from a state dir of its own that has applied nothing.
+    (tmp_path / "ctl2-view").mkdir()  # made ready for it: only the agent makes one where none is
     fleet = ["status", "--fleet", "--node", "ctl2", "--remote", deployment.url, "--state-dir",
              str(tmp_path / "ctl2-view"), "--allowed-signers", str(merge_key.allowed_signers), "-o", "json"]
 

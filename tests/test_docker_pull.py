@@ -332,6 +332,7 @@ def test_prepull_of_an_unsigned_head_is_refused_before_anything_is_pulled(
     dep = worker_deployment(tmp_path, merge_key, "n1", "127.0.0.1:9/never/pulled:1")
     dep.write("README.md", "pushed around review\n")
     dep.commit("unsigned", key=None)
+    (tmp_path / "n1").mkdir()  # made ready: only the agent makes a state dir where none is
     proc = cli("prepull", "--node", "n1", "--remote", dep.url, "--state-dir", str(tmp_path / "n1"),
                "--allowed-signers", str(merge_key.allowed_signers))
     assert proc.returncode == 2
@@ -407,4 +408,4 @@ def test_bad_registry_logins_are_one_line_errors_that_never_repeat_a_secret(
     with pytest.raises(ConfigError, match=error) as caught:
         load_config(agent_yaml(tmp_path, {"registries": registries}), {})
     assert "\n" not in str(caught.value) and "hunter2" not in str(caught.value)
-    assert str(caught.value).startswith(f"{tmp_path / 'agent.yaml'}: ")
+    assert str(caught.value).startswith(f"{tmp_path / 'agent.yaml'}:")  # and the line, where the file has one

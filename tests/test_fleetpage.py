@@ -124,6 +124,7 @@ def test_a_stopped_rollout_seen_in_chromium_who_applied_failed_halted_or_waits_a
 
     # Through a node's agent (its own mirror, trust root and state dir): the same author.
     mine = tmp_path / "operator.html"
+    (tmp_path / "view").mkdir()  # made for it: only the agent makes a state dir where none is
     proc = reconciler("status", "--fleet", "--node", "ctl1", "--remote", deployment.url, "--state-dir",
                       str(tmp_path / "view"), "--allowed-signers", str(merge_key.allowed_signers),
                       "--html", str(mine))

@@ -1,6 +1,6 @@
-"""A real install: the README's "Install on a node" section, run as an operator would run it.
+"""A real install: the site's "Install on a node" page, run as an operator would run it.
 
-The section's ```sh blocks are read from README.md, so the manual cannot drift from what is
+The page's ```sh blocks are read from docs/node-install.md, so the manual cannot drift from what is
 tested: the first (build the wheels) runs on this machine, once per session, against PyPI; the
 others run in a fresh Debian 12 container with systemd as PID 1 (tests/systemd_fixtures.py), which
 gets nothing but those wheels and contrib/ (no checkout; the installer fetches python3-venv, git
@@ -30,21 +30,21 @@ from systemd_fixtures import SystemdHost
 import reconciler
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+MANUAL = ROOT / "docs" / "node-install.md"  # the "Install on a node" page of the site
 CONTRIB = ROOT / "contrib"
 UNIT = "reconciler-agent.service"
 WORK = "/root/install"  # where the operator copied wheels/ and contrib/ on the node
 
 
 def install_blocks() -> list[str]:
-    """The ```sh blocks of the README's "Install on a node" section, in order."""
-    section = README.read_text().split("\n## Install on a node\n", 1)[1].split("\n## ", 1)[0]
+    """The ```sh blocks of the "Install on a node" page, in order."""
+    section = MANUAL.read_text()
     return re.findall(r"```sh\n(.*?)```", section, re.S)
 
 
 def readme_score(which: str) -> float:
-    """A systemd-analyze figure the README states: the unit's, or the unit's with the host drop-in."""
-    section = README.read_text().split("\n## Install on a node\n", 1)[1].split("\n## ", 1)[0]
+    """A systemd-analyze figure the page states: the unit's, or the unit's with the host drop-in."""
+    section = MANUAL.read_text()
     figures = [float(f) for f in re.findall(r"\*\*(\d+\.\d) OK\*\*", section)]
     assert len(figures) == 2, figures
     return figures[0] if which == "unit" else figures[1]
@@ -56,7 +56,7 @@ def _unavailable(reason: str) -> NoReturn:
 
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's build block, run in a folder holding a copy of this checkout as ./reconciler
+    """The page's build block, run in a folder holding a copy of this checkout as ./reconciler
     (its tracked and unignored files, as a clean clone plus the work in progress)."""
     build = install_blocks()[0]
     where = tmp_path_factory.mktemp("wheels")
@@ -76,7 +76,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", build], cwd=where, env=env, capture_output=True,
                           text=True, timeout=900)
     if proc.returncode != 0:
-        _unavailable(f"the README's build block failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        _unavailable(f"the install page's build block failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return where / "wheels"
 
 
@@ -244,7 +244,7 @@ def test_the_readme_installs_a_working_agent_on_a_fresh_debian_node(
     note = json.loads(node.ok(f"git --git-dir=/srv/git/cloud.git notes --ref=reconciler/n1 show {head}", cwd="/"))
     assert note["state"] == "applied", note
 
-    # The sandbox: the README's figure (and the unit's own comment), below 5 (9.6 UNSAFE before it).
+    # The sandbox: the install page's figure (and the unit's own comment), below 5 (9.6 UNSAFE before it).
     assert node.exposure() == readme_score("unit") < 5
     assert f"rates it {readme_score('unit')} OK" in (CONTRIB / UNIT).read_text()
 
@@ -278,7 +278,7 @@ def test_the_readme_installs_a_working_agent_on_a_fresh_debian_node(
                         r"ca-certificates package \(apt-get install ca-certificates\).* \[NO_CA_BUNDLE\]\n",
                         bare_node.stderr), bare_node.stderr
 
-    # The host driver's drop-in opens what it must and the README's figure holds for it too.
+    # The host driver's drop-in opens what it must and the install page's figure holds for it too.
     node.ok(f"mkdir -p /etc/systemd/system/{UNIT}.d && cp contrib/host-driver.conf /etc/systemd/system/{UNIT}.d/ "
             "&& systemctl daemon-reload")
     assert node.exposure() == readme_score("host") < 5

@@ -226,3 +226,209 @@ def test_ctrl_c_during_a_health_check_says_what_it_interrupted_and_status_shows_
 def test_the_agent_documents_exit_130() -> None:
     for command in ("agent", "apply"):
         assert "130  interrupted" in cli(command, "--help").stdout
+
+
+# ---------------------------------------------------------------------------- 9: a URL short of a slash
+@pytest.mark.parametrize("url", ["https:/host/cloud.git", "ssh:/host/cloud.git", "file:/srv/cloud.git",
+                                 "htps:/host/cloud.git", "http//host/cloud.git", "https//host/cloud.git"])
+def test_a_url_short_of_a_slash_is_a_settings_error_not_a_host_or_a_local_path(url: str, tmp_path: Path) -> None:
+    # Before: 'https:/host' was taken as ssh to a host named https, 'http//host' as a local
+    # directory: both failed at every poll as REMOTE_UNREACHABLE.
+    with pytest.raises(ConfigError, match=r"^command line: --remote: "):
+        load_config(None, {"node": "n1", "remote": url})
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"node: n1\nremotes:\n  - url: file:///srv/cloud.git\n    role: read\n  - url: '{url}'\n")
+    with pytest.raises(ConfigError, match=rf"^{config}:5: remotes\[1\]\.url: "):
+        load_config(config, {})
+
+
+@pytest.mark.parametrize("url", ["backup:/srv/cloud.git", "git.example.org:/srv/cloud.git", "./http/cloud.git"])
+def test_a_host_path_remote_and_a_local_path_still_read(url: str) -> None:
+    assert load_config(None, {"node": "n1", "remote": url}).remote
+
+
+@pytest.mark.parametrize("url", ["file://user:hunter2@host/cloud.git", "htps://user:hunter2@host/cloud.git",
+                                 "https://user:hunter2@/cloud.git", "https:/user:hunter2@host/cloud.git",
+                                 "http//user:hunter2@host/cloud.git"])
+def test_a_refused_remote_never_says_its_password(url: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {"node": "n1", "remote": url})
+    assert "hunter2" not in str(caught.value) and "user:" not in str(caught.value), caught.value
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"node: n1\nremotes:\n  - url: '{url}'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(config, {})
+    assert "hunter2" not in str(caught.value), caught.value
+
+
+# ---------------------------------------------------------------------------- review of items 7-11
+def test_a_mistyped_node_on_a_state_dir_that_names_none_yet_never_shuts_out_the_real_agent(
+    dep: Deployment, merge_key: SigningKey, n1: Path
+) -> None:
+    """Only the agent records whose state dir it is: a command typed with the wrong --node, on
+    a state dir made ready for the node or kept by an agent from before it recorded its node,
+    changes whose it is for nobody (the real agent would exit 2 forever: RestartPreventExitStatus)."""
+    n1.mkdir(parents=True)  # made ready by an installer; suspend takes it on purpose
+    assert cli("suspend", *args("n1x", dep, n1, merge_key)).returncode == 0
+    assert cli("resume", *args("n1x", dep, n1, merge_key)).returncode == 0
+    proc = cli("agent", "--once", *args("n1", dep, n1, merge_key))
+    assert proc.returncode == 0, proc.stderr
+
+    import sqlite3
+
+    with sqlite3.connect(n1 / "state.db") as db:  # as an agent of an earlier release left it
+        db.execute("DELETE FROM meta WHERE key='node'")
+    db.close()
+    for command in (["plan", "--no-fetch"], ["status", "--fleet"], ["retry"], ["suspend"], ["resume"]):
+        cli(*command, *args("n1x", dep, n1, merge_key))  # whatever each says of n1x
+    proc = cli("agent", "--once", *args("n1", dep, n1, merge_key))
+    assert proc.returncode == 0, proc.stderr
+    assert cli("status", "--state-dir", str(n1)).stdout.startswith("node n1:")  # the agent's, now
+
+
+@pytest.mark.parametrize("kind", ["an ssh key with a passphrase", "an ecdsa ssh key", "a malformed age key"])
+def test_an_age_identity_a_pass_could_not_use_is_refused_at_start_in_one_line_never_showing_it(
+    dep: Deployment, merge_key: SigningKey, tmp_path: Path, n1: Path, kind: str
+) -> None:
+    key = tmp_path / "n1.key"
+    if kind == "a malformed age key":
+        key.write_text("# n1\nAGE-SECRET-KEY-1NOTAKEYATALLNOTAKEYATALLNOTAKEYATALL\n")
+        key.chmod(0o600)
+    else:
+        kind_of, passphrase = ("ecdsa", "") if "ecdsa" in kind else ("ed25519", "open sesame")
+        subprocess.run(["ssh-keygen", "-q", "-t", kind_of, "-N", passphrase, "-f", str(key)], check=True)
+    secret = [line for line in key.read_text().splitlines() if line and not line.startswith(("#", "-----"))][0]
+    proc = cli("agent", "--once", *args("n1", dep, n1, merge_key, "--age-identity", str(key)))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    line = one_line(proc)
+    assert str(key) in line and line.endswith("[SECRET_UNREADABLE]"), line
+    assert secret[8:40] not in proc.stderr + proc.stdout  # the key itself is never said
+    assert not n1.exists() and dep.note("n1") is None  # nothing fetched, nothing told the fleet
+
+
+def test_status_says_a_mistyped_state_dir_and_status_fleet_reads_the_node_from_it(
+    dep: Deployment, merge_key: SigningKey, tmp_path: Path, n1: Path
+) -> None:
+    typo = tmp_path / "stat" / "n1"
+    proc = cli("status", "--state-dir", str(typo))
+    assert proc.returncode == 2 and f"state dir {typo} does not exist" in one_line(proc), proc.stderr
+
+    assert cli("agent", "--once", *args("n1", dep, n1, merge_key)).returncode == 0
+    proc = cli("status", "--fleet", "--state-dir", str(n1), "--remote", dep.url, "--allowed-signers",
+               str(merge_key.allowed_signers), "-o", "json")  # no --node: the state dir's
+    assert proc.returncode == 0, proc.stderr
+    assert "n1" in proc.stdout
+
+
+def test_only_the_agent_and_apply_make_a_state_dir_every_other_command_refuses_a_path_it_never_ran_at(
+    dep: Deployment, merge_key: SigningKey, tmp_path: Path
+) -> None:
+    typo = tmp_path / "stat" / "n1"
+    for command in (["plan"], ["rollback", "web"], ["status", "--fleet"], ["verify"], ["prepull"]):
+        proc = cli(*command, *args("n1", dep, typo, merge_key))
+        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+        line = one_line(proc)
+        assert f"no state dir at {typo}: the agent has not run there" in line, (command, line)
+        assert not typo.parent.exists(), command
+
+
+UPGRADING = """\
+version: "{version}"
+runtime:
+  command: [python3, -c, "import time; time.sleep(100000)"]
+files:
+  - {{path: web.conf, template: web.conf.j2}}
+health:
+  command: "test -e {{{{ gate }}}}/release"
+  timeout: 120
+"""
+
+STEPS = """\
+upgrade:
+  - {{name: stop, action: stop}}
+  - name: migrate
+    action: command
+    command: "touch {gate}/migrating; while [ ! -e {gate}/go ]; do sleep 0.1; done"
+  - {{name: start, action: start}}
+"""
+
+
+def test_ctrl_c_during_an_upgrade_step_says_which_step_and_status_shows_it_in_flight(
+    dep: Deployment, merge_key: SigningKey, n1: Path, gate: Path
+) -> None:
+    """web is stopped (the upgrade's first step) and a migration runs when Ctrl-C comes: no
+    service action is journalled then, yet the node is mid-upgrade."""
+    dep.write("inventory.yaml", inventory(gate, "one").replace("  n2: {groups: [g]}\n", ""))
+    dep.write("services/web/service.yaml", UPGRADING.format(version="1"))
+    dep.commit("web: version 1, on n1 only")
+    node = args("n1", dep, n1, merge_key)
+    assert cli("agent", "--once", *node).returncode == 0
+    dep.write("services/web/service.yaml", UPGRADING.format(version="2") + STEPS.format(gate=gate))
+    c1 = dep.commit("web: version 2, with a migration")
+
+    agent = subprocess.Popen([sys.executable, "-m", "reconciler", "agent", "--once", *node],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for((gate / "migrating").exists, timeout=60, what="the migration step")
+        flight = as_json(cli("status", "--state-dir", str(n1), "-o", "json"))["in_flight"]
+        assert [(f["service"], f["action"], f.get("step"), f["state"]) for f in flight] == [
+            ("web", "step", "migrate", "in progress")], flight
+        agent.send_signal(signal.SIGINT)
+        out, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        if agent.returncode != 130:
+            (gate / "go").touch()  # the migration's command runs in its own session: let it end
+    assert agent.returncode == 130, (out, err)
+    assert f"step migrate of web's upgrade at {c1[:12]}" in err and "no service was being changed" not in err, err
+
+    proc = cli("status", "--state-dir", str(n1))
+    assert f"step migrate of web's upgrade at {c1[:12]}: interrupted" in proc.stdout, proc.stdout
+    flight = as_json(cli("status", "--state-dir", str(n1), "-o", "json"))["in_flight"]
+    assert [(f["service"], f["step"], f["commit"], f["state"]) for f in flight] == [
+        ("web", "migrate", c1, "interrupted")], flight
+
+    (gate / "go").touch()
+    proc = cli("agent", "--once", *node)
+    assert proc.returncode == 0, proc.stderr
+    assert (dep.note("n1", c1) or {}).get("state") == "applied"
+    assert as_json(cli("status", "--state-dir", str(n1), "-o", "json"))["in_flight"] == []
+
+
+HOLD = """
+import sys
+from pathlib import Path
+from reconciler.ledger.statedir import State
+with State(Path(sys.argv[1])).lock():
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_pass_holding_the_lock_is_seen_even_where_the_kernel_lists_another_device(tmp_path: Path) -> None:
+    """btrfs (a subvolume) and overlay can list a file's lock in /proc/locks under a device
+    number other than stat's: the holder's pid, written in the lock file, still finds it."""
+    from reconciler.ledger.statedir import State
+
+    state = State(tmp_path / "state")
+    assert state.held() is False  # no pass ever ran here
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(state.root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert state.held() is True
+        table = Path("/proc/locks").read_text()
+        ino = (state.root / "lock").stat().st_ino
+        elsewhere = tmp_path / "locks"
+        elsewhere.write_text("".join(
+            " ".join([*f[:5], "00:99:" + f[5].rsplit(":", 1)[1], *f[6:]]) + "\n"
+            if len(f := line.split()) > 5 and f[5].endswith(f":{ino}") else line + "\n"
+            for line in table.splitlines()))
+        assert state.held(locks=elsewhere) is True
+        assert state.held(locks=tmp_path / "unreadable") is None  # not sure: neither said
+    finally:
+        holder.kill()
+        holder.wait()
+    assert state.held() is False  # its holder is gone: interrupted, surely

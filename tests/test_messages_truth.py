@@ -83,6 +83,53 @@ def test_every_mistake_of_the_agent_settings_is_named_at_its_line(tmp_path: Path
     assert len(lines) == 3 and all(line.startswith(f"error: {config}:") for line in lines), done.stderr
 
 
+# Each problem a different check finds, every one of them on its own line: none hides another.
+EVERY_KIND_OF_MISTAKE = """\
+node: n1
+remote: htps://x/y.git
+interval: -5
+jitter: -3
+trust:
+  policy: bogus
+  require_branch_binding: sometimes
+host:
+  systemctl: 5
+secrets: /etc/reconciler/age.key
+metrics:
+  listen: "9469"
+remotes:
+  - url: file:///srv/cloud.git
+    role: reed
+  - url: https://user:hunter2@/cloud.git
+"""
+
+
+def test_every_check_of_the_agent_settings_says_its_problem_none_hides_another(tmp_path: Path) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(EVERY_KIND_OF_MISTAKE)
+    with pytest.raises(ConfigError) as caught:
+        load_config(config, {})
+    said = [line.removeprefix(f"{config}:") for line in str(caught.value).splitlines()]
+    expected = [
+        "2: remote: git cannot fetch from 'htps://' URLs",
+        "3: interval: -5 must be > 0 and at most 604800",
+        "4: jitter: -3 must be >= 0 and at most 604800",
+        "6: trust.policy: 'bogus' is not one of every-commit, first-parent, head",
+        "7: trust.require_branch_binding must be true or false",
+        "9: host.systemctl: 5 must be a command (a string, or a list of strings)",
+        "10: secrets: a mapping with age_identity (the node's age key file)",
+        "12: metrics.listen '9469' must be host:port (127.0.0.1:9469)",
+        "15: remotes[0].role: 'reed' is not one of read, write, both (did you mean 'read'?)",
+        "16: remotes[1].url: a https:// URL names no host",
+    ]
+    assert len(said) == len(expected) and all(s.startswith(e) for s, e in zip(said, expected, strict=True)), said
+    assert "hunter2" not in str(caught.value)
+
+    done = cli("agent", "--once", "--config", str(config))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == len(expected), done.stderr
+
+
 def test_diff_outside_a_git_repo_does_not_ask_for_an_option_it_has_not(tmp_path: Path) -> None:
     done = cli("diff", "--repo", str(tmp_path), "HEAD~1", "HEAD")
     assert done.returncode == 2

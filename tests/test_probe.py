@@ -281,7 +281,7 @@ def test_the_hook_run_with_no_stdin_on_a_fetched_mirror_rebuilds_the_notes_files
 ])
 def test_a_bad_probe_setting_is_one_located_line(tmp_path: Path, remote: dict[str, object], error: str) -> None:
     config = tmp_path / "agent.yaml"
-    config.write_text(yaml.safe_dump({"node": "ctl1", "remotes": [remote]}))
+    config.write_text(yaml.safe_dump({"node": "ctl1", "remotes": [remote, {"url": "git://m/c.git", "role": "read"}]}))
     with pytest.raises(ConfigError, match=error) as caught:
         load_config(config, {})
     assert "\n" not in str(caught.value) and "hunter2" not in str(caught.value)

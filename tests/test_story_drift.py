@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import Deployment, SigningKey, note_key, small_deployment
+from test_sops_real import age_key, seal
 
 REGISTRIES = "/etc/containers/registries.conf"
 KEYS = "/etc/ssh/authorized_keys.d/ops"
@@ -45,10 +46,27 @@ class Node:
         return self.root / path.lstrip("/")
 
 
-@pytest.fixture
-def hv1(tmp_path: Path, merge_key: SigningKey) -> Iterator[Node]:
+def host_node(tmp_path: Path, merge_key: SigningKey, files: dict[str, str], settings: str = "",
+              reboot: str = "false") -> Node:
+    """Node hv1 of a deployment of ``files`` (``{root}`` in them: the node's "/"), its host root
+    under the test dir, a boot id file and its agent.yaml (``settings``: more lines of it)."""
     root = tmp_path / "hostroot"
     root.mkdir()
+    dep = small_deployment(tmp_path, merge_key, {k: v.replace("{root}", str(root)) for k, v in files.items()},
+                           "hosts and a web service")
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"node: hv1\nremote: {dep.url}\nstate_dir: {tmp_path / 'state'}\nnote_key: {note_key('hv1')}\n"
+        f"trust: {{allowed_signers: {merge_key.allowed_signers}}}\n"
+        f"host: {{root: {root}, boot_id_file: {boot}, reboot_command: {json.dumps(reboot)}}}\n{settings}")
+    return Node(dep, root, config)
+
+
+@pytest.fixture
+def hv1(tmp_path: Path, merge_key: SigningKey) -> Iterator[Node]:
+    root = "{root}"
     files = {
         "reconciler.yaml": "format: 1\nname: drift\n",
         "inventory.yaml": ("vars: {mirror: mirror.example.org, ops_key: ssh-ed25519 AAAAops}\n"
@@ -68,15 +86,7 @@ def hv1(tmp_path: Path, merge_key: SigningKey) -> Iterator[Node]:
         "services/web/files/sleeper.py": "import time\nwhile True:\n    time.sleep(60)\n",
         "services/web/templates/web.conf.j2": "[web]\nlevel = info\n",
     }
-    dep = small_deployment(tmp_path, merge_key, files, "hosts and a web service")
-    boot = tmp_path / "boot_id"
-    boot.write_text("boot-1\n")
-    config = tmp_path / "agent.yaml"
-    config.write_text(
-        f"node: hv1\nremote: {dep.url}\nstate_dir: {tmp_path / 'state'}\nnote_key: {note_key('hv1')}\n"
-        f"trust: {{allowed_signers: {merge_key.allowed_signers}}}\n"
-        f"host: {{root: {root}, boot_id_file: {boot}, reboot_command: 'false'}}\n")
-    node = Node(dep, root, config)
+    node = host_node(tmp_path, merge_key, files)
     try:
         yield node
     finally:
@@ -141,3 +151,58 @@ def test_status_says_a_service_runs_with_a_file_changed_by_hand(hv1: Node, tmp_p
     [row] = [line for line in shown.stdout.splitlines() if "web" in line and "process" in line]
     assert "drifted" in row, shown.stdout
     assert "web.conf" in shown.stdout
+
+
+AUTH = "/etc/containers/auth.json"
+POLICY = "/etc/containers/policy.json"
+
+
+def test_a_host_record_written_before_drift_was_recorded_puts_nothing_back(tmp_path: Path,
+                                                                           merge_key: SigningKey) -> None:
+    """A host service holding a secret, applied by an agent of before drift was recorded: its
+    record keeps neither the keys of the secret file's hash nor the drift policy. The upgraded
+    agent must not read the secret file as changed by hand (it did: a put-back, on every host
+    with such a file, at the first pass after the upgrade): no drift verdict from such a record,
+    and the next change of the service writes the record a drift check needs."""
+    key, public = age_key(tmp_path)
+    files = {
+        "reconciler.yaml": "format: 1\nname: drift\n",
+        "inventory.yaml": (f"vars: {{policy: reject}}\ngroups:\n  hv: {{services: [auth]}}\n"
+                           f"nodes:\n  hv1: {{groups: [hv], vars: {{age_recipient: {public}}}}}\n"),
+        # auth.json: no rule for it, so a change of it reboots; policy.json: nothing to do
+        "services/auth/service.yaml": (
+            f"driver: host\nfiles:\n  - {{path: {AUTH}, template: auth.json.j2}}\n"
+            f"  - {{path: {POLICY}, template: policy.json.j2}}\n"
+            f"on_change:\n  - {{file: {POLICY}, action: none}}\n"),
+        "services/auth/templates/auth.json.j2": '{"token": "{{ secrets.registry_token }}"}\n',
+        "services/auth/templates/policy.json.j2": '{"default": "{{ policy }}"}\n',
+    }
+    hv1 = host_node(tmp_path, merge_key, files, settings=f"secrets: {{age_identity: {key}}}\n",
+                    reboot=f"touch {tmp_path / 'rebooted'}; false")
+    seal(tmp_path, hv1.dep, "secrets/registry.yaml", "registry_token: t0k-5e3c\n", public)
+    hv1.dep.commit("the registry token")
+    assert hv1.json("apply")["report"]["state"] == "applied"
+    assert "t0k-5e3c" in hv1.host_file(AUTH).read_text()
+
+    # The record as the agent before drift checks wrote it (and so did a pending reboot's).
+    [record] = (tmp_path / "state").rglob("auth/record.json")
+    old = {k: v for k, v in json.loads(record.read_text()).items() if k not in ("file_keys", "drift")}
+    assert any(v.startswith("600:") for v in old["fingerprint"].values()), old  # the secret file's keyed hash
+    record.write_text(json.dumps(old))
+
+    planned = by_service(hv1.json("plan")["actions"])
+    assert planned["auth"]["action"] == "none" and planned["auth"]["reason"].startswith("unchanged since"), planned
+    assert hv1.json("status")["services"][0]["drifted"] == ""
+    done = hv1.json("apply")
+    assert not (tmp_path / "rebooted").exists(), done
+    assert (done["report"] or {}).get("services", {}).get("auth", {}).get("action", "none") == "none", done
+
+    # The next change of the service writes the record anew: its drift is checked from then on.
+    hv1.dep.edit("inventory.yaml", "policy: reject", "policy: accept")
+    hv1.dep.commit("accept")
+    assert hv1.json("apply")["report"]["services"]["auth"]["action"] == "none"  # policy.json: nothing restarted
+    assert set(json.loads(record.read_text())["file_keys"]) == {AUTH}
+    assert hv1.json("status")["services"][0]["drifted"] == ""
+    hv1.host_file(AUTH).write_text('{"token": "by-hand"}\n')
+    assert hv1.json("status")["services"][0]["drifted"] == f"files: {AUTH} changed"
+    assert not (tmp_path / "rebooted").exists()

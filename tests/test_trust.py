@@ -564,7 +564,7 @@ def test_an_unsigned_commit_is_accepted_once_a_sealer_seals_it(
     deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
     unsigned = deployment.commit("kvm, pushed without review", key=None)
     assert refusal(node) == "UNSIGNED"
-    # The README's recipe, as a sealer runs it.
+    # The trust page's recipe (docs/trust.md), as a sealer runs it.
     git("-c", "gpg.format=ssh", "-c", f"user.signingkey={merge_key.key}", "commit", "-S", "-q", "--allow-empty",
         "-m", "Seal the unsigned kvm change", "--trailer", "Reconciler-Seal: reviewed in CHG-1234", cwd=deployment.work)
     deployment.push()

@@ -408,6 +408,7 @@ def pid_of(agent: Agent, service: str) -> int | None:
 
 def fleet_status(deployment: Deployment, key: SigningKey, view: Path, *extra: str) -> dict[str, Any]:
     """`status --fleet -o json` as an operator runs it, from a state dir that applies nothing."""
+    view.mkdir(exist_ok=True)  # made for it: only the agent makes a state dir where none is
     proc = cli("status", "--fleet", "--node", "ctl1", "--remote", deployment.url, "--state-dir", str(view),
                "--allowed-signers", str(key.allowed_signers), "-o", "json", *extra)
     assert proc.returncode == 0, proc.stderr

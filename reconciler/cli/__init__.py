@@ -20,8 +20,10 @@ from typing import Any, NoReturn
 import click
 
 from reconciler import __version__
+from reconciler.cli.bootstrap import check, init, node_group
 from reconciler.cli.bundle import bundle
 from reconciler.cli.common import Failed, emit_json, err
+from reconciler.cli.day2 import poll, start, stop
 from reconciler.cli.inspect import history, logs, status
 from reconciler.cli.node import agent_command, apply, plan, prepull, rollback, verify
 from reconciler.cli.operate import note_key, resume, retry, suspend, unpin
@@ -45,7 +47,7 @@ def cli(verbose: int, log_format: str) -> None:
     Example:
       reconciler validate --repo examples/repo
       reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1 \\
-          --allowed-signers /etc/reconciler/allowed_signers
+          --allowed-signers /etc/reconciler/trust/allowed_signers
 
     \b
     Exit codes (each command's --help says what they mean for it):
@@ -107,7 +109,9 @@ def _stderr_is_journal() -> bool:
 
 
 for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, logs, rollback, unpin,
-                retry, suspend, resume, prepull, review_post, bundle, note_key):
+                retry, suspend, resume, prepull, review_post, bundle, note_key, init, check, node_group):
+    cli.add_command(command)
+for command in (stop, start, poll):  # day 2 (docs/day2.md)
     cli.add_command(command)
 
 

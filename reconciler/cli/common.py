@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from reconciler.ledger import Ledger
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -197,9 +199,22 @@ def agent_config(agent_opts: dict[str, Any], *, node_of: Callable[[Path], str | 
     return load_config(config_file, opts, node_of=node_of)
 
 
-def node_agent(agent_opts: dict[str, Any], **defaults: Any) -> Agent:
-    """The one way a command builds this node's Agent from its options."""
-    return Agent(agent_config(agent_opts, **defaults))
+def node_agent(agent_opts: dict[str, Any], *, converge: bool = False, empty_ok: bool = True,
+               **defaults: Any) -> Agent:
+    """The one way a command builds this node's Agent from its options. ``converge``: the agent
+    itself (`agent`, `apply`): it makes the state dir when there is none and records itself its
+    owner. Any other command (plan, rollback, verify, prepull, suspend, `status --fleet`...) works
+    on the state dir an agent made: the node read from there when not given, refused when another
+    node's, or where no agent ran (a mistyped --state-dir would be made into a new node, and
+    cloned); ``empty_ok``: an empty directory made for the node before its first run will do (a
+    plan or a fleet view before it runs; not for what steers its runs: ``existing_agent``)."""
+    if converge:
+        return Agent(agent_config(agent_opts, **defaults))
+    from reconciler.ledger.statedir import require_agent_state
+
+    cfg = local_config(agent_opts, **defaults)
+    require_agent_state(cfg.state_dir, empty_ok=empty_ok)
+    return Agent(cfg, keeps=False)
 
 
 def _owner(root: Path, node: str | None = None) -> str | None:
@@ -207,9 +222,15 @@ def _owner(root: Path, node: str | None = None) -> str | None:
     from before it recorded its node); ``node``: refused when it is another's."""
     if not (root / "state.db").is_file():
         return None
+    from reconciler.core.errors import ReconcilerError
     from reconciler.ledger import Ledger
 
-    ledger = Ledger.open(root, create=False)
+    try:
+        ledger = Ledger.open(root, create=False)
+    except ReconcilerError as exc:
+        if exc.reason != "LEDGER_ERROR":
+            raise
+        return None  # damaged: the command's own open says so, and how it heals (``Ledger.open``)
     try:
         if node is not None:
             ledger.claim(node, record=False)
@@ -218,21 +239,46 @@ def _owner(root: Path, node: str | None = None) -> str | None:
         ledger.close()
 
 
+def _node_of(root: Path) -> str | None:
+    """The node of the state dir ``root``, asked when the settings name none: a path that is not
+    one is said as such, not as a missing --node (``--state-dir /typo`` alone)."""
+    from reconciler.ledger.statedir import State, require_agent_state
+
+    State(root, create=False)  # does not exist, or is a file
+    require_agent_state(root, empty_ok=True)  # an empty one made ready: its node must be given
+    return _owner(root)
+
+
 def local_config(agent_opts: dict[str, Any], **defaults: Any) -> AgentConfig:
     """The settings of a command on the node's existing state dir (status, logs, suspend...):
     the node it names when the settings name none; refused when they name another (it would be
     shown, or changed, under the wrong name)."""
-    cfg = agent_config(agent_opts, node_of=_owner, **defaults)
+    cfg = agent_config(agent_opts, node_of=_node_of, **defaults)
     _owner(cfg.state_dir, cfg.node)
     return cfg
 
 
 def existing_agent(agent_opts: dict[str, Any], *, empty_ok: bool = False) -> Agent:
     """The Agent of a command that steers the node between passes (suspend, resume, retry,
-    unpin): only over a state dir its agent made, never a new one at a mistyped --state-dir
-    (see ``statedir.require_agent_state``; ``empty_ok``: or an empty directory made for it)."""
-    from reconciler.ledger.statedir import require_agent_state
+    unpin): ``node_agent``'s, over a state dir its agent made (``empty_ok``: suspend's, a node
+    that starts out suspended)."""
+    return node_agent(agent_opts, empty_ok=empty_ok)
 
-    cfg = local_config(agent_opts)
-    require_agent_state(cfg.state_dir, empty_ok=empty_ok)
-    return Agent(cfg)
+
+def in_flight(ledger: Ledger) -> list[dict[str, str]]:
+    """What a pass began on this node and has not seen through, oldest first: a service action
+    it journalled ({service, action, commit}), an upgrade step it began ({service, action:
+    "step", step, commit}; service "" for a post step). What runs may be the new version, not
+    yet seen healthy, or a service an upgrade stopped. Said by Ctrl-C and by ``status``."""
+    items = [{"service": i.service, "action": str(i.action), "commit": i.commit} for i in ledger.interrupted()]
+    items += [{"service": r.service, "action": "step", "step": r.step, "commit": commit}
+              for commit, r in ledger.steps_started()]
+    return items
+
+
+def flight_text(item: dict[str, str]) -> str:
+    """One of ``in_flight`` in words: ``restart web at C``, ``step migrate of web's upgrade at C``."""
+    if item["action"] != "step":
+        return f"{item['action']} {item['service']} at {item['commit'][:12]}"
+    whose = f"{item['service']}'s upgrade" if item["service"] else "the post-upgrade steps"
+    return f"step {item['step']} of {whose} at {item['commit'][:12]}"

@@ -16,6 +16,8 @@ from reconciler.cli.common import (
     agent_options,
     emit_json,
     escape,
+    flight_text,
+    in_flight,
     local_config,
     new_table,
     out,
@@ -59,8 +61,9 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
          (with --watch: every node applied it)
       1  with --fleet: a node failed, halted, refused or errored on the commit (the rollout
          is stopped); or the remote did not answer
-      2  bad input: no node in the state dir, bad settings, an unknown --rev, not a clone,
-         an --html FILE that cannot be written
+      2  bad input: no node in the state dir, no state dir there (with --fleet: the agent
+         has not run there), bad settings, an unknown --rev, not a clone, an --html FILE
+         that cannot be written
     """
     if html_refresh is not None and html_file is None:
         raise BadInput("--html-refresh goes with --html")
@@ -80,11 +83,12 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     state = State(cfg.state_dir, create=False)
     ledger = Ledger.open(cfg.state_dir, create=False)
     observed = observe(cfg.node, drivers_for(cfg, None))
-    # An action a pass journalled and has not seen through: what runs may be the new version,
-    # not yet checked healthy. Under way while a pass holds the lock; else the next run redoes it.
+    # An action or upgrade step a pass began and has not seen through: what runs may be the new
+    # version, not yet checked healthy, or stopped by the upgrade. Under way while a pass holds
+    # the lock; else the next run takes it up. "in progress" only when the kernel says so.
     busy = state.held()
-    in_flight = [{"service": i.service, "action": str(i.action), "commit": i.commit,
-                  "state": "in progress" if busy else "interrupted"} for i in ledger.interrupted()]
+    said = {True: "in progress", False: "interrupted", None: "interrupted or in progress"}[busy]
+    flights = [{**f, "state": said} for f in in_flight(ledger)]
     last = ledger.last_run()
     head = ledger.mark().commit
     record = ledger.record(head) if head else None
@@ -92,13 +96,15 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     applied = converged[0] if converged else None
     pins = [p.to_dict() for p in ledger.pins()]
     suspended = ledger.suspension()
+    held, retired = ledger.held_stopped(), ledger.retired()  # `reconciler stop`; a decommission
     found = ledger.damaged()
     damaged = found[0] if found else None
     if output == "json":
         emit_json({"node": cfg.node, "head": head, "verdict": str(record.verdict) if record else None,
                    "applied_commit": applied, "pins": pins, "last_run": last, "suspended": suspended,
+                   "held_stopped": held, "retired": retired,
                    "ledger_damaged": {"time": damaged.time, "why": damaged.why, "moved_to": damaged.moved_to}
-                   if damaged else None, "in_flight": in_flight, **observed.to_dict()})
+                   if damaged else None, "in_flight": flights, **observed.to_dict()})
         return
     out.print(f"node {cfg.node}: head {head[:12] if head else 'none yet'}"
               + (f" {style(str(record.verdict))}" if record else "")
@@ -106,14 +112,21 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
     if suspended:
         out.print(f"suspended by {escape(suspended.get('by', '?'))} since {suspended.get('since', '?')}: "
                   f"{escape(suspended.get('reason') or 'no reason given')}; nothing is applied")
+    if retired:
+        out.print(f"decommissioned at {str(retired.get('commit', ''))[:12]} (left the inventory): nothing runs; "
+                  "remove the state dir to finish (docs/day2.md)")
+    for name, by in sorted(held.items()):
+        out.print(f"{escape(name)}: stopped by {escape(by.get('by', '?'))} since {by.get('since', '?')}; "
+                  "kept stopped until `reconciler start`")
     if damaged:  # said for as long as this ledger lives: its history begins there
         out.print(escape(damaged.event))
-    for f in in_flight:  # what runs there may be the new version, not yet seen healthy
-        out.print(f"{escape(f['action'])} {f['service']} at {f['commit'][:12]}: "
-                  + ("in progress" if busy else "interrupted; the next run finishes it"))
+    for f in flights:  # what runs there may be the new version, not yet seen healthy
+        out.print(f"{escape(flight_text(f))}: {said}"
+                  + ("" if busy else "; the next run " + ("takes it up" if f["action"] == "step" else "finishes it")))
     table = new_table("service", "driver", "running", "pid", "commit", "hash", "pinned")
     pinned = {p["service"]: p["commit"] for p in pins}
-    flight = {f["service"]: f"[yellow]{escape(f['action'])} {f['state']}[/]" for f in in_flight}
+    flight = {f["service"]: f"[yellow]{escape('step ' + f['step'] if 'step' in f else f['action'])} {said}[/]"
+              for f in flights}
     for s in observed.services:
         running = style("ok") if s.running else style("failed")
         running = flight.get(s.name, running)

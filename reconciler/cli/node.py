@@ -21,6 +21,8 @@ from reconciler.cli.common import (
     emit_json,
     err,
     escape,
+    flight_text,
+    in_flight,
     new_table,
     node_agent,
     out,
@@ -51,7 +53,8 @@ def plan(agent_opts: dict[str, Any], rev: str | None, no_fetch: bool, output: st
     Exit codes:
       0  the plan is printed (whatever it changes)
       1  the remote did not answer, another run holds the lock
-      2  bad input or refused: bad settings, a problem in the repo, an unsigned commit
+      2  bad input or refused: bad settings, a problem in the repo, an unsigned commit, no
+         state dir there (the agent has not run there), another node's state dir
     """
     agent = node_agent(agent_opts)
     the_plan, _ = operations.plan(agent.ctx, fetch=not no_fetch and rev is None, rev=rev)
@@ -80,13 +83,18 @@ def _pass(agent: Agent, run: Callable[[], RunResult]) -> RunResult:
         return run()
     except KeyboardInterrupt:
         try:
-            under_way = [f"{i.action} {i.service} at {i.commit[:12]}" for i in agent.ledger.interrupted()]
+            under_way = in_flight(agent.ledger)
         except Exception:  # the ledger unreadable now: the next run still finds its journal
             raise Interrupted("aborted: the next run finishes what this one began") from None
         if not under_way:
             raise Interrupted("aborted: no service was being changed; the next run starts over") from None
-        raise Interrupted(f"aborted during {', '.join(under_way)} (not yet seen healthy): the next run "
-                          "finishes it") from None
+        # A step (an upgrade's stop done, a migration running on in its own session) is taken up
+        # by the next run: a command still running is waited for, one that died is run again
+        # when it may be (a once step that is not idempotent waits for `retry`).
+        steps = any(f["action"] == "step" for f in under_way)
+        said = ", ".join(flight_text(f) + (" (begun, not ended)" if f["action"] == "step"
+                                           else " (not yet seen healthy)") for f in under_way)
+        raise Interrupted(f"aborted during {said}: the next run {'takes it up' if steps else 'finishes it'}") from None
 
 
 def _run_error(result: RunResult) -> ReconcilerError | None:
@@ -163,7 +171,7 @@ def apply(agent_opts: dict[str, Any], commit: str | None, rev: str | None, servi
     130  interrupted (Ctrl-C): says which action on which service was under way; the next
          run finishes it
     """
-    agent = node_agent(agent_opts)
+    agent = node_agent(agent_opts, converge=True)
     rev = commit or rev
     result = _pass(agent, lambda: agent.reconcile_once(fetch=not no_fetch and rev is None, rev=rev,
                                                        instantiate=True, only=set(services) or None))
@@ -174,7 +182,8 @@ def apply(agent_opts: dict[str, Any], commit: str | None, rev: str | None, servi
 @agent_options
 @click.option("--once", is_flag=True, help="Run one pass (poll, apply, report) and exit.")
 @click.option("--interval", type=float, help="Seconds between polls.")
-@click.option("--jitter", type=float, help="Random extra seconds per poll.")
+@click.option("--jitter", type=float,
+              help="Spread of the polls: each node polls at its own fixed offset in [0, jitter), then every interval.")
 @click.option("--metrics-textfile", type=click.Path(path_type=Path),
               help="Write Prometheus metrics there after each pass (node_exporter's textfile format).")
 @output_option
@@ -186,7 +195,7 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
     Example:
       reconciler agent --config /etc/reconciler/agent.yaml
       reconciler agent --once --node ctl1 --remote file:///srv/cloud.git --state-dir /tmp/ctl1 \\
-          --allowed-signers /etc/reconciler/allowed_signers
+          --allowed-signers /etc/reconciler/trust/allowed_signers
       reconciler agent --once --config /etc/reconciler/agent.yaml \\
           --metrics-textfile /var/lib/node_exporter/textfile/reconciler.prom
 
@@ -206,7 +215,7 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
     from reconciler.daemon.loop import run_daemon
 
     settings: dict[str, Any] = {"interval": interval, "jitter": jitter, "metrics_textfile": metrics_textfile}
-    the_agent = node_agent(agent_opts, **settings)
+    the_agent = node_agent(agent_opts, converge=True, **settings)
     if once:
         outputs = Outputs(the_agent)  # a bad notify or metrics setting stops before the pass
         try:
@@ -247,7 +256,8 @@ def verify(agent_opts: dict[str, Any], spec: str | None, repo_dir: Path | None, 
       0  every commit is signed by a trusted key
       1  the remote did not answer, another run holds the lock
       2  refused: a commit is unsigned, signed by an unknown or revoked key, or rewinds
-         history; or bad input: no trust root, not a git repo, an unknown commit
+         history; or bad input: no trust root, not a git repo, an unknown commit, no
+         state dir there (without --repo: the agent has not run there)
     """
     from reconciler.cli.repo import verify_in_repo
     from reconciler.trust.verify import verify_range
@@ -293,7 +303,7 @@ def rollback(agent_opts: dict[str, Any], service: str, to: str | None, output: s
       1  failed: the earlier version failed its health check, DISK_FULL, another run holds
          the lock
       2  bad input or refused: an unknown service or commit, nothing earlier to go back
-         to, an earlier commit that is not signed by a trusted key
+         to, an earlier commit that is not signed by a trusted key, no state dir there
     """
     ctx = node_agent(agent_opts).ctx
     result = operations.rollback(ctx, service, to)
@@ -324,7 +334,7 @@ def prepull(agent_opts: dict[str, Any], commit: str | None, no_fetch: bool, outp
       1  an image could not be pulled (the registry's reason is printed), the engine or the
          remote did not answer, another run holds the lock
       2  bad input or refused: an unsigned or rewound commit, a problem in the repo at that
-         commit, an unknown COMMIT, bad settings
+         commit, an unknown COMMIT, bad settings, no state dir there
     """
     the_agent = node_agent(agent_opts)
     at, images = operations.prepull(the_agent.ctx, fetch=not no_fetch and commit is None, rev=commit)

@@ -173,8 +173,12 @@ def _write_slice(root: Path, desired: Desired) -> None:
 
 
 @click.command()
-@click.argument("rev_a")
-@click.argument("rev_b")
+@click.argument("rev_a", required=False)
+@click.argument("rev_b", required=False)
+@click.option("--local", "local", is_flag=False, flag_value=".", default=None, metavar="[PATH]",
+              help="Diff the working tree at PATH (default: .), uncommitted changes included, against "
+                   "its commit --rev (default: HEAD), as `flux diff` does: no REV_A, REV_B then.")
+@click.option("--rev", "local_rev", default=None, help="With --local: the commit to compare with (default: HEAD).")
 @click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="The deployment repo (a git repo holding both commits).")
 @click.option("--node", "nodes", multiple=True, help="Only this node (repeatable); default: every node.")
@@ -190,9 +194,9 @@ def _write_slice(root: Path, desired: Desired) -> None:
               help="With -o markdown: also write the uncut report to this file (the artifact).")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True,
               help="Worker processes for a large fleet (0: one per CPU; 1: none). Same output either way.")
-def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nodes: bool, output: str,
-         exit_code: bool, max_bytes: int | None, artifact_url: str | None, report_file: Path | None,
-         jobs: int) -> None:
+def diff(rev_a: str | None, rev_b: str | None, local: str | None, local_rev: str | None, repo_dir: Path,
+         nodes: tuple[str, ...], all_nodes: bool, output: str, exit_code: bool, max_bytes: int | None,
+         artifact_url: str | None, report_file: Path | None, jobs: int) -> None:
     """What REV_B will do on each node, compared with REV_A: changed files and actions.
 
     Each node's plan hash is the one the node writes in its note when it applies REV_B, so a
@@ -205,6 +209,7 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
       reconciler diff --repo . main feature -o markdown --max-bytes 65536 \\
           --artifact-url "$RUN_URL" --report-file full.md > comment.md
       reconciler diff --repo . origin/main HEAD --exit-code -o json || echo "changes"
+      reconciler diff --local                     # the work tree against HEAD, before a commit
 
     \b
     Exit codes:
@@ -219,8 +224,16 @@ def diff(rev_a: str, rev_b: str, repo_dir: Path, nodes: tuple[str, ...], all_nod
 
     if output != "markdown" and (max_bytes or artifact_url or report_file):
         raise BadInput("--max-bytes, --artifact-url and --report-file go with -o markdown")
-    needs = "the commits REV_A and REV_B"
-    tree_a, tree_b = open_tree(repo_dir, rev_a, needs), open_tree(repo_dir, rev_b, needs)
+    if local is not None:
+        if rev_a is not None or rev_b is not None:
+            raise BadInput("--local compares the work tree with --rev (default HEAD): give no REV_A, REV_B")
+        work = Path(local)
+        tree_a, tree_b = open_tree(work, local_rev or "HEAD", "--local"), open_tree(work, None)
+    elif rev_a is None or rev_b is None or local_rev is not None:
+        raise BadInput("diff needs REV_A and REV_B (or --local [PATH], with --rev)")
+    else:
+        needs = "the commits REV_A and REV_B"
+        tree_a, tree_b = open_tree(repo_dir, rev_a, needs), open_tree(repo_dir, rev_b, needs)
     repo_a, repo_b = load_at(tree_a), load_at(tree_b)
     diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, None if all_nodes or not nodes else list(nodes),
                        jobs=jobs or None)

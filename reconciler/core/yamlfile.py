@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -151,9 +152,38 @@ def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str, seen
             _walk(item, (*path, i), lines, file, seen)
 
 
+@contextmanager
+def _as_bad_input(file: str) -> Iterator[None]:
+    """What reading YAML raises, as the one-line error (with its line where known) a user sees."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise BadInput("not UTF-8 text", file=file) from exc
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        what = exc.problem or exc.context or "invalid YAML"
+        raise BadInput(f"invalid YAML: {what}", file=file, line=line) from exc
+    except yaml.YAMLError as exc:
+        raise BadInput(f"invalid YAML: {exc}", file=file) from exc
+    except RecursionError as exc:
+        raise BadInput("YAML nested too deeply", file=file) from exc
+
+
+def _construct(loader: yaml.SafeLoader | yaml.CSafeLoader, node: yaml.Node, file: str) -> Any:
+    """The document of ``node``; a value Python cannot build is said at its line."""
+    try:
+        return loader.construct_document(node)
+    except ValueError as exc:
+        located = _unconstructable(loader, node, file)
+        if located is None:
+            raise
+        raise located from exc
+
+
 def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | None) -> Any:
     """Compose (bounded), check the expansion, map lines (when asked), construct."""
-    try:
+    with _as_bad_input(file):
         decoded = text.decode("utf-8")
         # A YAML node takes at least one character ("{a,b}": five nodes in five), so a text of
         # fewer than max_nodes / 2 characters cannot compose past the bound: libyaml's composer
@@ -168,26 +198,9 @@ def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | N
             _check_expansion(node, max_nodes, file)
             if lines is not None:
                 _walk(node, (), lines, file, set())
-            try:
-                return loader.construct_document(node)
-            except ValueError as exc:
-                located = _unconstructable(loader, node, file)
-                if located is None:
-                    raise
-                raise located from exc
+            return _construct(loader, node, file)
         finally:
             loader.dispose()  # type: ignore[no-untyped-call]
-    except UnicodeDecodeError as exc:
-        raise BadInput("not UTF-8 text", file=file) from exc
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        what = exc.problem or exc.context or "invalid YAML"
-        raise BadInput(f"invalid YAML: {what}", file=file, line=line) from exc
-    except yaml.YAMLError as exc:
-        raise BadInput(f"invalid YAML: {exc}", file=file) from exc
-    except RecursionError as exc:
-        raise BadInput("YAML nested too deeply", file=file) from exc
 
 
 def _unconstructable(loader: yaml.SafeLoader | yaml.CSafeLoader, root: yaml.Node, file: str) -> BadInput | None:
@@ -230,7 +243,7 @@ def safe_load(text: bytes, file: str, max_nodes: int = LIMITS.yaml_nodes) -> Any
 def safe_load_all(text: bytes, file: str, max_nodes: int = LIMITS.yaml_nodes) -> list[Any]:
     """Every document of a ``---``-separated stream (a SOPS file may hold several), bounded
     like ``safe_load``: ``max_nodes`` counts all the documents together, aliases expanded."""
-    try:
+    with _as_bad_input(file):
         decoded = text.decode("utf-8")
         loader = _CountingLoader(decoded, file, max_nodes)
         try:
@@ -243,28 +256,9 @@ def safe_load_all(text: bytes, file: str, max_nodes: int = LIMITS.yaml_nodes) ->
                 # one bound for the whole stream: a document per alias bomb must not multiply it
                 _check_expansion(yaml.SequenceNode("tag:yaml.org,2002:seq", nodes, nodes[0].start_mark),
                                  max_nodes, file)
-            docs = []
-            for node in nodes:
-                try:
-                    docs.append(loader.construct_document(node))
-                except ValueError as exc:
-                    located = _unconstructable(loader, node, file)
-                    if located is None:
-                        raise
-                    raise located from exc
-            return docs
+            return [_construct(loader, node, file) for node in nodes]
         finally:
             loader.dispose()  # type: ignore[no-untyped-call]
-    except UnicodeDecodeError as exc:
-        raise BadInput("not UTF-8 text", file=file) from exc
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise BadInput(f"invalid YAML: {exc.problem or exc.context or 'invalid YAML'}", file=file,
-                       line=mark.line + 1 if mark else None) from exc
-    except yaml.YAMLError as exc:
-        raise BadInput(f"invalid YAML: {exc}", file=file) from exc
-    except RecursionError as exc:
-        raise BadInput("YAML nested too deeply", file=file) from exc
 
 
 @cache

@@ -21,7 +21,7 @@ from typing import Any
 
 from reconciler.agent import Agent
 from reconciler.core.errors import Busy, ReconcilerError
-from reconciler.daemon import shed
+from reconciler.daemon import shed, wake
 from reconciler.daemon.afterpass import Outputs, Shedding, VerdictLog
 from reconciler.daemon.supervisor import Every, Supervisor, node_offset
 from reconciler.node.run import RunResult
@@ -30,6 +30,9 @@ from reconciler.settings import AgentConfig
 log = logging.getLogger("reconciler.agent")
 
 STOP_GRACE = 10.0  # seconds a stop waits for a pass in flight
+# Held back across a re-execution (and taken by the new interpreter's handlers): a stop, and a
+# `reconciler poll`, whose default action would end a daemon that has no handler for it yet.
+HELD = shed.Signals.STOPS | {wake.WAKE}
 
 
 def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = None,
@@ -44,14 +47,19 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    woken = threading.Event()  # `reconciler poll` before the timers exist: the first poll is now
+    signal.signal(wake.WAKE, lambda signum, frame: woken.set())
     signals = shed.Signals(None if carry is None else carry.signal_fds)
     if signals.stop_asked():  # taken by a thread of the interpreter this one replaced
         stopping.set()
     # Blocked when this interpreter replaced another (see ``shed``): one that came during the
     # execv comes now, to the handler, before any thread starts (threads inherit the mask).
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, shed.Signals.STOPS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     with agent.state.daemon_lock(held=None if carry is None else carry.lock_fd) as lock_fd:
         running = _Running(agent, on_result, reload, carry, lock_fd, signals, stopping)
+        signal.signal(wake.WAKE, lambda signum, frame: running.polls.now())
+        if woken.is_set():
+            running.polls.now()
         running.start()
         running.wait()
         running.finish()
@@ -94,6 +102,8 @@ class _Running:
         first_poll = node_offset(self.cfg.node, self.cfg.jitter) if carry is None else max(0.0, carry.poll_due - now)
         self.polls = Every("poll", self.cfg.interval, self.poll, stopping, first=first_poll)
         # Not behind `polling`: a pass stuck on a stalled git server must not stop restarts.
+        self.receiver = wake.start_receiver(self.cfg.receiver.listen, self.cfg.receiver.secret_file,
+                                            lambda: self.polls.now(), self.cfg.node)
         self.supervising = Every("supervise", self.cfg.supervise_interval, self.supervisor.tick, stopping,
                                  first=self.cfg.supervise_interval if carry is None
                                  else max(0.0, carry.supervise_due - now))
@@ -152,11 +162,11 @@ class _Running:
                 self.shed_due = False
                 # A signal to the main thread is held back across the execv, not lost; one taken
                 # by another thread is in the wakeup pipe, read before and handed over.
-                signal.pthread_sigmask(signal.SIG_BLOCK, shed.Signals.STOPS)
+                signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
                 try:
                     self.re_execute()
                 finally:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, shed.Signals.STOPS)
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
 
     def re_execute(self) -> None:
         """Hand over and re-execute, with no pass or supervisor tick in flight; on any
@@ -195,6 +205,10 @@ class _Running:
     def finish(self) -> None:
         """Stopped. A pass in flight gets a grace period; one stuck on the network is left:
         every step of a pass is safe to cut short, and the next start finishes what it began."""
+        self.polls.wake()
+        self.supervising.wake()
+        if self.receiver is not None:
+            self.receiver.close()
         if self.polling.acquire(timeout=STOP_GRACE):
             self.polling.release()
         else:

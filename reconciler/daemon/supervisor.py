@@ -94,6 +94,7 @@ class Every:
                  first: float = 0.0) -> None:
         self.seconds, self.job, self.stop = seconds, job, stop
         self.due = time.monotonic() + first
+        self._woken = threading.Event()  # ``now`` (or a stop) cuts the wait short
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -102,8 +103,23 @@ class Every:
     def later(self, delay: float) -> None:
         self.due = time.monotonic() + delay
 
+    def now(self) -> None:
+        """Run as soon as the run in flight (if any) is over: `reconciler poll`, a webhook."""
+        self.due = time.monotonic()
+        self._woken.set()
+
+    def wake(self) -> None:
+        """Look at ``stop`` again now (it was set)."""
+        self._woken.set()
+
     def _run(self) -> None:
-        while not self.stop.wait(max(0.0, self.due - time.monotonic())):
+        while not self.stop.is_set():
+            self._woken.wait(max(0.0, self.due - time.monotonic()))
+            self._woken.clear()
+            if self.stop.is_set():
+                break
+            if time.monotonic() < self.due:
+                continue  # woken for a stop that did not come
             due = self.due
             try:
                 self.job()

@@ -30,7 +30,7 @@ from docker.models.containers import Container
 from reconciler.core import faults
 from reconciler.core.errors import ApplyError, ReconcilerError
 from reconciler.core.model import DesiredService, ObservedService
-from reconciler.drivers import dockernet
+from reconciler.drivers import dockerback, dockernet
 from reconciler.drivers.base import Check, Unrecorded
 from reconciler.drivers.dockerengine import PREFIX, STOP_TIMEOUT, EngineDown, connect, pull
 from reconciler.drivers.dockerspec import create_args
@@ -257,19 +257,16 @@ class DockerDriver:
         c = self._container(svc.name)
         if c is None:
             return self.start(svc, commit, check)
-        previous = self._record(svc.name)
-        before = read_dir(self._live(svc.name))
-        sync_dir(self._live(svc.name), svc.files)
-        dockernet.sync(self.client, self.node, c, svc)
-        c.restart(timeout=STOP_TIMEOUT)
-        try:
+        was = dockerback.before(c, self._dir(svc.name))
+        try:  # a refused connect too (no free address): files, networks and record put back
+            sync_dir(self._live(svc.name), svc.files)
+            dockernet.sync(self.client, self.node, c, svc)
+            c.restart(timeout=STOP_TIMEOUT)
             check()
         except ReconcilerError as exc:
-            sync_dir(self._live(svc.name), before)
-            c.restart(timeout=STOP_TIMEOUT)
-            if previous is not None:
-                write_record(self._dir(svc.name), previous)
-            raise ApplyError(f"{exc}; previous config restored (container {c.short_id})") from exc
+            said = dockerback.put_back(self.client, c, was, lambda c: c.restart(timeout=STOP_TIMEOUT),
+                                       f"container {c.short_id} restarted")
+            raise ApplyError(f"{exc}; {said}") from exc
         self._write_record(svc, commit, c)
         return self._pid(c)
 
@@ -305,20 +302,15 @@ class DockerDriver:
         c = self._container(svc.name)
         if c is None or c.status != "running":
             raise ApplyError(f"node {self.node}, service {svc.name}: not running, nothing to reload")
-        previous = self._record(svc.name)
-        before = read_dir(self._live(svc.name))
-        sync_dir(self._live(svc.name), svc.files)  # the bind-mounted dir: the container sees it now
-        dockernet.sync(self.client, self.node, c, svc)
-        try:
+        was = dockerback.before(c, self._dir(svc.name))
+        try:  # a refused connect too (no free address): files, networks and record put back
+            sync_dir(self._live(svc.name), svc.files)  # the bind-mounted dir: the container sees it now
+            dockernet.sync(self.client, self.node, c, svc)
             self._signal_reload(c, svc)
             check()
         except ReconcilerError as exc:
-            sync_dir(self._live(svc.name), before)
-            with contextlib.suppress(ReconcilerError):
-                self._signal_reload(c, svc)
-            if previous is not None:
-                write_record(self._dir(svc.name), previous)
-            raise ApplyError(f"{exc}; previous config restored and reloaded") from exc
+            said = dockerback.put_back(self.client, c, was, lambda c: self._signal_reload(c, svc), "reloaded")
+            raise ApplyError(f"{exc}; {said}") from exc
         self._write_record(svc, commit, c)
         return self._pid(c)
 
@@ -355,21 +347,14 @@ class DockerDriver:
         c = self._container(svc.name)
         if c is None:
             raise ApplyError(f"node {self.node}, service {svc.name}: no container to connect")
-        previous = self._record(svc.name)
-        c.reload()
-        before = dockernet.recorded(previous, dockernet.attached(c))  # not where a killed run left it
+        was = dockerback.before(c, self._dir(svc.name))
         try:  # a refused connect too (no free address): off it again, then back where it was
             dockernet.sync(self.client, self.node, c, svc)
             sync_dir(self._live(svc.name), svc.files)
             if check is not None:
                 check()
         except ReconcilerError as exc:
-            missed = dockernet.restore(self.client, c, before)
-            if previous is not None:
-                write_record(self._dir(svc.name), previous)
-            restored = f"previous networks NOT restored: {missed}" if missed else \
-                f"previous networks restored ({', '.join(sorted(before)) or 'none'})"
-            raise ApplyError(f"{exc}; {restored}") from exc
+            raise ApplyError(f"{exc}; {dockerback.put_back(self.client, c, was, None)}") from exc
         self._write_record(svc, commit, c)
 
     def stop(self, name: str) -> None:
@@ -392,5 +377,9 @@ class DockerDriver:
         c = self._container(name)
         if c is None:
             raise ApplyError(f"node {self.node}, service {name}: container is gone; the next run recreates it")
-        c.start()
+        c.reload()
+        # never onto a network its record does not name (a leftover a start would join)
+        why = dockernet.revive(self.client, c, dockernet.recorded(self._record(name), dockernet.attached(c)))
+        if why:
+            raise ApplyError(f"node {self.node}, service {name}: container {c.name} {why}")
         return self._pid(c)

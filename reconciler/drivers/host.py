@@ -71,8 +71,12 @@ class HostDriver:
             out.append(ObservedService(
                 name=d.name, driver=self.name, running=True, hash=rec["hash"], commit=rec["commit"],
                 fingerprint=tuple(sorted(rec["fingerprint"].items())), files=now,
-                # A hand edit of a host file is drift like one of a service's live files.
-                drifted=file_drift(rec, now) if files else "", drift=str(rec.get("drift", "correct")),
+                # A hand edit of a host file is drift like one of a service's live files. A record
+                # written before drift was checked (no ``file_keys``) cannot tell a secret file's
+                # keyed hash from a hand edit: no verdict from it (its put-back would rewrite and
+                # restart for nothing); the service's next change writes a record that can.
+                drifted=file_drift(rec, now) if files and "file_keys" in rec else "",
+                drift=str(rec.get("drift", "correct")),
             ))
         return out
 

@@ -79,6 +79,8 @@ def fleet_status(rollout: Rollout, nodes: list[str], commit: str, fleet: FleetVi
         reached = fleet.reached(node, commit)
         refused = next((why for obj, why in fleet.rejected.get(node, ()) if obj == commit), None)
         rewound = _rewound(fleet, node, commit)
+        if rewound is not None and mine is not None and mine.time > rewound.refused_time:
+            rewound = None  # it noted that head since (applied it again, its state dir rebuilt): that holds
         if rewound is not None:
             # Its note on C may well say applied (it did, before it ran a later commit): the branch
             # was moved back, and the node, which runs that later one, refused to follow.

@@ -28,6 +28,8 @@ POLL_KEY = "metrics_last_poll"  # meta: JSON {time, result, head, head_time}
 POLLS_KEY = "metrics_polls"  # meta: JSON result -> count, the polls_total counter kept across restarts
 CLAIMS_SEEN_KEY = "claims_seen"  # meta: JSON node -> [claim as read, first seen (this clock)]
 NODE_KEY = "node"  # meta: the node whose agent keeps this state dir (written by agents since issue 37)
+STOPPED_KEY = "stopped_held"  # meta: JSON service -> {by, since}: stopped by `reconciler stop`, kept stopped
+RETIRED_KEY = "retired"  # meta: JSON {commit, time, stopped}: the node left the inventory there (decommissioned)
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,28 @@ class FlagLedger(Store):
     # a rewind refused ---------------------------------------------------------------------
     def rewind_refused(self) -> dict[str, str] | None:
         """The last time the branch was moved back to a commit this node had applied and it
-        refused to go there: {commit (the one it ran then), head, reason, time}; None: never."""
+        refused to go there: {commit (the one it ran then), head, reason, time}; None: never.
+        Never cleared: it is history of ``commit``'s note only (a later head's note does not
+        carry it), and this ledger cannot apply the refused head later (an ancestor of what it
+        ran); a rebuilt one that does starts without it, and the fleet view trusts the node's
+        newer note on that head over the old refusal (``fleet.status``)."""
         record = _json_object(self._meta(REWIND_KEY))
         return {k: str(v) for k, v in record.items()} if "commit" in record else None
 
+    def refused_rewind_to(self, commit: str, head: str, reason: str) -> bool:
+        """The last rewind refused is this one: running ``commit``, to ``head``, for ``reason``."""
+        said = self.rewind_refused()
+        return said is not None and (said["commit"], said["head"], said["reason"]) == (commit, head, reason)
+
     def set_rewind_refused(self, commit: str, head: str, reason: str, time: str) -> None:
-        """Said on ``commit``'s note (the one the node runs): the refused head's own stays as it was."""
-        self._set_meta(REWIND_KEY, json.dumps({"commit": commit, "head": head, "reason": reason, "time": time},
-                                              sort_keys=True))
+        """Said on ``commit``'s note (the one the node runs): the refused head's own stays as it was.
+        The note is to be written again in the same transaction (``unnoted``): a pass killed
+        before it wrote it leaves the next one to."""
+        with self._tx(f"meta {REWIND_KEY}") as db:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)",
+                       (REWIND_KEY, json.dumps({"commit": commit, "head": head, "reason": reason, "time": time},
+                                               sort_keys=True)))
+            db.execute("UPDATE commits SET noted=0 WHERE commit_id=?", (commit,))
 
     # notes pushed ------------------------------------------------------------------------
     def notes_pushed(self) -> NotesPushed:
@@ -163,6 +179,46 @@ class FlagLedger(Store):
 
     def set_claims_seen(self, seen: Mapping[str, tuple[str, float]]) -> None:
         self._set_meta(CLAIMS_SEEN_KEY, json.dumps({n: list(v) for n, v in seen.items()}, sort_keys=True))
+
+    # services an operator stopped (`reconciler stop`), and a node retired ------------------
+    def held_stopped(self) -> dict[str, dict[str, str]]:
+        """service -> {by, since}: stopped on purpose, left stopped by every pass until `start`."""
+        return {str(k): dict(v) for k, v in _json_object(self._meta(STOPPED_KEY)).items() if isinstance(v, dict)}
+
+    def hold_stopped(self, services: list[str], by: str, since: str) -> None:
+        """``services`` are to stay stopped. Written before the first one is stopped: a stop killed
+        half way is finished by the next pass, which no longer wants them. The no-op marker goes
+        in the same transaction, so the next pass converges (and notes what it runs)."""
+        with self._tx("hold stopped") as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (STOPPED_KEY,)).fetchone()
+            held = _json_object(row[0] if row else None)
+            for name in services:
+                held.setdefault(name, {"by": by, "since": since})  # stopped since the first stop
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)",
+                       (STOPPED_KEY, json.dumps(held, sort_keys=True)))
+            db.execute("DELETE FROM converged")
+
+    def release_stopped(self, services: list[str] | None) -> list[str]:
+        """Lift the hold on ``services`` (None: all); returns those it was on, sorted."""
+        with self._tx("release stopped") as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (STOPPED_KEY,)).fetchone()
+            held = _json_object(row[0] if row else None)
+            lifted = sorted(held if services is None else (s for s in services if s in held))
+            for name in lifted:
+                del held[name]
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)",
+                       (STOPPED_KEY, json.dumps(held, sort_keys=True)))
+            if lifted:
+                db.execute("DELETE FROM converged")  # the next pass starts them
+        return lifted
+
+    def retired(self) -> dict[str, Any] | None:
+        """The node left the inventory: {commit, time, stopped}; None while it is in it."""
+        record = _json_object(self._meta(RETIRED_KEY))
+        return record if "commit" in record else None
+
+    def retire(self, commit: str, time: str, stopped: list[str]) -> None:
+        self._set_meta(RETIRED_KEY, json.dumps({"commit": commit, "time": time, "stopped": stopped}, sort_keys=True))
 
     # whose state dir this is -------------------------------------------------------------
     def owner(self) -> str | None:

@@ -103,17 +103,37 @@ class State:
             os.close(fd)
         return None
 
-    def held(self, name: str = "lock") -> bool:
-        """Whether a process holds the flock on ``name`` now, read from the kernel's table
-        (``/proc/locks``) without taking it: a reader that took it, even for an instant, would
-        make a pass starting then give up (``Busy``)."""
+    def held(self, name: str = "lock", locks: Path = Path("/proc/locks")) -> bool | None:
+        """Whether a process holds the flock on ``name`` now, read without taking it (a reader
+        that took it, even for an instant, would make a pass starting then give up, ``Busy``):
+        True or False only when sure, None when it cannot tell. The kernel's table (``locks``)
+        lists the lock by device and inode, but on btrfs or overlay its device number can differ
+        from what stat says; the holder's pid, which ``lock`` writes in the file once it holds
+        it, names the lock there too. A holder that is gone holds nothing."""
+        path = self.root / name
         try:
-            st = os.stat(self.root / name)
-            table = Path("/proc/locks").read_text()
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False  # never taken: no pass has run here
         except OSError:
+            return None
+        pid = _pid_in(path)
+        try:
+            table = locks.read_text()
+        except OSError:
+            table = None
+        if table is not None:
+            where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+            flocks = [f for line in table.splitlines() if len(f := line.split()) > 5 and f[1] == "FLOCK"]
+            if any(f[5] == where for f in flocks):
+                return True
+            if pid is not None and any(f[4] == str(pid) and f[5].rsplit(":", 1)[-1] == str(st.st_ino) for f in flocks):
+                return True  # the same inode under another device number: the holder it names
+            if pid is not None and not any(f[4] == str(pid) for f in flocks):
+                return False  # the last holder (a daemon between passes, say) holds no lock at all
+        if pid is not None and not _alive(pid):
             return False
-        where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-        return any(len(f := line.split()) > 5 and f[1] == "FLOCK" and f[5] == where for line in table.splitlines())
+        return None
 
     def services_lock(self, wait: float = 0.0) -> contextlib.AbstractContextManager[int]:
         return self.lock(wait, "services.lock", "another run changing services")
@@ -146,6 +166,25 @@ class State:
         if free < need:
             raise DiskFull(f"state dir {self.root}: {free / 2**20:.1f} MiB free, a run needs "
                            f"{need / 2**20:.0f} MiB; nothing was changed")
+
+
+def _pid_in(path: Path) -> int | None:
+    """The pid ``State.lock`` wrote in a lock file (None: none there, or not one)."""
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs, as another user
+        return True
+    return True
 
 
 def require_agent_state(root: Path, *, empty_ok: bool = False) -> None:

@@ -72,6 +72,17 @@ class UpgradeLedger(Store):
                 for r in self._all("SELECT service, step, scope, status, started, ended, detail FROM steps"
                                    " WHERE commit_id=? ORDER BY service != '', service, seq", commit)]
 
+    def steps_started(self) -> list[tuple[str, StepRecord]]:
+        """Steps begun and not ended, oldest first, each with its commit: a pass at one now, or
+        one stopped mid-step (the next run takes it up). A service's step only while its
+        upgrade is under way: one the branch left behind is nobody's to finish."""
+        return [(str(r[0]), StepRecord(str(r[1]), str(r[2]), Scope(r[3]), StepStatus(r[4]), float(r[5]),
+                                       float(r[6]), str(r[7])))
+                for r in self._all("SELECT s.commit_id, s.service, s.step, s.scope, s.status, s.started, s.ended,"
+                                   " s.detail FROM steps s WHERE s.status='started' AND (s.service='' OR EXISTS"
+                                   " (SELECT 1 FROM upgrades u WHERE u.commit_id=s.commit_id AND"
+                                   " u.service=s.service AND u.status='running')) ORDER BY s.started")]
+
     def held(self) -> dict[str, dict[str, Any]]:
         """service -> the template variables a pin step holds for it on this node."""
         out: dict[str, dict[str, Any]] = {}

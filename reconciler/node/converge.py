@@ -9,7 +9,7 @@ action a killed run was doing is done again: every action on the ladder is safe 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -59,6 +59,16 @@ def converge_step(ctx: NodeContext, run: Run) -> Run | RunResult:
     return replace(run, result=result)
 
 
+def unknown_services(node: str, commit: str, runs: Iterable[str], only: AbstractSet[str]) -> None:
+    """``apply --service`` names a service ``node`` does not run at ``commit`` (``runs``):
+    ``BadInput`` UNKNOWN_SERVICE, exit 2."""
+    names = sorted(runs)
+    unknown = sorted(only - set(names))
+    if unknown:
+        raise BadInput(f"service {', '.join(unknown)} is not on node {node} at {commit[:12]} "
+                       f"(it runs: {', '.join(names) or 'nothing'})", reason="UNKNOWN_SERVICE")
+
+
 def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: DeploymentRepo | None = None,
              only: AbstractSet[str] | None = None, instantiate: bool = False, operation: str = "") -> RunResult:
     """Render, observe, plan, apply and settle ``run.commit`` (``only``: these services).
@@ -69,12 +79,8 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
         if operation:
             raise
         return stopped(ctx, run, Verdict.ERROR, exc)
-    if only is not None:
-        unknown = sorted(only - {s.name for s in desired.services})
-        if unknown:
-            raise BadInput(f"service {', '.join(unknown)} is not on node {ctx.node} at {run.commit[:12]} "
-                           f"(it runs: {', '.join(s.name for s in desired.services) or 'nothing'})",
-                           reason="UNKNOWN_SERVICE")
+    if only is not None:  # checked at the gate already; a rollback's service comes here first
+        unknown_services(ctx.node, run.commit, [s.name for s in desired.services], only)
     with ctx.state.services_lock(wait=60):
         try:
             drivers = ctx.drivers(desired)

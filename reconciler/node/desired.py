@@ -145,8 +145,11 @@ class Resolver:
         # and what it keeps because the upgrade that brings the new version failed here
         staged.update({s: at for s, (at, _) in self.owed(commit, repo).kept.items()})
         pins = {p.service: p.commit for p in self.ledger.pins()}
+        stopped = self.ledger.held_stopped()  # `reconciler stop`: left stopped until `start`
         services = []
         for svc in desired.services:
+            if svc.name in stopped:
+                continue
             at = pins.get(svc.name) or staged.get(svc.name)
             if at is not None:
                 old = self.at(at).by_name()

@@ -20,6 +20,7 @@ from reconciler.drivers.kinds import prefetches
 from reconciler.drivers.observe import observe
 from reconciler.node import peers
 from reconciler.node.apply import pull_images
+from reconciler.node.converge import unknown_services
 from reconciler.node.peers import fleet_view, rollout_gate
 from reconciler.node.run import Run, RunResult, now_iso
 from reconciler.node.settle import held, settle, stopped, write_note
@@ -63,8 +64,11 @@ def verify(ctx: NodeContext, run: Run) -> VerifiedRevision | RunResult:
             # refused move is an event on the node's mark and a run `status` shows.
             mark = ctx.ledger.mark().commit
             text = f"refused head {run.commit[:12]}: {exc.reason}"
-            if mark is not None and ctx.ledger.last_event(mark) != text:
-                ctx.ledger.add_event(mark, text)
+            # Judged done by the field, written after the event: a pass killed between the two
+            # leaves the next one to write the field (the event is not said twice).
+            if mark is not None and not ctx.ledger.refused_rewind_to(mark, run.commit, exc.reason):
+                if ctx.ledger.last_event(mark) != text:
+                    ctx.ledger.add_event(mark, text)
                 # and as a field of that note, which the fleet view reads at the head it refused
                 ctx.ledger.set_rewind_refused(mark, run.commit, exc.reason, now_iso())
                 ctx.ledger.count_run(run.commit, Verdict.REFUSED, exc.reason)
@@ -78,10 +82,10 @@ def verify(ctx: NodeContext, run: Run) -> VerifiedRevision | RunResult:
 def gate(ctx: NodeContext, run: Run) -> Run | RunResult:
     commit, verified = run.commit, run.verified
     assert verified is not None  # ``trust`` ran
+    if run.ask.only is not None:
+        only_known(ctx, commit, run.ask.only)
     rec = ctx.ledger.record(commit)
     if rec is not None and rec.verdict is Verdict.FAILED and not rec.retry and not run.interrupted:
-        if run.ask.only is not None:
-            unknown_services(ctx, commit, run.ask.only)  # the operator's typo first: not "nothing to do"
         ctx.say_once(("failed", commit), logging.WARNING,
                      "%s: %s failed here before; not retried until a new commit or `reconciler retry`",
                      ctx.node, commit[:12])
@@ -127,18 +131,16 @@ def gate(ctx: NodeContext, run: Run) -> Run | RunResult:
     return settle(ctx, run, report, None)
 
 
-def unknown_services(ctx: NodeContext, commit: str, only: frozenset[str]) -> None:
-    """``apply --service`` names a service this node does not run at ``commit``: ``BadInput``
-    (exit 2), as ``converge`` says it, before a shortcut could answer "nothing to do". A repo
-    that does not load is left to the pass (it says so where it always does)."""
+def only_known(ctx: NodeContext, commit: str, only: frozenset[str]) -> None:
+    """``apply --service`` of a service this node does not run at ``commit`` is the operator's
+    mistake, said (exit 2) before any answer of the gate's (failed here before, suspended,
+    waiting, halted) could read as "nothing to do". A repo that does not load is left to the
+    pass, which says so where it always does."""
     try:
         runs = ctx.resolver.load(commit).services_of(ctx.node)
     except BadInput:
         return
-    unknown = sorted(only - set(runs))
-    if unknown:
-        raise BadInput(f"service {', '.join(unknown)} is not on node {ctx.node} at {commit[:12]} "
-                       f"(it runs: {', '.join(runs) or 'nothing'})", reason="UNKNOWN_SERVICE")
+    unknown_services(ctx.node, commit, runs, only)
 
 
 def release_pins(ctx: NodeContext, head: str) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.core.errors import ConfigError, ReconcilerError
+from reconciler.core.errors import BadInput, ConfigError, ReconcilerError
 from reconciler.node.desired import read_identity
 from reconciler.node.keeper import configured_root
 
@@ -19,10 +19,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from reconciler.settings import AgentConfig
-
-# The prefix of an age identity line (age-keygen's format); the key itself is checked when it is
-# used (pyrage, imported only then: an idle agent never loads it).
-AGE_KEY = "AGE-SECRET-KEY-1"
 
 
 def check_local(cfg: AgentConfig) -> None:
@@ -44,13 +40,15 @@ def check_local(cfg: AgentConfig) -> None:
 
 
 def _age_identity(path: Path) -> None:
+    """Read and parsed as a pass would (``render.secrets.identities``, the one parser): a key
+    with a passphrase, of a type age cannot use or malformed is refused here, in one line that
+    never shows it, rather than noted on the commit by the first pass that needs it."""
+    from reconciler.render.secrets import SecretUnreadable, identities  # pyrage: only where a key is set
+
     text = read_identity(path)  # readable, by its owner only: else SECRET_UNREADABLE (exit 2) naming it
-    if "-----BEGIN OPENSSH PRIVATE KEY-----" in text:
-        return  # an ssh key as the age identity (sops' ssh-ed25519 recipients): read when used
-    keys = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)
-            if line.strip() and not line.strip().startswith("#")]
-    for n, line in keys:
-        if not line.startswith(AGE_KEY):  # never echoed: it may be a private key of another kind
-            raise ConfigError("not an age identity (AGE-SECRET-KEY-1...)", file=str(path), line=n)
-    if not keys:
-        raise ConfigError("no age identity in the file", file=str(path))
+    try:
+        identities(text, str(path))
+    except SecretUnreadable:
+        raise
+    except BadInput as exc:
+        raise SecretUnreadable(str(exc)) from None

@@ -37,6 +37,7 @@ from reconciler.node import peers
 from reconciler.node.adopt import adopt_step
 from reconciler.node.context import NodeContext
 from reconciler.node.converge import converge_step
+from reconciler.node.decommission import decommission_step, retired_step
 from reconciler.node.gate import gate, trust
 from reconciler.node.peers import cutover_watch
 from reconciler.node.run import Request, Run, RunResult
@@ -170,5 +171,5 @@ def unchanged(ctx: NodeContext, commit: str) -> bool:
     return all(o.running and not o.drifted and o.hash == hashes[n] for n, o in seen.items())
 
 
-STEPS: tuple[Step, ...] = (start, source, resume, noop, adopt_step, trust, gate, upgrade_step, converge_step,
-                          post_step)
+STEPS: tuple[Step, ...] = (retired_step, start, source, resume, noop, adopt_step, trust, decommission_step, gate,
+                          upgrade_step, converge_step, post_step)

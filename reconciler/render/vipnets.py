@@ -18,20 +18,12 @@ whose names are written out).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from reconciler.core.errors import BadInput
 from reconciler.core.yamlfile import Problem, RepoProblems
 from reconciler.render.node import network_names
 from reconciler.render.variables import NodeShare, node_share
-from reconciler.repo.checks import templated, two_releases, unnamed
+from reconciler.repo.checks import templated, two_releases, unnamed, written_networks
 from reconciler.repo.definitions import DeploymentRepo
-
-
-def written(repo: DeploymentRepo) -> dict[str, tuple[str, ...]]:
-    """Service -> its network names as written."""
-    return {name: tuple(str(e.get("name") if isinstance(e, Mapping) else e) for e in s.container.get("networks", ()))
-            for name, s in repo.services.items()}
 
 
 def check_vip_networks(repo: DeploymentRepo) -> list[Problem]:
@@ -40,7 +32,7 @@ def check_vip_networks(repo: DeploymentRepo) -> list[Problem]:
     nets = repo.vip_networks
     if not nets:
         return []
-    names = written(repo)
+    names = written_networks(repo)
     variable = frozenset(s for s, texts in names.items() if any(templated(t) for t in texts))
     if not variable:
         return []
@@ -50,6 +42,7 @@ def check_vip_networks(repo: DeploymentRepo) -> list[Problem]:
     pairs = len({planes[n].plane for n in repo.nodes if planes[n].attached}) > 1
     on: dict[str, dict[str, list[str]]] = {}  # VIP network -> release -> its attached nodes on it
     example = ""  # what a templated name renders to, said when a VIP network is named by none
+    unknown = False  # a node whose names did not render: no VIP network is said to be named by none
     for node in sorted(repo.nodes):
         if not missing and not pairs:
             break  # every VIP network is named, and one release is attached: nothing left to find
@@ -61,11 +54,14 @@ def check_vip_networks(repo: DeploymentRepo) -> list[Problem]:
         rendered: set[str] = set()
         for s in sorted(given):
             if s in variable:
-                share = share or node_share(repo, node)
                 try:
+                    share = share or node_share(repo, node)
                     out = network_names(repo, node, repo.services[s], share)
                 except BadInput:
-                    continue  # the node's own render says what is wrong with the template
+                    # The node's own render says what is wrong (a template, a secret two of its
+                    # files define): said there, once, and never a refusal of the other nodes.
+                    unknown = True
+                    continue
                 if not example:
                     example = f" (on node {node}, {s}'s networks render to {', '.join(map(repr, out))})"
             else:
@@ -76,7 +72,7 @@ def check_vip_networks(repo: DeploymentRepo) -> list[Problem]:
         if planes[node].attached:
             for net in sorted(rendered & nets):
                 on.setdefault(net, {}).setdefault(planes[node].plane, []).append(node)
-    problems = [unnamed(net, example) for net in sorted(missing)]
+    problems = [] if unknown else [unnamed(net, example) for net in sorted(missing)]
     lines = {n: d.line for n, d in repo.nodes.items()}
     problems += [two_releases(net, on[net], lines) for net in sorted(on) if len(on[net]) > 1]
     return problems

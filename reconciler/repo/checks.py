@@ -99,11 +99,12 @@ def check_planes(repo: DeploymentRepo, lines: Mapping[str, int | None]) -> list[
     problems: list[Problem] = []
     p = repo.planes
     nets, vsvcs = repo.vip_networks, repo.vip_services
-    written = [str(_net_name(e)) for s in repo.services.values() for e in s.container.get("networks", ())]
+    names = written_networks(repo)
+    written = {n for texts in names.values() for n in texts}
     # A name written through a variable is what a node renders it to: ``render.vipnets`` checks
     # those per node. Two releases on a name written out is a conflict whatever the others render.
     if not any(templated(n) for n in written):
-        for name in sorted(nets - set(written)):
+        for name in sorted(nets - written):
             problems.append(unnamed(name))
     for name in sorted(vsvcs - set(repo.services)):
         problems.append(Problem("reconciler.yaml", None, f"vip.services: unknown service {name!r}"))
@@ -118,8 +119,7 @@ def check_planes(repo: DeploymentRepo, lines: Mapping[str, int | None]) -> list[
         for n in sorted(repo.nodes):
             if not p[n].attached:
                 continue
-            if any(net in {str(_net_name(e)) for e in repo.services[s].container.get("networks", ())}
-                   for s in repo.services_of(n) if s in repo.services):
+            if any(net in names[s] for s in repo.services_of(n) if s in repo.services):
                 on.setdefault(p[n].plane, []).append(n)
         if len(on) > 1:
             problems.append(two_releases(net, on, lines))
@@ -147,8 +147,10 @@ def templated(text: str) -> bool:
     return "{" in text
 
 
-def _net_name(entry: Any) -> Any:
-    return entry.get("name") if isinstance(entry, Mapping) else entry
+def written_networks(repo: DeploymentRepo) -> dict[str, tuple[str, ...]]:
+    """Service -> its network names as written (an entry is a name, or a mapping with one)."""
+    return {name: tuple(str(e.get("name") if isinstance(e, Mapping) else e) for e in s.container.get("networks", ()))
+            for name, s in repo.services.items()}
 
 
 def selected(spec: Mapping[str, Any], what: str, line: int | None, groups: Mapping[str, GroupDef],

@@ -73,6 +73,16 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ReceiverConfig:
+    """The daemon's webhook receiver: a git server's hook or a forge POSTs, the daemon polls now."""
+
+    listen: str | None = None
+    """``host:port`` it answers on (``127.0.0.1:9102``); none: no receiver."""
+    secret_file: Path | None = None
+    """The file holding the shared HMAC secret (a call without its signature gets 401)."""
+
+
+@dataclass(frozen=True)
 class WebhookConfig:
     url: str
     """Where events are POSTed (JSON body)."""
@@ -186,6 +196,8 @@ class AgentConfig:
     ``remote`` does both."""
     docker: DockerConfig = DockerConfig()
     """The docker driver: registry logins for pulls."""
+    receiver: ReceiverConfig = ReceiverConfig()
+    """A webhook receiver that makes the daemon poll now (docs/day2.md)."""
 
     @property
     def read_urls(self) -> tuple[str, ...]:
@@ -208,5 +220,6 @@ class AgentConfig:
         hook = self.notify.webhook
         out["notify"] = {"webhook": vars(hook).copy() if hook else None, "apprise": list(self.notify.apprise)}
         out["secrets"] = {"age_identity": str(self.secrets.age_identity) if self.secrets.age_identity else None}
+        out["receiver"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.receiver).items()}
         out["docker"] = {"registries": {r.registry: r.to_dict() for r in self.docker.registries}}
         return out

@@ -1,26 +1,25 @@
 """Every mistake of an agent settings file at once, each at its line: a node's operator fixing a
 config by hand should not find the second typo only after restarting for the first.
 
-``load`` stops at the first problem it meets; when it does, the file is read again here and
-looked over whole: every key the settings do not have (at any depth, with the name nearest to
-it), and the problem ``load`` met, placed on the line of the setting it names.
+Each check of ``load`` (and of ``sections`` and ``remoteurl``) says what it finds to a
+``Problems`` and goes on with a stand-in value; ``Problems`` places each on the line of the
+setting it names, adds every key the settings do not have (at any depth, with the name nearest
+to it), and raises them together: one line for each, ``file:line: setting: message``.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
-from reconciler.core.errors import BadInput, ConfigError
-from reconciler.core.yamlfile import YamlDoc, load_yaml, near
+from reconciler.core.errors import ConfigError
+from reconciler.core.yamlfile import YamlDoc, near
 from reconciler.drivers.registry import RegistryLogin
 from reconciler.settings.agent import (
     AgentConfig,
     HostConfig,
     MetricsConfig,
+    ReceiverConfig,
     RemoteConfig,
     SecretsConfig,
     TrustConfig,
@@ -28,6 +27,7 @@ from reconciler.settings.agent import (
 )
 
 Shape = dict[str, Any]  # a setting's name -> the shape of its value: None (a value), a Shape, [Shape], {"*": Shape}
+REFUSED = "refused"  # a name refused by its section's own check, which says why: neither unknown nor known
 
 
 def _names(cls: Any, *leave_out: str) -> Shape:
@@ -39,8 +39,9 @@ def shape() -> Shape:
     top = _names(AgentConfig)
     top.update(trust=_names(TrustConfig), host=_names(HostConfig), metrics=_names(MetricsConfig),
                secrets=_names(SecretsConfig), remotes=[_names(RemoteConfig)],
-               notify={"webhook": _names(WebhookConfig), "apprise": None},
-               docker={"registries": {"*": _names(RegistryLogin, "registry")}})  # the host is the key
+               notify={"webhook": _names(WebhookConfig), "apprise": None}, receiver=_names(ReceiverConfig),
+               # the host is the key; a password is refused by the docker check (never repeated)
+               docker={"registries": {"*": {**_names(RegistryLogin, "registry"), "password": REFUSED}}})
     return top
 
 
@@ -65,70 +66,67 @@ def unknown_settings(doc: YamlDoc) -> list[Located]:
             elif key in want:
                 walk(inner, want[key], (*at, str(written)), name)
             else:
-                hint = near(key, want) or f" (known: {', '.join(sorted(want))})"
+                known = [k for k, v in want.items() if v != REFUSED]
+                hint = near(key, known) or f" (known: {', '.join(sorted(known))})"
                 found.append((doc.line((*at, str(written))), f"unknown setting {name if dotted else repr(key)}{hint}"))
 
     walk(doc.data, shape(), (), "")
     return found
 
 
-_NAMED = re.compile(r"(?:unknown setting )?'?([A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*|\[\d+\])*)")
+At = tuple[str | int, ...]  # where a setting is in the file: ("remotes", 1, "url")
+Said = tuple[str, int | None, str]  # a problem: the file (or "command line"), its line, the message
+FLAGS = "command line"
 
 
-def placed(doc: YamlDoc, message: str) -> int | None:
-    """The line of the setting a message starts by naming (``metrics.listen '9469' must...``,
-    ``remotes[1]: ...``), or of the nearest part of it that the file has."""
-    named = _NAMED.match(message)
-    if named is None:
-        return None
-    at: list[str | int] = []
-    for part in re.findall(r"[A-Za-z_][\w-]*|\[\d+\]", named.group(1)):
-        at.append(int(part[1:-1]) if part.startswith("[") else part)
-    return doc.line(tuple(at)) if at and at[0] in (doc.data or {}) else None
+def name_of(at: At) -> str:
+    """A setting's name as messages write it: ``remotes[1].url``."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in at).lstrip(".")
+
+
+class Problems:
+    """The mistakes of one settings source found so far. A check ``add``s what it finds and goes
+    on with a stand-in value; ``done`` raises them all at once, or nothing."""
+
+    def __init__(self, file: str, doc: YamlDoc | None = None) -> None:
+        self.file, self.doc = file, doc
+        self.found: list[Said] = [(file, line, m) for line, m in unknown_settings(doc)] if doc else []
+
+    def add(self, at: At, message: str, *, flag: bool = False) -> None:
+        """``message`` about the setting at ``at``; ``flag``: its value came from the command line."""
+        self.found.append((FLAGS, None, message) if flag else (self.file, self.line(at), message))
+
+    def line(self, at: At) -> int | None:
+        """The line of the setting at ``at`` (its keys read with '-' as '_', as the settings are),
+        or of the nearest part of it the file has; None for a setting the file does not name."""
+        if self.doc is None:
+            return None
+        value, written = self.doc.data, []
+        for part in at:
+            if isinstance(value, dict):
+                key = next((k for k in value if str(k).replace("-", "_") == part), None)
+            else:
+                key = part if isinstance(value, list) and isinstance(part, int) and part < len(value) else None
+            if key is None:
+                break
+            written.append(key if isinstance(key, int) else str(key))
+            value = value[key]
+        return self.doc.line(tuple(written)) if written else None
+
+    def done(self) -> None:
+        """Raise every problem found (the command line's first, then the file's by line)."""
+        said = sorted(dict.fromkeys(self.found), key=lambda s: (s[0] != FLAGS, s[1] or 0))
+        if len(said) == 1:
+            raise ConfigError(said[0][2], file=said[0][0], line=said[0][1])
+        if said:
+            raise SettingsProblems(said)
 
 
 class SettingsProblems(ConfigError):
     """Several mistakes of one settings file: the message is one line for each."""
 
-    def __init__(self, file: str, problems: list[Located]) -> None:
-        line, message = problems[0]
+    def __init__(self, problems: list[Said]) -> None:
+        file, line, message = problems[0]
         super().__init__(message, file=file, line=line)
         self.problems = problems
-        self.args = ("\n".join(str(ConfigError(m, file=file, line=n)) for n, m in problems),)
-
-
-def every_problem(first: ConfigError, path: Path, sections: Mapping[str, Callable[[Any], object]]) -> ConfigError:
-    """``first`` (what ``load`` stopped at) with every other mistake of the file ``path``: its
-    unknown keys, and what each of ``sections`` (a setting's own check, given the value the file
-    has for it) finds."""
-    file = str(path)
-    if first.file != file:
-        return first  # a flag's mistake: said as it is
-    try:
-        doc = load_yaml(path.read_bytes(), file)
-    except (OSError, BadInput):
-        return first
-    if not isinstance(doc.data, dict):
-        return first
-    found = unknown_settings(doc)
-    others: list[ConfigError] = [first]
-    for key, check in sections.items():
-        try:
-            check(doc.data.get(key))
-        except ConfigError as found_there:
-            others.append(found_there)
-    mistyped = {m.removeprefix("unknown setting ").split(".")[0].split("[")[0] for _, m in found}
-    for error in others:
-        message = str(error).removeprefix(f"{file}:{error.line}: " if error.line else f"{file}: ")
-        # An unknown key is found above, each at its line, named: not again as its mapping's fault.
-        section = message.split(":")[0].split(".")[0].split("[")[0].split(" ")[0]
-        if message.startswith(("unknown setting", "unknown trust setting")) or (
-                section in mistyped and "mapping" in message):
-            continue
-        found.append((error.line or placed(doc, message), message))
-    unique = sorted(dict.fromkeys(found), key=lambda p: p[0] or 0)
-    if len(unique) == 1 and unique[0][0] == first.line or not unique:
-        return first  # the one mistake, already said where it is
-    problems = SettingsProblems(file, unique)
-    problems.reason = first.reason
-    return problems
+        self.args = ("\n".join(str(ConfigError(m, file=f, line=n)) for f, n, m in problems),)
