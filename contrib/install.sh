@@ -2,7 +2,7 @@
 # Put the reconciler agent on a Debian node (docs/node-install.md). Run as root:
 #
 #   contrib/install.sh --wheels DIR     # offline: the agent and its dependencies from DIR's wheels
-#   contrib/install.sh PACKAGE          # anything pip installs (a wheel, a checkout, reconciler==0.1.0)
+#   contrib/install.sh PACKAGE          # anything pip installs (a wheel, a checkout, reconciler-gitops==0.1.0)
 #   contrib/install.sh                  # the checkout this script sits in (dependencies from PyPI)
 #   ... --host-driver                   # also the drop-in the host driver needs (contrib/host-driver.conf)
 #

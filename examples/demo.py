@@ -1,8 +1,9 @@
 """The demo: a small cloud of five nodes converges on a git remote, then one template changes.
 
 Run through ./demo.sh. Everything happens in a temporary folder; every command shown is the
-real CLI, as an operator would type it. At the end every service is stopped (--keep leaves
-them running).
+real CLI, as an operator would type it. At the end every service is stopped and the folder
+removed, keys and all, even when a step failed (--keep leaves both; --dir DIR works in DIR and
+keeps it).
 """
 
 from __future__ import annotations
@@ -131,8 +132,8 @@ def pids(root: Path) -> dict[str, dict[str, int | None]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--keep", action="store_true", help="leave the services running")
-    parser.add_argument("--dir", type=Path, help="work here instead of a new temporary folder")
+    parser.add_argument("--keep", action="store_true", help="leave the services running and the folder in place")
+    parser.add_argument("--dir", type=Path, help="work here instead of a new temporary folder (kept at the end)")
     parser.add_argument("--driver", choices=["process", "docker"], default="process",
                         help="run every service as a process (default) or as a container")
     args = parser.parse_args()
@@ -142,14 +143,16 @@ def main() -> None:
         demo(root, args.driver)
     finally:
         if not args.keep:
-            for node in NODES:
-                for name in drivers_in_use(root / "nodes" / node):
-                    driver = make_driver(name, root / "nodes" / node, node)
-                    for o in driver.observe():
-                        driver.remove(o.name)
-            console.print(f"\nstopped every service; the state of each node is under {root}/nodes")
+            for node in NODES:  # as an operator stops a node's services (and its passes keep them so)
+                if (root / "nodes" / node / "state.db").exists():
+                    reconciler("stop", *node_args(root, node, f"file://{root / 'cloud.git'}"), ok=(0, 1))
+            if args.dir is None:  # the demo's own folder: its keys (the merge key, the nodes' note keys) go with it
+                shutil.rmtree(root, ignore_errors=True)
+                console.print(f"\nstopped every service and removed {root}")
+            else:
+                console.print(f"\nstopped every service; the state of each node is under {root}/nodes")
         else:
-            console.print(f"\nservices keep running; state under {root}/nodes; stop them by killing their process groups (pid in each record.json)")
+            console.print(f"\nservices keep running; state under {root}/nodes; stop a node's with `reconciler stop --state-dir {root}/nodes/NODE --node NODE --remote file://{root}/cloud.git`")
 
 
 def demo(root: Path, driver: str) -> None:
@@ -162,7 +165,7 @@ def demo(root: Path, driver: str) -> None:
         settings = work / "reconciler.yaml"
         settings.write_text(settings.read_text().replace("driver: process", "driver: docker"))
         console.print("every service runs as a container (reconciler.yaml: defaults: driver: docker)")
-    console.print("the review system signs what it merges; each node trusts its key (made now, thrown away after)")
+    console.print("the review system signs what it merges; each node trusts its key (made now, for this demo only)")
     trust = root / "trust"
     shutil.rmtree(trust, ignore_errors=True)
     trust.mkdir()

@@ -220,7 +220,7 @@ def test_check_says_each_failure_with_what_to_do(checked: tuple[Operator, list[s
     assert done.returncode == 1
     lines = done.stdout.splitlines()
     assert any(line.startswith("FAIL  age identity") and "too open" in line for line in lines), done.stdout
-    assert any(line.startswith("FAIL  signed head") and "UNTRUSTED" not in line for line in lines), done.stdout
+    assert any(line.startswith("FAIL  signed head") and "is not in the allowed signers" in line for line in lines), done.stdout
     assert "-> an age key readable by its owner only: chmod 600" in done.stdout
     assert "-> sign the branch with a key of the trust root" in done.stdout
     assert any(line.startswith("ok    remote") for line in lines)
@@ -233,3 +233,157 @@ def test_check_of_bad_settings_is_exit_2(checked: tuple[Operator, list[str]]) ->
     done = op.cli(*bad)
 
     assert done.returncode == 2 and "--remote" in done.stderr and done.stdout == ""
+
+
+# Review of issue 38's onboarding: node add checks everything before its first write and is all
+# or nothing, says what sops gives each file, follows no symlink out of the repo; init keeps
+# its keys out of the commit; check says an unexpected error as one line and runs the rest.
+
+
+def encrypt(op: Operator, name: str, text: str) -> Path:
+    path = op.repo / "secrets" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    subprocess.run([str(SOPS), "--encrypt", "--in-place", f"secrets/{name}"], cwd=op.repo, check=True,
+                   capture_output=True, env=op.env)
+    return path
+
+
+def stranger_age_key(path: Path) -> str:
+    """An age identity nobody gave the repo, and its recipient."""
+    import pyrage
+
+    key = pyrage.x25519.Identity.generate()
+    path.write_text(f"{key}\n")
+    path.chmod(0o600)
+    return str(key.to_public())
+
+
+def test_node_add_checks_the_operator_identity_before_it_writes_anything(operator: Operator, tmp_path: Path) -> None:
+    op = operator
+    nodes = op.keys / "nodes"
+    encrypt(op, "web.yaml", "token: tok-1\n")
+    op.git("add", "-A")
+    op.git("commit", "-q", "-m", "a secret")
+    stranger = tmp_path / "stranger.agekey"
+    stranger_age_key(stranger)
+
+    without = op.cli("node", "add", "n2", "--keys-dir", str(nodes), cwd=op.repo)
+    untrusted = op.cli("node", "add", "n2", "--keys-dir", str(nodes), "--age-identity", str(stranger), cwd=op.repo)
+
+    assert without.returncode == 2 and without.stderr.count("\n") == 1 and "--age-identity" in without.stderr
+    assert untrusted.returncode == 2 and "is not one of secrets/web.yaml's" in untrusted.stderr, untrusted.stderr
+    # Nothing half-done: the repo as it was, no key made; the rerun with the identity works.
+    assert op.git("status", "--porcelain") == ""
+    assert not (nodes / "n2").exists() or not any((nodes / "n2").iterdir())
+    op.ok("node", "add", "n2", "--keys-dir", str(nodes), "--age-identity", str(op.keys / "operator.agekey"),
+          cwd=op.repo)
+
+
+def test_node_add_puts_every_file_back_when_sops_fails_on_the_second(operator: Operator) -> None:
+    op = operator
+    nodes = op.keys / "nodes"
+    encrypt(op, "a.yaml", "one: 1\n")
+    b = encrypt(op, "b.yaml", "two: 2\n")
+    # b's data key, as encrypted to the operator, damaged: sops cannot open it (a.yaml it can).
+    lines = b.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "BEGIN AGE ENCRYPTED FILE" in line) + 1
+    lines[at] = lines[at][:30] + ("A" if lines[at][30] != "A" else "B") + lines[at][31:]
+    b.write_text("".join(lines))
+    op.git("add", "-A")
+    op.git("commit", "-q", "-m", "two secrets")
+    before = {p: p.read_bytes() for p in op.repo.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+    done = op.cli("node", "add", "n2", "--keys-dir", str(nodes), "--age-identity", str(op.keys / "operator.agekey"),
+                  cwd=op.repo)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "sops updatekeys on secrets/b.yaml failed" in done.stderr, done.stderr
+    after = {p: p.read_bytes() for p in op.repo.rglob("*") if p.is_file() and ".git" not in p.parts}
+    assert after == before and op.git("status", "--porcelain") == ""  # a.yaml too, re-encrypted then put back
+    assert not (nodes / "n2").exists() or not any((nodes / "n2").iterdir())
+
+
+def test_node_add_refuses_recipients_the_rule_would_add_besides_the_node(operator: Operator, tmp_path: Path) -> None:
+    op = operator
+    nodes, identity = op.keys / "nodes", str(op.keys / "operator.agekey")
+    mine = (op.keys / "operator.agekey").read_text().split("public key: ")[1].split()[0]
+    encrypt(op, "web.yaml", "token: tok-1\n")
+    # Someone slipped a recipient into the rule after the secret was encrypted.
+    slipped = stranger_age_key(tmp_path / "slipped.agekey")
+    sops_yaml = op.repo / ".sops.yaml"
+    sops_yaml.write_text(sops_yaml.read_text().replace(f"age: {mine}", f"age: {mine},{slipped}"))
+    op.git("add", "-A")
+    op.git("commit", "-q", "-m", "a secret, and a recipient more")
+
+    refused = op.cli("node", "add", "n2", "--keys-dir", str(nodes), "--age-identity", identity, cwd=op.repo)
+
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"secrets/web.yaml: sops updatekeys would also encrypt it to {slipped}" in refused.stderr
+    assert op.git("status", "--porcelain") == ""
+
+    said = op.ok("node", "add", "n2", "--keys-dir", str(nodes), "--age-identity", identity, "--yes", cwd=op.repo)
+
+    n2 = (nodes / "n2" / "age.key").read_text().split("public key: ")[1].split()[0]
+    assert f"re-encrypted secrets/web.yaml (sops updatekeys):\n  was: {mine}\n  now: " in said, said
+    now = said.split("  now: ")[1].splitlines()[0].split(", ")
+    assert sorted(now) == sorted([mine, slipped, n2])
+
+
+def test_node_add_refuses_files_that_lead_out_of_the_repo(operator: Operator, tmp_path: Path) -> None:
+    op = operator
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "inventory.yaml").write_text((op.repo / "inventory.yaml").read_text())
+    (op.repo / "inventory.yaml").unlink()
+    (op.repo / "inventory.yaml").symlink_to(outside / "inventory.yaml")
+
+    linked = op.cli("node", "add", "n2", "--keys-dir", str(op.keys / "nodes"), cwd=op.repo)
+
+    assert linked.returncode == 2 and linked.stderr.count("\n") == 1, linked.stderr
+    assert "inventory.yaml is a symlink" in linked.stderr
+    assert "n2" not in (outside / "inventory.yaml").read_text()
+
+    (op.repo / "inventory.yaml").unlink()
+    (op.repo / "inventory.yaml").write_text((outside / "inventory.yaml").read_text())
+    (op.repo / "trust").rename(outside / "trust")
+    (op.repo / "trust").symlink_to(outside / "trust")
+    moved = op.cli("node", "add", "n2", "--keys-dir", str(op.keys / "nodes"), cwd=op.repo)
+
+    assert moved.returncode == 2 and moved.stderr.count("\n") == 1, moved.stderr
+    assert "trust/nodes resolves outside the repo" in moved.stderr
+    assert "n2" not in (outside / "trust" / "nodes").read_text()
+
+
+def test_a_failing_git_command_is_named_with_the_repo(operator: Operator) -> None:
+    op = operator
+    (op.keys / "operator_ed25519").unlink()  # commit.gpgsign: git cannot sign any more
+
+    done = op.cli("node", "add", "node1", "--keys-dir", str(op.keys / "nodes"), "--commit", cwd=op.repo)
+
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"git commit on {op.repo} failed: " in done.stderr and "staged" in done.stderr
+
+
+def test_init_refuses_a_keys_dir_inside_the_new_repo(tmp_path: Path) -> None:
+    op = Operator(tmp_path, tmp_path / "cloud", tmp_path / "cloud" / ".keys", tmp_path / "x.git")
+
+    done = op.cli("init", str(op.repo), "--keys-dir", str(op.keys))
+
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--keys-dir" in done.stderr, done.stderr
+    assert not op.keys.exists() and not (op.repo / ".git").exists()
+
+
+def test_check_says_an_unexpected_error_as_its_line_and_runs_the_rest(checked: tuple[Operator, list[str]]) -> None:
+    op, args = checked
+    at = args.index("--state-dir") + 1
+    args = [*args[:at], str(op.home / ("x" * 300) / "state"), *args[at + 1:]]  # a name the OS refuses
+
+    done = op.cli(*args)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("FAIL  state dir") and "internal error in check state dir: OSError:" in line
+               for line in lines), done.stdout + done.stderr
+    assert any(line.startswith("ok    clock") for line in lines) and any(line.startswith("ok    remote")
+                                                                         for line in lines)

@@ -27,7 +27,9 @@ from reconciler.agent import Agent
 from reconciler.core.errors import ConfigError
 
 COMMANDS = ("validate", "render", "diff", "plan", "apply", "agent", "verify", "status", "history", "rollback",
-            "unpin", "retry", "logs", "suspend", "resume", "bundle", "prepull", "note-key")
+            "unpin", "retry", "logs", "suspend", "resume", "bundle", "prepull", "note-key",
+            "stop", "start", "poll",  # day 2 (docs/day2.md)
+            "init", "check", "node")  # bootstrap and onboarding (docs/bootstrap.md)
 
 ROLLOUT = """\
 rollout:
@@ -73,14 +75,13 @@ def test_the_group_lists_exactly_the_documented_commands() -> None:
     proc = cli("--help")
     assert proc.returncode == 0, proc.stderr
     listed = re.findall(r"^  ([\w-]+)  ", proc.stdout.split("Commands:")[1], flags=re.M)
-    # a new command joins COMMANDS, so its help is checked below (review-post posts to a forge and
-    # has no -o json; its example and exit codes are in its help all the same)
+    # a new command joins COMMANDS, so its help is checked below (a group: its command)
     assert sorted(listed) == sorted((*COMMANDS, "review-post"))
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", [*(c if c != "node" else "node add" for c in COMMANDS), "review-post"])
 def test_every_command_help_shows_an_example_and_its_exit_codes(command: str) -> None:
-    proc = cli(command, "--help")
+    proc = cli(*command.split(), "--help")
     assert proc.returncode == 0, proc.stderr
     example = proc.stdout.split("Example:")[1].splitlines()[1].strip()
     assert example.startswith(f"reconciler {command}"), example

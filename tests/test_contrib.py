@@ -1,6 +1,6 @@
-"""contrib/'s pipelines cannot run here (GitHub, Zuul, Jenkins); what can be checked is: every
-YAML file parses, and every `reconciler` command line in them names a command and options
-that the CLI has."""
+"""contrib/'s pipeline files: every YAML file parses, every `reconciler` command line in them
+names a command and options that the CLI has, and each installs the project itself. The
+pipelines are run as their runners would in tests/test_package.py."""
 
 from __future__ import annotations
 
@@ -40,3 +40,16 @@ def test_every_reconciler_command_line_uses_commands_and_options_that_exist() ->
                 assert re.search(rf"{re.escape(option)}(?![\w-])", usage), (f.name, cmd, option)
             seen.add(cmd)
     assert seen == {"validate", "diff", "status", "review-post"}
+
+
+def test_every_pipeline_installs_the_project_itself_never_pypis_unrelated_reconciler() -> None:
+    """PyPI's "reconciler" reconciles DataFrames and has no command: a pipeline that installs it
+    fails at `reconciler validate` with "command not found"."""
+    action, rollout = (yaml.safe_load((CONTRIB / "github" / f).read_text()) for f in ("action.yml", "rollout.yml"))
+    steps = [*action["runs"]["steps"], *rollout["jobs"]["rollout"]["steps"]]
+    installs = [s["run"] for s in steps if "pip install" in s.get("run", "")]
+    playbook = yaml.safe_load((CONTRIB / "gerrit/playbooks/reconciler-review.yaml").read_text())
+    installs += [t["ansible.builtin.pip"]["name"] for t in playbook[0]["tasks"] if "ansible.builtin.pip" in t]
+    job = next(i["job"] for i in yaml.load((CONTRIB / "gerrit/zuul.d/jobs.yaml").read_text(), Loader=AnyTag) if "job" in i)
+    assert len(installs) == 3 and all("reconciler-gitops" in line for line in installs), installs
+    assert job["vars"]["reconciler_package"] == "reconciler-gitops"

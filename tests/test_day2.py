@@ -46,11 +46,24 @@ def test_stop_keeps_services_stopped_through_passes_until_start(
     assert as_json(proc)["held"] == ["lb"]
     assert cli("agent", "--once", *args).returncode == 0
     assert set(running(ctl1)) == {"db", "identity", "node-exporter"}  # the pass left it stopped
+    head = git("rev-parse", "HEAD", cwd=deployment.work)
+    assert (deployment.note("ctl1", head) or {}).get("held") == ["lb"]  # the fleet view reads it
+    proc = cli("apply", "--service", "lb", *args)  # a held service: said so, and how to lift it
+    assert proc.returncode == 2 and "HELD_STOPPED" in proc.stderr and "reconciler start lb" in proc.stderr, \
+        proc.stderr
+    assert cli("rollback", "lb", *args).returncode == 2
+    fleet = as_json(cli("status", "--fleet", *args, "-o", "json"))
+    assert "held stopped: lb" in {n["node"]: n for n in fleet["nodes"]}["ctl1"]["detail"], fleet
 
-    proc = cli("stop", *args, "-o", "json")  # all the rest, dependents first
+    proc = cli("stop", "db", *args, "-o", "json")  # a dependency: what needs it is stopped with it
     assert proc.returncode == 0, proc.stderr
-    order = [s["service"] for s in as_json(proc)["stopped"]]
-    assert order.index("identity") < order.index("db"), order
+    assert as_json(proc)["dependents"] == ["identity"], as_json(proc)
+    assert [s["service"] for s in as_json(proc)["stopped"]] == ["identity", "db"]  # dependents first
+    assert set(running(ctl1)) == {"node-exporter"}
+
+    proc = cli("stop", *args, "-o", "json")  # all the rest
+    assert proc.returncode == 0, proc.stderr
+    assert [s["service"] for s in as_json(proc)["stopped"]] == ["node-exporter"]
     assert running(ctl1) == {}
     assert "stopped" in events(deployment.note("ctl1")) and "by " in events(deployment.note("ctl1"))
     assert cli("agent", "--once", *args).returncode == 0
@@ -67,31 +80,70 @@ def test_stop_keeps_services_stopped_through_passes_until_start(
     assert as_json(cli("status", *args, "-o", "json"))["held_stopped"] == {}
 
 
-def test_a_node_that_left_the_inventory_stops_everything_notes_it_and_idles(
+def test_only_a_decommission_listing_stops_a_node_which_idles_until_named_again(
     deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
 ) -> None:
     cmp2 = agents("cmp2", deployment.url)
     assert cmp2.reconcile_once().exit_code == 0
-    assert running(cmp2)
+    ran = running(cmp2)
+    assert ran
+    args = node_args(cmp2, merge_key)
     inventory = yaml.safe_load(deployment.read("inventory.yaml"))
-    del inventory["nodes"]["cmp2"]
+    entry = inventory["nodes"].pop("cmp2")
+    deployment.write("inventory.yaml", yaml.safe_dump(inventory))
+    deployment.commit("cmp2 gone (a typo, a rename): nothing may stop")
+    proc = cli("agent", "--once", *args)
+    assert proc.returncode == 2 and "UNKNOWN_NODE" in proc.stderr, proc.stderr
+    assert running(cmp2) == ran
+
+    inventory["decommission"] = ["cmp2"]
     deployment.write("inventory.yaml", yaml.safe_dump(inventory))
     head = deployment.commit("cmp2 leaves the fleet")
-    args = node_args(cmp2, merge_key)
+    assert cli("suspend", "--reason", "not yet", *args).returncode == 0
+    assert cli("agent", "--once", *args).returncode == 0
+    assert running(cmp2) == ran  # held by the suspension, as any apply
+    assert "would stop" in events(deployment.note("cmp2", head))
+    assert cli("resume", *args).returncode == 0
 
     proc = cli("agent", "--once", *args)
     assert proc.returncode == 0, proc.stderr
     assert running(cmp2) == {}
     note = deployment.note("cmp2", head) or {}
-    assert f"decommissioned at {head[:12]}" in events(note), note
-    status = as_json(cli("status", *args, "-o", "json"))
-    assert status["retired"]["commit"] == head
+    assert note.get("state") == "applied" and f"decommissioned at {head[:12]}" in events(note), note
+    assert as_json(cli("status", *args, "-o", "json"))["retired"]["commit"] == head
 
     deployment.commit("a later commit")
     proc = cli("agent", "--once", *args, "-o", "json")  # idle from now on: nothing, exit 0
     assert proc.returncode == 0, proc.stderr
     assert "decommissioned" in as_json(proc)["skipped"]
     assert running(cmp2) == {}
+
+    del inventory["decommission"]
+    inventory["nodes"]["cmp2"] = entry
+    deployment.write("inventory.yaml", yaml.safe_dump(inventory))
+    back = deployment.commit("cmp2 back in the fleet")
+    proc = cli("agent", "--once", *args)  # the retirement lifted: it converges as any node
+    assert proc.returncode == 0, proc.stderr
+    assert running(cmp2) == ran
+    assert (deployment.note("cmp2", back) or {}).get("state") == "applied"
+    assert as_json(cli("status", *args, "-o", "json")).get("retired") is None
+
+
+def test_a_node_that_never_applied_anything_is_not_decommissioned_and_validate_refuses_a_node_in_both(
+    deployment: Deployment, agents: Callable[..., Agent], merge_key: SigningKey
+) -> None:
+    inventory = yaml.safe_load(deployment.read("inventory.yaml"))
+    inventory["decommission"] = ["cmp2"]
+    deployment.write("inventory.yaml", yaml.safe_dump(inventory))
+    proc = cli("validate", "--repo", str(deployment.work))
+    assert proc.returncode == 2 and "under both `nodes` and `decommission`" in proc.stderr, proc.stderr
+    del inventory["nodes"]["cmp2"]
+    deployment.write("inventory.yaml", yaml.safe_dump(inventory))
+    deployment.commit("cmp2 decommissioned before its agent ever ran")
+    cmp2 = agents("cmp2", deployment.url)
+    proc = cli("agent", "--once", *node_args(cmp2, merge_key))
+    assert proc.returncode == 2 and "UNKNOWN_NODE" in proc.stderr, proc.stderr
+    assert as_json(cli("status", *node_args(cmp2, merge_key), "-o", "json")).get("retired") is None
 
 
 def _signature(secret: bytes, body: bytes) -> str:
@@ -142,7 +194,7 @@ def test_poll_and_a_signed_webhook_make_a_running_daemon_poll_now(
         assert deployment.note("cmp1", third) is None  # nothing happened
         assert _post(port, body, {"X-Hub-Signature-256": _signature(b"s3cret", body)}) == 202
         wait_for(lambda: deployment.note("cmp1", third) is not None, 5, "a poll after a signed webhook")
-        assert _post(port, body, {"X-Signature": _signature(b"s3cret", body)}) == 429  # a flood: rate-limited
+        assert _post(port, body, {"X-Signature": _signature(b"s3cret", body)}) == 202  # within the gap: coalesced
     finally:
         daemon.send_signal(signal.SIGTERM)
         _, stderr = daemon.communicate(timeout=30)

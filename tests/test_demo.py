@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +90,48 @@ def test_the_readme_demo_converges_rolls_out_least_disruptive_changes_refuses_an
     assert not [key for key, note in notes.items() if PASSWORD in json.dumps(note)]
     # Every service the demo started is gone.
     assert _left_running(root) == []
+
+
+def _demo_failing_at_its_first_push(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The demo in its own temporary folder (TMPDIR), stopped by a remote that refuses the first
+    push: by then it has made the merge key, the nodes' note keys and the deployment repo."""
+    stubs, tmp = tmp_path / "bin", tmp_path / "tmp"
+    stubs.mkdir()
+    tmp.mkdir()
+    git_stub = stubs / "git"
+    git_stub.write_text(f'#!/bin/sh\n[ "$1" = push ] && {{ echo "stub: the remote is down" >&2; exit 1; }}\n'
+                        f'exec {shutil.which("git")} "$@"\n')
+    git_stub.chmod(0o755)
+    proc = subprocess.run([sys.executable, str(ROOT / "examples/demo.py"), *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TMPDIR": str(tmp), "PATH": f"{stubs}:{os.environ['PATH']}",
+                                            "COLUMNS": "200"})
+    assert proc.returncode != 0 and "demo: command failed" in proc.stderr + proc.stdout, proc.stdout + proc.stderr
+    return proc, tmp
+
+
+def test_the_demo_removes_its_temporary_folder_and_the_keys_in_it_even_when_a_step_fails(tmp_path: Path) -> None:
+    proc, tmp = _demo_failing_at_its_first_push(tmp_path)
+    assert list(tmp.iterdir()) == [], proc.stdout
+    assert "removed " in proc.stdout
+
+
+def test_the_demo_keeps_its_folder_with_keep_and_says_where(tmp_path: Path) -> None:
+    proc, tmp = _demo_failing_at_its_first_push(tmp_path, "--keep")
+    kept, = tmp.glob("reconciler-demo-*")
+    assert (kept / "trust/merge_key").exists() and str(kept) in proc.stdout
+
+
+def test_test_sh_with_arguments_runs_just_those_tests_and_installs_nothing(tmp_path: Path) -> None:
+    """The README's other command, for one file: no apt-get even as root with every system
+    package missing (a PATH without them), no lint, no types; pytest with the arguments given."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bash", "git", "python3", "sha256sum", "cut", "cat", "dirname", "id"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    (tools / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/apt-get.log\n')
+    (tools / "apt-get").chmod(0o755)
+    proc = subprocess.run([str(ROOT / "test.sh"), "-p", "no:cacheprovider", "-n", "0", "tests/test_contrib.py", "-k",
+                           "parses"], capture_output=True, text=True, timeout=300, env={**os.environ, "PATH": str(tools)})
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert not (tmp_path / "apt-get.log").exists(), (tmp_path / "apt-get.log").read_text()
+    assert "note: openssh-client gnupg" in proc.stderr and "without arguments installs them" in proc.stderr

@@ -57,19 +57,34 @@ def run_checks(cfg: AgentConfig) -> list[Check]:
     """Every check, in order; a failure never stops the ones that do not depend on it."""
     seen = _Seen()
     with tempfile.TemporaryDirectory(prefix="reconciler-check-") as scratch:
-        for step in (_trust_root, _note_key, _age_identity, _other_files, _remote, _head_trust, _repo,
-                     _node_listed, _recipients, _drivers, _state_dir, _clock):
-            seen.checks.extend(step(cfg, seen, Path(scratch)))
+        for step, name in ((_trust_root, "trust root"), (_note_key, "note key"), (_age_identity, "age identity"),
+                           (_other_files, "local files"), (_remote, "remote"), (_head_trust, "signed head"),
+                           (_repo, "inventory"), (_node_listed, "trust/nodes"), (_recipients, "age recipient"),
+                           (_drivers, "drivers"), (_state_dir, "state dir"), (_clock, "clock")):
+            try:
+                seen.checks.extend(step(cfg, seen, Path(scratch)))
+            except ReconcilerError:
+                raise  # the settings themselves (exit 2), as the command line says them
+            except Exception as exc:  # noqa: BLE001 - said as this check's line, the rest still run
+                seen.checks.append(_internal(name, exc))
     return seen.checks
+
+
+def _internal(name: str, exc: Exception) -> Check:
+    return Check(name, FAIL, f"internal error in check {name}: {type(exc).__name__}: {exc}",
+                 "a bug of reconciler check: report it with this line (the other checks ran)")
 
 
 @contextmanager
 def _said(out: list[Check], name: str, fix: str) -> Iterator[None]:
-    """A ``ReconcilerError`` of the block as a FAIL of ``name`` with its one line."""
+    """A ``ReconcilerError`` of the block as a FAIL of ``name`` with its one line; any other
+    exception as a FAIL of its own, so one check's bug never hides the others' answers."""
     try:
         yield
     except ReconcilerError as exc:
         out.append(Check(name, FAIL, str(exc), fix))
+    except Exception as exc:  # noqa: BLE001 - said as this check's line, the rest still run
+        out.append(_internal(name, exc))
 
 
 Step = Callable[["AgentConfig", _Seen, Path], list[Check]]
@@ -129,14 +144,15 @@ def _other_files(cfg: AgentConfig, seen: _Seen, scratch: Path) -> list[Check]:
 
 
 def _remote(cfg: AgentConfig, seen: _Seen, scratch: Path) -> list[Check]:
-    from reconciler.source.mirror import Source
     from reconciler.source.gitrun import safe_url
+    from reconciler.source.mirror import Source
 
     out: list[Check] = []
     src = Source(cfg.remote, cfg.branch, scratch / "mirror", ssh_command=cfg.ssh_command, progress=False,
                  reads=cfg.read_urls, write=cfg.write_url)
     with _said(out, "remote", "check the URL, the network and the node's git key (ssh_command)"):
         seen.head = src.remote_head()
+        src.fetch()  # the repo's checks below need its files, whatever the trust root says
         seen.source = src
         out.append(Check("remote", OK, f"{safe_url(src.url)} answers: {cfg.branch} at {seen.head[:12]}"))
     return out
@@ -150,8 +166,7 @@ def _head_trust(cfg: AgentConfig, seen: _Seen, scratch: Path) -> list[Check]:
         return [Check("signed head", SKIP, "needs the remote and the trust root")]
     out: list[Check] = []
     with _said(out, "signed head", "sign the branch with a key of the trust root, or update this node's root"):
-        head = seen.source.fetch()
-        repo = seen.source.repo
+        head, repo = str(seen.head), seen.source.repo
         gate = Gate(seen.root, Policy(cfg.trust.policy), node_revoked=seen.root.revoked, branch=cfg.branch,
                     require_branch_binding=cfg.trust.require_branch_binding)
         decision = gate.decide(repo, head, None, require_binding=repo_requires_binding(repo, head))
@@ -215,7 +230,8 @@ def _recipients(cfg: AgentConfig, seen: _Seen, scratch: Path) -> list[Check]:
                       f"reconciler node add {cfg.node} --age-recipient {sorted(mine)[0]}")]
     if recipient_id(str(wanted)) not in {recipient_id(r) for r in mine}:
         return [Check("age recipient", FAIL, f"the identity opens {sorted(mine)[0][:20]}..., the inventory gives "
-                      f"{str(wanted)[:20]}...", "give the node the identity of its age_recipient, or fix the inventory")]
+                      f"{str(wanted)[:20]}...",
+                      "give the node the identity of its age_recipient, or fix the inventory")]
     files = [f for f in seen.repo.secret_files.values() if recipient_id(str(wanted)) in
              {recipient_id(r) for r in f.recipients}]
     unopened = [f.path for f in files if data_key(f, seen.identity) is None]

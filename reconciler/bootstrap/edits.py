@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from reconciler.core.errors import BadInput
@@ -16,6 +17,20 @@ from reconciler.trust.notesig import NAMESPACE
 
 INVENTORY = "inventory.yaml"
 SOPS_CONFIG = ".sops.yaml"
+
+
+def inside(repo: Path, rel: str) -> Path:
+    """``repo/rel``, refused when it is a symlink or resolves out of the repo: an edit (or sops,
+    which writes in place) would follow it and change a file elsewhere."""
+    path = repo / rel
+    if path.is_symlink():
+        raise BadInput(f"{rel} is a symlink (to {path.readlink()}): only the repo's own files are edited; "
+                       "replace it with the file", file=str(repo))
+    resolved = path.resolve()
+    if not resolved.is_relative_to(repo.resolve()):
+        raise BadInput(f"{rel} resolves outside the repo (to {resolved}): only the repo's own files are edited",
+                       file=str(repo))
+    return path
 
 
 def _indent(line: str) -> int:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.bootstrap import edits, keys
+from reconciler.bootstrap import edits, keys, reencrypt
 from reconciler.bootstrap.keys import run
 from reconciler.bootstrap.skeleton import BRANCH_TRAILER
 from reconciler.core.errors import BadInput
@@ -36,6 +36,8 @@ class AddRequest:
     rules: tuple[str, ...] = ()
     git_path: str | None = None
     commit: bool = False
+    yes: bool = False
+    """Re-encrypt even when the rule adds recipients other than this node's."""
 
 
 @dataclass(frozen=True)
@@ -53,72 +55,111 @@ class Added:
     note_key: Path | None  # made here: goes to the node (its note_key setting and its git key)
     age_recipient: str
     age_identity: Path | None  # made here: goes to the node (secrets.age_identity)
-    reencrypted: tuple[str, ...]
+    reencrypted: tuple[reencrypt.Reencrypted, ...]
     changed: tuple[str, ...]
     server: ServerLines
     commit: str | None
 
 
 def add(req: AddRequest) -> Added:
-    repo = req.repo
-    inventory = repo / edits.INVENTORY
-    if not inventory.is_file() or not (repo / "reconciler.yaml").is_file():
+    """Every check first (nothing written until each passed), then the edit, all or nothing: a
+    failure part way (sops on the second file) puts back the files changed so far and removes
+    the keys made."""
+    repo = req.repo.resolve()  # named in full by what fails below
+    if not (repo / edits.INVENTORY).is_file() or not (repo / "reconciler.yaml").is_file():
         raise BadInput(f"{repo}: not a deployment repo (no inventory.yaml and reconciler.yaml); run it in one "
                        "or give --repo")
+    inventory, nodes_file, sops_config = (edits.inside(repo, rel) for rel in
+                                          (edits.INVENTORY, TRUST_NODES, edits.SOPS_CONFIG))
     text = inventory.read_text()
     data = safe_load(text.encode(), edits.INVENTORY) or {}
-    nodes_text = (repo / TRUST_NODES).read_text() if (repo / TRUST_NODES).is_file() else ""
+    nodes_text = nodes_file.read_text() if nodes_file.is_file() else ""
     if req.node in edits.listed_nodes(nodes_text):
         raise BadInput(f"node {req.node} already has a key in {TRUST_NODES}; to rotate it, edit its line there")
     existing = (data.get("nodes") or {}).get(req.node)
     groups = _groups(req, data, existing)
     known = (existing or {}).get("vars", {}).get("age_recipient") if isinstance(existing, dict) else None
 
-    note_key: Path | None = None
-    if req.ssh_key:
-        note_public = keys.ssh_public(req.ssh_key)
-    else:
-        note_key = req.keys_dir / req.node / "note_key"
-        note_public = keys.make_ssh_key(note_key, f"reconciler node {req.node}")
+    note_key = None if req.ssh_key else req.keys_dir / req.node / "note_key"
+    note_public = keys.ssh_public(req.ssh_key) if req.ssh_key else ""
     age_identity: Path | None = None
+    new_secret = ""
     if req.age_recipient:
         recipient = keys.age_recipient(req.age_recipient)
     elif known:
         recipient = str(known)
     else:
         age_identity = req.keys_dir / req.node / "age.key"
-        recipient = keys.make_age_key(age_identity)
+        new_secret, recipient = keys.new_age_identity()
+    for made_here in (note_key, note_key and note_key.with_name("note_key.pub"), age_identity):
+        if made_here is not None and made_here.exists():
+            raise BadInput(f"{made_here} already exists: give the node's key with --ssh-key/--age-recipient "
+                           "(or remove it)")
 
-    changed = [edits.INVENTORY, TRUST_NODES]
+    writes: dict[str, str] = {}
     if existing is None:
-        inventory.write_text(edits.add_node(text, req.node, groups, recipient))
+        writes[edits.INVENTORY] = edits.add_node(text, req.node, groups, recipient)
     elif known != recipient:
         if known:
             raise BadInput(f"nodes.{req.node}.vars.age_recipient is {known[:16]}...; --age-recipient differs: "
                            "change it there", file=edits.INVENTORY)
-        inventory.write_text(edits.set_recipient(text, req.node, recipient))
-    (repo / TRUST_NODES).parent.mkdir(exist_ok=True)
-    (repo / TRUST_NODES).write_text(_ending(nodes_text) + edits.nodes_line(req.node, note_public) + "\n")
-
-    reencrypted: list[str] = []
-    sops_config = repo / edits.SOPS_CONFIG
+        writes[edits.INVENTORY] = edits.set_recipient(text, req.node, recipient)
+    files: list[reencrypt.FilePlan] = []
     if sops_config.is_file():
         new, rules = edits.add_recipient(sops_config.read_text(), recipient, req.rules)
-        sops_config.write_text(new)
-        changed.append(edits.SOPS_CONFIG)
-        reencrypted = _reencrypt(repo, rules, req.age_identity)
-        changed += reencrypted
-    run("git", "-C", str(repo), "add", "--", *changed)
+        writes[edits.SOPS_CONFIG] = new
+        files = reencrypt.plan(repo, new, rules, req.age_identity)
+        others = [(f.path, f.others(recipient)) for f in files if f.others(recipient)]
+        if others and not req.yes:
+            where, extra = others[0]
+            raise BadInput(f"{where}: sops updatekeys would also encrypt it to {', '.join(extra)} (in .sops.yaml's "
+                           f"rule, not in the file now), not only to {req.node}'s {recipient}: check .sops.yaml, "
+                           "or --yes")
+
+    made: list[Path] = []
+    saved = {rel: (repo / rel).read_bytes() if (repo / rel).is_file() else None
+             for rel in [edits.INVENTORY, TRUST_NODES, edits.SOPS_CONFIG, *(f.path for f in files)]}
+    try:
+        if note_key is not None:
+            made += [note_key, note_key.with_name("note_key.pub")]
+            note_public = keys.make_ssh_key(note_key, f"reconciler node {req.node}")
+        if age_identity is not None:
+            made.append(age_identity)
+            keys.write_age_key(age_identity, new_secret, recipient)
+        writes[TRUST_NODES] = _ending(nodes_text) + edits.nodes_line(req.node, note_public) + "\n"
+        nodes_file.parent.mkdir(exist_ok=True)
+        for rel, new_text in writes.items():
+            (repo / rel).write_text(new_text)
+        done = reencrypt.run(repo, files, req.age_identity) if files and req.age_identity else []
+        changed = [*writes, *(f.path for f in done)]
+        run("git", "-C", str(repo), "add", "--", *changed)
+    except BaseException:
+        _put_back(repo, saved, made)
+        raise
     commit = None
     if req.commit:
         branch = run("git", "-C", str(repo), "symbolic-ref", "--short", "HEAD").strip()
-        run("git", "-C", str(repo), "commit", "-q", "-S", "-m", f"Add node {req.node}", "--trailer",
-            f"{BRANCH_TRAILER}: {branch}")
+        try:
+            run("git", "-C", str(repo), "commit", "-q", "-S", "-m", f"Add node {req.node}", "--trailer",
+                f"{BRANCH_TRAILER}: {branch}")
+        except keys.ToolFailed as exc:
+            raise keys.ToolFailed(f"{exc} (the change is staged: commit it by hand)") from None
         commit = run("git", "-C", str(repo), "rev-parse", "HEAD").strip()
     name = str((safe_load((repo / "reconciler.yaml").read_bytes(), "reconciler.yaml") or {}).get("name", "cloud"))
     return Added(req.node, "added" if existing is None else "completed", note_public, note_key, recipient,
-                 age_identity, tuple(reencrypted), tuple(changed),
+                 age_identity, tuple(done), tuple(changed),
                  server_lines(req.node, note_public, name, req.git_path or f"/srv/git/{name}.git"), commit)
+
+
+def _put_back(repo: Path, saved: dict[str, bytes | None], made: list[Path]) -> None:
+    """The repo's files as they were before this ``node add``, and none of the keys it made."""
+    for rel, raw in saved.items():
+        if raw is None:
+            (repo / rel).unlink(missing_ok=True)
+        elif not (repo / rel).is_file() or (repo / rel).read_bytes() != raw:
+            (repo / rel).write_bytes(raw)
+    for path in made:
+        path.unlink(missing_ok=True)
 
 
 def _groups(req: AddRequest, data: dict[str, object], existing: object) -> list[str]:
@@ -142,25 +183,6 @@ def _groups(req: AddRequest, data: dict[str, object], existing: object) -> list[
 
 def _ending(text: str) -> str:
     return text if not text or text.endswith("\n") else text + "\n"
-
-
-def _reencrypt(repo: Path, rules: list[str], identity: Path | None) -> list[str]:
-    """``sops updatekeys`` on every ``secrets/*.yaml`` a changed rule covers, as the operator."""
-    files = sorted(str(p.relative_to(repo)) for p in (repo / "secrets").glob("*.yaml")) \
-        if (repo / "secrets").is_dir() else []
-    covered = [f for f in files if any(re.search(rule, f) for rule in rules)]
-    if not covered:
-        return []
-    if identity is None:
-        raise BadInput(f"--age-identity: the operator's age identity is needed to re-encrypt {covered[0]} "
-                       f"(and {len(covered) - 1} more) to the new node" if len(covered) > 1 else
-                       f"--age-identity: the operator's age identity is needed to re-encrypt {covered[0]} to the "
-                       "new node")
-    keys.age_public(identity)  # readable, private, an age key: said here rather than by sops
-    sops = keys.sops_binary()
-    for path in covered:
-        run(sops, "updatekeys", "--yes", path, cwd=repo, env={"SOPS_AGE_KEY_FILE": str(identity.resolve())})
-    return covered
 
 
 def server_lines(node: str, public: str, repo_name: str, git_path: str) -> ServerLines:

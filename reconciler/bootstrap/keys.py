@@ -24,19 +24,41 @@ class ToolFailed(ReconcilerError):
     exit_code = 1
 
 
-def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
-    """A tool's stdout; a missing tool or a failure is one ``ToolFailed`` line with its stderr's last line."""
+def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, subject: str | None = None) -> str:
+    """A tool's stdout; a missing tool or a failure is one ``ToolFailed`` line naming the tool, its
+    subcommand and what it worked on (``subject``, else git's ``-C`` dir or ssh-keygen's ``-f``
+    file), with its stderr's last line."""
     try:
         done = subprocess.run(list(args), cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True,
                               text=True, stdin=subprocess.DEVNULL, timeout=120)
     except FileNotFoundError:
         raise ToolFailed(f"{args[0]}: not installed (needed by this command)") from None
     except subprocess.TimeoutExpired:
-        raise ToolFailed(f"{args[0]} {args[1] if len(args) > 1 else ''}: did not finish within 120 s") from None
+        raise ToolFailed(f"{_label(args, subject)}: did not finish within 120 s") from None
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise ToolFailed(f"{Path(args[0]).name} {args[1] if len(args) > 1 else ''} failed: {last}")
+        raise ToolFailed(f"{_label(args, subject)} failed: {_said(done.stderr) or f'exit {done.returncode}'}")
     return done.stdout
+
+
+def _said(stderr: str) -> str:
+    """A tool's stderr in one line: its first line and its last (sops explains over several,
+    git ends with ``fatal:``), without git's hints or sops' timestamped progress lines."""
+    kept = [line.strip()[:200] for line in stderr.splitlines() if line.strip()
+            and not line.startswith("hint:") and not re.match(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d ", line)]
+    return " ".join(kept) if len(kept) <= 2 else f"{kept[0]} ... {kept[-1]}"
+
+
+def _label(args: tuple[str, ...], subject: str | None) -> str:
+    """``git commit on /repo``, ``sops updatekeys on secrets/a.yaml``: what a failure names."""
+    name, rest, where = Path(args[0]).name, list(args[1:]), subject
+    if name == "git":
+        while len(rest) >= 2 and rest[0] in ("-C", "-c"):
+            where = where or (rest[1] if rest[0] == "-C" else None)
+            rest = rest[2:]
+    elif "-f" in rest[:-1]:
+        where = where or rest[rest.index("-f") + 1]
+    sub = rest[0] if rest and not rest[0].startswith("-") else ""
+    return " ".join(w for w in (name, sub) if w) + (f" on {where}" if where else "")
 
 
 def make_ssh_key(path: Path, comment: str) -> str:
@@ -72,16 +94,28 @@ def _two_words(text: str, where: str) -> str:
 
 def make_age_key(path: Path) -> str:
     """A new age identity file at ``path`` (0600, ``age-keygen``'s format), its recipient."""
-    import pyrage
-
     if path.exists():
         raise BadInput(f"{path} already exists: give it with --age-identity (or remove it)")
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    secret, recipient = new_age_identity()
+    write_age_key(path, secret, recipient)
+    return recipient
+
+
+def new_age_identity() -> tuple[str, str]:
+    """A new age identity in memory (``AGE-SECRET-KEY-1...``, ``age1...``): written only once
+    everything it is for has been checked."""
+    import pyrage
+
     key = pyrage.x25519.Identity.generate()
+    return str(key), str(key.to_public())
+
+
+def write_age_key(path: Path, secret: str, recipient: str) -> None:
+    """``secret`` at ``path``, new (0600, ``age-keygen``'s format)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f"# public key: {key.to_public()}\n{key}\n")
-    return str(key.to_public())
+        f.write(f"# public key: {recipient}\n{secret}\n")
 
 
 def age_public(path: Path) -> str:

@@ -53,6 +53,9 @@ def init(req: InitRequest) -> Initialised:
         raise BadInput(f"{target}: not empty; reconciler init makes a new repo in an empty or new directory")
     if not _NAME_OK(req.node):
         raise BadInput(f"--node {req.node!r}: a node name is letters, digits, '.', '_' and '-'")
+    if req.keys_dir.resolve().is_relative_to(target.resolve()):
+        raise BadInput(f"--keys-dir {req.keys_dir}: inside {target}, the keys would be committed with the repo; "
+                       "keep them out of it")
     signing_key = req.key or req.keys_dir / "operator_ed25519"
     if req.key is None:
         signer_public = keys.make_ssh_key(signing_key, f"reconciler operator {req.email}")
@@ -61,7 +64,8 @@ def init(req: InitRequest) -> Initialised:
     age_identity = req.age_identity or req.keys_dir / "operator.agekey"
     recipient = keys.make_age_key(age_identity) if req.age_identity is None else keys.age_public(age_identity)
     target.mkdir(parents=True, exist_ok=True)
-    for rel, text in files(target.resolve().name, req.node, req.email, signer_public, recipient).items():
+    written = files(target.resolve().name, req.node, req.email, signer_public, recipient)
+    for rel, text in written.items():
         path = target / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -71,7 +75,7 @@ def init(req: InitRequest) -> Initialised:
                        ("user.signingkey", str(signing_key.resolve())), ("commit.gpgsign", "true"),
                        ("tag.gpgsign", "true"), ("gpg.ssh.allowedSignersFile", "trust/allowed_signers")):
         run(*git, "config", "--local", key, value)
-    run(*git, "add", "-A")
+    run(*git, "add", "--", *written)  # what init wrote, nothing else that may be there
     run(*git, "commit", "-q", "-S", "-m", "Deployment repo made by reconciler init", "--trailer",
         f"{BRANCH_TRAILER}: {req.branch}")
     commit = run(*git, "rev-parse", "HEAD").strip()

@@ -131,13 +131,19 @@ def node_group() -> None:
 @click.option("--git-path", help="The repo's path on the git server, for the authorized_keys line "
                                  "[/srv/git/NAME.git].")
 @click.option("--commit", is_flag=True, help="Commit the change (signed) instead of leaving it staged.")
+@click.option("--yes", is_flag=True, help="Re-encrypt even when the .sops.yaml rule would add recipients other "
+                                          "than this node's (sops updatekeys gives a file to every recipient of "
+                                          "its rule).")
 @output_option
 def add(name: str, repo_dir: Path, groups: tuple[str, ...], ssh_key: str | None, age_recipient: str | None,
         age_identity: Path | None, rules: tuple[str, ...], keys_dir: Path | None, git_path: str | None,
-        commit: bool, output: str) -> None:
+        commit: bool, yes: bool, output: str) -> None:
     """Add node NAME to the deployment repo: its inventory entry (or the keys of one there
     already), its note key in trust/nodes, its age recipient in .sops.yaml and the secrets
     re-encrypted to it (sops updatekeys); prints the git server line for its own notes ref.
+    Every check is made before the first write, and the edit is all or nothing. Each secrets
+    file's recipients before and after are printed; a rule that would give a file to anyone
+    besides the new node is refused without --yes.
 
     \b
     Example:
@@ -147,28 +153,32 @@ def add(name: str, repo_dir: Path, groups: tuple[str, ...], ssh_key: str | None,
     Exit codes:
       0  added (staged, or committed with --commit)
       1  a tool failed (git, ssh-keygen, sops)
-      2  bad input: not a deployment repo, the node has a key already, an unknown group
+      2  bad input: not a deployment repo, the node has a key already, an unknown group, a
+         symlink among the files edited, other recipients the rule would add (without --yes)
     """
     from reconciler.bootstrap.enrol import AddRequest
     from reconciler.bootstrap.enrol import add as enrol
 
     done = enrol(AddRequest(repo_dir, name, groups, keys_dir or _keys_home() / repo_dir.resolve().name / "nodes",
-                            ssh_key, age_recipient, age_identity, rules, git_path, commit))
+                            ssh_key, age_recipient, age_identity, rules, git_path, commit, yes))
     if output == "json":
         emit_json({"node": done.node, "inventory": done.in_inventory, "note_public": done.note_public,
                    "note_key": str(done.note_key) if done.note_key else None, "age_recipient": done.age_recipient,
                    "age_identity": str(done.age_identity) if done.age_identity else None,
-                   "reencrypted": list(done.reencrypted), "changed": list(done.changed), "commit": done.commit,
+                   "reencrypted": [{"path": f.path, "before": list(f.before), "after": list(f.after)}
+                                   for f in done.reencrypted], "changed": list(done.changed), "commit": done.commit,
                    "server": vars(done.server)})
         return
     say = out.print
     say(f"{done.node}: {done.in_inventory} in inventory.yaml; note key in trust/nodes; age recipient "
-        f"{done.age_recipient[:16]}... in .sops.yaml" + (f"; re-encrypted {', '.join(done.reencrypted)}"
-                                                         if done.reencrypted else ""), markup=False)
+        f"{done.age_recipient[:16]}... in .sops.yaml", markup=False)
+    for f in done.reencrypted:
+        say(f"re-encrypted {f.path} (sops updatekeys):\n  was: {', '.join(f.before)}\n  now: {', '.join(f.after)}",
+            markup=False)
     if done.note_key or done.age_identity:
         say("copy to the node (mode 0600), then delete here:", markup=False)
         if done.note_key:
-            say(f"  {done.note_key} -> /etc/reconciler/note_key (note_key:, and its git key: ssh_command)",
+            say(f"  {done.note_key} -> /etc/reconciler/id_ed25519 (note_key:, and its git key: ssh_command)",
                 markup=False)
         if done.age_identity:
             say(f"  {done.age_identity} -> /etc/reconciler/age.key (secrets.age_identity:)", markup=False)

@@ -27,10 +27,12 @@ from reconciler.node import operations
 @click.argument("services", nargs=-1)
 @output_option
 def stop(agent_opts: dict[str, Any], services: tuple[str, ...], output: str) -> None:
-    """Stop this node's services (all, or the SERVICES named), dependents first, and keep them
-    stopped: the agent's passes leave them so until `reconciler start`. The node's note says so.
+    """Stop this node's services (all, or the SERVICES named, with what runs and depends on them,
+    as `systemctl stop` does), dependents first, and keep them stopped: the agent's passes leave
+    them so until `reconciler start`. The node's note says so.
 
-    With -o json: {"node": NODE, "held": [SERVICE...], "stopped": [{"service", "state", "detail"}]}.
+    With -o json: {"node": NODE, "held": [SERVICE...], "dependents": [SERVICE...],
+    "stopped": [{"service", "state", "detail"}]}.
 
     \b
     Example:
@@ -46,10 +48,11 @@ def stop(agent_opts: dict[str, Any], services: tuple[str, ...], output: str) -> 
     from reconciler.node.stopping import stop as stop_services
 
     the_agent = existing_agent(agent_opts)
-    held, results = stop_services(the_agent.ctx, list(services), operations.invoker())
+    stopped = stop_services(the_agent.ctx, list(services), operations.invoker())
+    held, results = stopped.held, stopped.results
     done = [{"service": r.service, "state": str(r.state), "detail": r.detail} for r in results]
     failed = [r for r in results if r.state is ResultState.FAILED]
-    partial = {"node": the_agent.cfg.node, "held": held, "stopped": done}
+    partial = {"node": the_agent.cfg.node, "held": held, "dependents": stopped.dependents, "stopped": done}
     if failed:
         error = ApplyError(f"stop of {failed[0].service} failed: {failed[0].detail}")
         if output == "json":
@@ -59,8 +62,10 @@ def stop(agent_opts: dict[str, Any], services: tuple[str, ...], output: str) -> 
         emit_json(partial)
         return
     for r in results:
-        out.print(f"{r.service}: stopped")
-    out.print(f"{the_agent.cfg.node}: " + (f"{', '.join(held)} held stopped until `reconciler start`"
+        out.print(f"{escape(r.service)}: stopped")
+    if stopped.dependents:
+        out.print(f"{escape(', '.join(stopped.dependents))}: held stopped too (they depend on what was named)")
+    out.print(f"{the_agent.cfg.node}: " + (f"{escape(', '.join(held))} held stopped until `reconciler start`"
                                             if held else "nothing runs"))
 
 

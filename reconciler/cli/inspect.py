@@ -113,8 +113,8 @@ def status(agent_opts: dict[str, Any], fleet: bool, rev: str | None, html_file: 
         out.print(f"suspended by {escape(suspended.get('by', '?'))} since {suspended.get('since', '?')}: "
                   f"{escape(suspended.get('reason') or 'no reason given')}; nothing is applied")
     if retired:
-        out.print(f"decommissioned at {str(retired.get('commit', ''))[:12]} (left the inventory): nothing runs; "
-                  "remove the state dir to finish (docs/day2.md)")
+        out.print(f"decommissioned at {str(retired.get('commit', ''))[:12]} (listed under `decommission`): "
+                  "nothing runs; remove the state dir to finish (docs/day2.md)")
     for name, by in sorted(held.items()):
         out.print(f"{escape(name)}: stopped by {escape(by.get('by', '?'))} since {by.get('since', '?')}; "
                   "kept stopped until `reconciler start`")

@@ -175,8 +175,8 @@ def _write_slice(root: Path, desired: Desired) -> None:
 @click.command()
 @click.argument("rev_a", required=False)
 @click.argument("rev_b", required=False)
-@click.option("--local", "local", is_flag=False, flag_value=".", default=None, metavar="[PATH]",
-              help="Diff the working tree at PATH (default: .), uncommitted changes included, against "
+@click.option("--local", "local", is_flag=False, flag_value="", default=None, metavar="[PATH]",
+              help="Diff the working tree at PATH (default: --repo's), uncommitted changes included, against "
                    "its commit --rev (default: HEAD), as `flux diff` does: no REV_A, REV_B then.")
 @click.option("--rev", "local_rev", default=None, help="With --local: the commit to compare with (default: HEAD).")
 @click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
@@ -227,7 +227,7 @@ def diff(rev_a: str | None, rev_b: str | None, local: str | None, local_rev: str
     if local is not None:
         if rev_a is not None or rev_b is not None:
             raise BadInput("--local compares the work tree with --rev (default HEAD): give no REV_A, REV_B")
-        work = Path(local)
+        work = Path(local) if local else repo_dir  # `--local` alone: the repo given
         tree_a, tree_b = open_tree(work, local_rev or "HEAD", "--local"), open_tree(work, None)
     elif rev_a is None or rev_b is None or local_rev is not None:
         raise BadInput("diff needs REV_A and REV_B (or --local [PATH], with --rev)")

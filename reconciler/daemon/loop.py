@@ -50,8 +50,11 @@ def run_daemon(agent: Agent, on_result: Callable[[RunResult], None] | None = Non
     woken = threading.Event()  # `reconciler poll` before the timers exist: the first poll is now
     signal.signal(wake.WAKE, lambda signum, frame: woken.set())
     signals = shed.Signals(None if carry is None else carry.signal_fds)
-    if signals.stop_asked():  # taken by a thread of the interpreter this one replaced
+    seen = signals.drain()  # taken by a thread of the interpreter this one replaced
+    if seen & shed.Signals.STOPS:
         stopping.set()
+    if wake.WAKE in seen:
+        woken.set()
     # Blocked when this interpreter replaced another (see ``shed``): one that came during the
     # execv comes now, to the handler, before any thread starts (threads inherit the mask).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
@@ -103,7 +106,7 @@ class _Running:
         self.polls = Every("poll", self.cfg.interval, self.poll, stopping, first=first_poll)
         # Not behind `polling`: a pass stuck on a stalled git server must not stop restarts.
         self.receiver = wake.start_receiver(self.cfg.receiver.listen, self.cfg.receiver.secret_file,
-                                            lambda: self.polls.now(), self.cfg.node)
+                                            self.polls.soon, self.cfg.node)
         self.supervising = Every("supervise", self.cfg.supervise_interval, self.supervisor.tick, stopping,
                                  first=self.cfg.supervise_interval if carry is None
                                  else max(0.0, carry.supervise_due - now))
@@ -123,14 +126,13 @@ class _Running:
     def poll(self) -> None:
         if not self.polling.acquire(blocking=False):
             return
+        shed_now = False
         try:
             result = self.agent.reconcile_once()
             self.failures = 0
             self.say(result)
             self.outputs(result)
-            if self.shedding.after(result):
-                self.shed_due = True
-                self.signals.nudge()
+            shed_now = self.shedding.after(result)
         except Busy:
             return
         except ReconcilerError as exc:
@@ -148,6 +150,9 @@ class _Running:
             self.polls.later(delay)
         finally:
             self.polling.release()
+            if shed_now:  # once the pass let go: a re-execution finding it held would give up
+                self.shed_due = True
+                self.signals.nudge()
 
     def wait(self) -> None:
         """Until a stop; meanwhile, re-execute when a pass asks for it."""
@@ -178,8 +183,11 @@ class _Running:
                 self.shedding.off = True
                 return
             with self.agent.state.services_lock(wait=5.0):
-                if self.signals.stop_asked():
-                    self.stopping.set()  # its handler may not have run yet: no re-execution
+                seen = self.signals.drain()  # their handlers may not have run yet
+                if seen & shed.Signals.STOPS:
+                    self.stopping.set()  # no re-execution
+                if wake.WAKE in seen:
+                    self.polls.now()  # in the poll's due time handed over
                 if self.stopping.is_set():
                     return
                 now = shed.rss_mb() or 0.0
@@ -188,7 +196,7 @@ class _Running:
                          "at its start)", self.cfg.node, now - started, now, started)
                 supervisor, agent = self.supervisor, self.agent
                 shed.hand_over(shed.Carry(
-                    lock_fd=self.lock_fd, metrics_fd=self.outputs.listening(), poll_due=self.polls.due,
+                    lock_fd=self.lock_fd, metrics_fd=self.outputs.listening(), poll_due=self.polls.next_due(),
                     supervise_due=self.supervising.due, failures=supervisor.failures,
                     next_try=supervisor.next_try, up_since=supervisor.up_since,
                     verdict=self.say.last if isinstance(self.say, VerdictLog) else None,

@@ -215,8 +215,10 @@ class Signals:
         """Until a signal's number or a nudge is in the pipe (left there for ``stop_asked``)."""
         select.select([self.read_fd], [], [])
 
-    def stop_asked(self) -> bool:
-        """Whether a SIGTERM or SIGINT came since the last look (the pipe is emptied)."""
+    def drain(self) -> frozenset[int]:
+        """The numbers of the signals that came since the last look (the pipe is emptied): a
+        stop, and a `reconciler poll` (``wake.WAKE``) that a thread of the interpreter this one
+        replaced took, whose handler never ran there."""
         seen = b""
         while True:
             try:
@@ -226,7 +228,11 @@ class Signals:
             if not chunk:
                 break
             seen += chunk
-        return any(n in self.STOPS for n in seen)
+        return frozenset(seen) - {0}
+
+    def stop_asked(self) -> bool:
+        """Whether a SIGTERM or SIGINT came since the last look (the pipe is emptied)."""
+        return bool(self.drain() & self.STOPS)
 
 
 def _plain(key: Hashable) -> Any:

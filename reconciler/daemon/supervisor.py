@@ -94,7 +94,10 @@ class Every:
                  first: float = 0.0) -> None:
         self.seconds, self.job, self.stop = seconds, job, stop
         self.due = time.monotonic() + first
-        self._woken = threading.Event()  # ``now`` (or a stop) cuts the wait short
+        self._woken = threading.Event()  # ``soon`` (or a stop) cuts the wait short
+        self._lock = threading.Lock()
+        self._running = False
+        self._asked = float("inf")  # asked (``soon``) during a run: taken once it is over
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -105,8 +108,23 @@ class Every:
 
     def now(self) -> None:
         """Run as soon as the run in flight (if any) is over: `reconciler poll`, a webhook."""
-        self.due = time.monotonic()
+        self.soon(0.0)
+
+    def soon(self, delay: float) -> None:
+        """Run within ``delay`` seconds (or at the due time, if sooner), and after the run in
+        flight if any: a webhook coalesced into the end of its rate limit's gap."""
+        at = time.monotonic() + delay
+        with self._lock:
+            if self._running:  # the run's end sets the next due time: this one is taken after it
+                self._asked = min(self._asked, at)
+            else:
+                self.due = min(self.due, at)
         self._woken.set()
+
+    def next_due(self) -> float:
+        """When the next run is due, a run asked for during the one in flight included."""
+        with self._lock:
+            return min(self.due, self._asked)
 
     def wake(self) -> None:
         """Look at ``stop`` again now (it was set)."""
@@ -120,12 +138,17 @@ class Every:
                 break
             if time.monotonic() < self.due:
                 continue  # woken for a stop that did not come
-            due = self.due
+            with self._lock:
+                self._running = True
+                due = self.due
             try:
                 self.job()
             except Exception:  # a bug in one run must not end the schedule
                 log.exception("%s: unexpected error", self._thread.name)
-            if self.due == due:  # the job did not reschedule itself
-                # The next due time of the same phase that is still ahead (a long run skips some).
-                behind = max(0.0, time.monotonic() - due)
-                self.due = due + self.seconds * (1 + int(behind // self.seconds))
+            with self._lock:
+                self._running = False
+                if self.due == due:  # the job did not reschedule itself
+                    # The next due time of the same phase that is still ahead (a long run skips some).
+                    behind = max(0.0, time.monotonic() - due)
+                    self.due = due + self.seconds * (1 + int(behind // self.seconds))
+                self.due, self._asked = min(self.due, self._asked), float("inf")

@@ -25,6 +25,7 @@ MAX_NAME = 256  # characters of a name: a key, a state, a service, a step, a tim
 MAX_DEPTH = 16  # arrays and objects inside each other
 MAX_DIGITS = 18  # digits of an integer: any fits in 64 bits
 MAX_TICKET = 2**53  # a claim's ticket: one higher is still exact, as a float too
+MAX_HELD = 64  # services a note lists as held stopped
 CLAIM_STATES = ("choosing", "queued", "free")
 
 __all__ = ["CLAIM_STATES", "MAX_DEPTH", "MAX_DIGITS", "MAX_NAME", "MAX_NOTE", "MAX_TEXT", "MAX_TICKET", "check"]
@@ -205,6 +206,15 @@ def _strings(value: Any, where: str) -> None:
         raise _Refused(f"{where}: not a list of strings")
 
 
+def _names(most: int) -> Check:
+    def check_names(value: Any, where: str) -> None:
+        if not isinstance(value, list) or len(value) > most:
+            raise _Refused(f"{where}: not a list of at most {most} names")
+        for i, item in enumerate(value):
+            _name(item, f"{where}[{i}]")
+    return check_names
+
+
 def _each(fields: Mapping[str, Check]) -> Check:
     def check_each(value: Any, where: str) -> None:
         if not isinstance(value, list):
@@ -247,6 +257,7 @@ REPORT: Mapping[str, Check] = {
     "events": _strings, "pins": _object, "signer": _object, "verdicts": _each({}),
     "suspended": _object, "plane": _with({"vip": _name, "release": _name, "mode": _name}),
     "refused": _with({"head": _name, "reason": _name, "time": _name}),  # a rewind the node refused
+    "held": _names(MAX_HELD),  # services held stopped by `reconciler stop`
 }
 
 

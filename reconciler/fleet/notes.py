@@ -19,7 +19,7 @@ from typing import Any
 
 from reconciler.core.model import Report
 from reconciler.core.text import cut
-from reconciler.fleet.notejson import CLAIM_STATES, MAX_NAME, MAX_NOTE, MAX_TEXT, MAX_TICKET, check
+from reconciler.fleet.notejson import CLAIM_STATES, MAX_HELD, MAX_NAME, MAX_NOTE, MAX_TEXT, MAX_TICKET, check
 from reconciler.upgrades.rules import STARTED_FRESH
 
 FORMAT = 1
@@ -91,6 +91,8 @@ def _to_dict(report: Report, keep: int, brief: int = 0) -> dict[str, Any]:
         out["plane"] = dict(report.plane)
     if report.refused:
         out["refused"] = {k: text(str(v), MAX_NAME - 64) for k, v in report.refused.items()}
+    if report.held:
+        out["held"] = [text(h, MAX_NAME - 64) for h in report.held[:MAX_HELD]]
     return out
 
 
@@ -146,6 +148,7 @@ class Note:
     refused_head: str = ""
     refused_reason: str = ""
     refused_time: str = ""
+    held: tuple[str, ...] = ()  # services held stopped by `reconciler stop` when it was written
 
     @staticmethod
     def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
@@ -164,7 +167,8 @@ class Note:
         return Note(node, commit, _str(data.get("state")), _str(data.get("time")),
                     _str(failed[0]) if failed else "", _str(data.get("error"), MAX_TEXT), steps,
                     _str(plane.get("vip")) if isinstance(plane, Mapping) else "", fresh,
-                    _str(refused.get("head")), _str(refused.get("reason")), _str(refused.get("time")))
+                    _str(refused.get("head")), _str(refused.get("reason")), _str(refused.get("time")),
+                    tuple(_str(h) for h in held[:MAX_HELD]) if isinstance(held := data.get("held"), list) else ())
 
 
 # A node's claim on a disruption slot (see ``budget``) is a note too, in the same ref, on an

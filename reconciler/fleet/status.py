@@ -95,6 +95,9 @@ def fleet_status(rollout: Rollout, nodes: list[str], commit: str, fleet: FleetVi
                                   stages.get(node, "")))
         elif reached is not None:
             note = "" if reached.commit == commit else f"at descendant {reached.commit[:12]}"
+            if reached.held:  # `reconciler stop` on that node: shown, as text only
+                note = "; ".join(filter(None, (note, "held stopped: " + ", ".join(reached.held))))
+            note = printable(note, 512)
             out.append(NodeStatus(node, wave_of.get(node, "-"), "applied", reached.commit, note,
                                   stages.get(node, "")))
         elif refused is not None:

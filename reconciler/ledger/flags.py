@@ -10,6 +10,7 @@ handed out: a new flag is a new pair of accessors, named for what it means.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -185,11 +186,14 @@ class FlagLedger(Store):
         """service -> {by, since}: stopped on purpose, left stopped by every pass until `start`."""
         return {str(k): dict(v) for k, v in _json_object(self._meta(STOPPED_KEY)).items() if isinstance(v, dict)}
 
-    def hold_stopped(self, services: list[str], by: str, since: str) -> None:
+    def hold_stopped(self, services: list[str], by: str, since: str, event: tuple[str, str] | None = None) -> None:
         """``services`` are to stay stopped. Written before the first one is stopped: a stop killed
         half way is finished by the next pass, which no longer wants them. The no-op marker goes
-        in the same transaction, so the next pass converges (and notes what it runs)."""
+        in the same transaction, so the next pass converges (and notes what it runs), and so does
+        ``event`` (commit, text: on the mark's record, if it has one), so the note says it whatever
+        comes after."""
         with self._tx("hold stopped") as db:
+            self._event(db, event)
             row = db.execute("SELECT value FROM meta WHERE key=?", (STOPPED_KEY,)).fetchone()
             held = _json_object(row[0] if row else None)
             for name in services:
@@ -198,12 +202,15 @@ class FlagLedger(Store):
                        (STOPPED_KEY, json.dumps(held, sort_keys=True)))
             db.execute("DELETE FROM converged")
 
-    def release_stopped(self, services: list[str] | None) -> list[str]:
-        """Lift the hold on ``services`` (None: all); returns those it was on, sorted."""
+    def release_stopped(self, services: list[str] | None, event: tuple[str, str] | None = None) -> list[str]:
+        """Lift the hold on ``services`` (None: all); returns those it was on, sorted. ``event``
+        (commit, text with ``{}`` for the services lifted) in the same transaction, when any was."""
         with self._tx("release stopped") as db:
             row = db.execute("SELECT value FROM meta WHERE key=?", (STOPPED_KEY,)).fetchone()
             held = _json_object(row[0] if row else None)
             lifted = sorted(held if services is None else (s for s in services if s in held))
+            if lifted and event is not None:
+                self._event(db, (event[0], event[1].replace("{}", ", ".join(lifted))))
             for name in lifted:
                 del held[name]
             db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?,?)",
@@ -213,12 +220,37 @@ class FlagLedger(Store):
         return lifted
 
     def retired(self) -> dict[str, Any] | None:
-        """The node left the inventory: {commit, time, stopped}; None while it is in it."""
+        """The node was decommissioned: {commit, time, stopped, seen}; None while it is not."""
         record = _json_object(self._meta(RETIRED_KEY))
         return record if "commit" in record else None
 
     def retire(self, commit: str, time: str, stopped: list[str]) -> None:
-        self._set_meta(RETIRED_KEY, json.dumps({"commit": commit, "time": time, "stopped": stopped}, sort_keys=True))
+        """Decommissioned at ``commit`` (applied and noted there first): passes do nothing more
+        until a verified head names the node again."""
+        self._set_meta(RETIRED_KEY, json.dumps({"commit": commit, "time": time, "stopped": stopped, "seen": commit},
+                                               sort_keys=True))
+
+    def retired_seen(self, head: str) -> None:
+        """A retired node judged ``head`` (still not named as a node): not judged again."""
+        record = self.retired()
+        if record is not None and record.get("seen") != head:
+            self._set_meta(RETIRED_KEY, json.dumps({**record, "seen": head}, sort_keys=True))
+
+    def unretire(self) -> dict[str, Any] | None:
+        """A verified head names the node again: the retirement lifted (returned), and the no-op
+        marker cleared in the same transaction, so the pass converges."""
+        record = self.retired()
+        with self._tx("unretire") as db:
+            db.execute("DELETE FROM meta WHERE key=?", (RETIRED_KEY,))
+            db.execute("DELETE FROM converged")
+        return record
+
+    def _event(self, db: sqlite3.Connection, event: tuple[str, str] | None) -> None:
+        """``add_event``'s insert, inside a flag's transaction (nothing when the commit has no record)."""
+        if event is None or db.execute("SELECT 1 FROM commits WHERE commit_id=?", (event[0],)).fetchone() is None:
+            return
+        db.execute("INSERT INTO events(commit_id, text) VALUES (?,?)", (event[0], self.redact(event[1])))
+        db.execute("UPDATE commits SET noted=0 WHERE commit_id=?", (event[0],))
 
     # whose state dir this is -------------------------------------------------------------
     def owner(self) -> str | None:

@@ -135,6 +135,30 @@ class State:
             return False
         return None
 
+    def holder(self, name: str = "lock", locks: Path = Path("/proc/locks")) -> int | None:
+        """The pid the kernel's lock table (``locks``) lists as holding the flock on ``name`` now;
+        None when none does or it cannot tell. Never the pid written in the file: ``lock`` writes
+        it only once it holds the flock, so for a moment the file names the previous holder,
+        whose pid may be another process's by then. Where the table's device number differs
+        from stat's (btrfs, overlay), a pid listed for the same inode counts only if it has
+        this very file open."""
+        path = self.root / name
+        try:
+            st = os.stat(path)
+            table = locks.read_text()
+        except OSError:
+            return None
+        where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; a waiter's line says "->" before FLOCK.
+        flocks = [f for line in table.splitlines() if len(f := line.split()) > 5 and f[1] == "FLOCK"]
+        pids = {f[4] for f in flocks if f[5] == where}
+        if not pids:
+            pids = {f[4] for f in flocks if f[5].rsplit(":", 1)[-1] == str(st.st_ino)
+                    and f[4].isdigit() and _has_open(int(f[4]), st)}
+        if len(pids) != 1 or not (pid := next(iter(pids))).isdigit() or int(pid) <= 0:
+            return None  # pid 0: a holder in a pid namespace this one cannot see
+        return int(pid)
+
     def services_lock(self, wait: float = 0.0) -> contextlib.AbstractContextManager[int]:
         return self.lock(wait, "services.lock", "another run changing services")
 
@@ -175,6 +199,20 @@ def _pid_in(path: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _has_open(pid: int, st: os.stat_result) -> bool:
+    """Whether process ``pid`` has the file ``st`` describes open (False when it cannot be seen)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            there = os.stat(f"/proc/{pid}/fd/{fd}")
+            if (there.st_dev, there.st_ino) == (st.st_dev, st.st_ino):
+                return True
+    return False
 
 
 def _alive(pid: int) -> bool:

@@ -129,7 +129,8 @@ class NodeContext:
         from reconciler.plan.planner import plan as make_plan  # here: an idle poll plans nothing
 
         self.resolver.learn_running(s.commit for s in observed.services if s.commit)
-        return self.redact.plan(make_plan(desired, observed))
+        held = {name: str(h.get("by", "?")) for name, h in self.ledger.held_stopped().items()}
+        return self.redact.plan(make_plan(desired, observed, held))
 
     def last_output(self, service: str) -> str:
         """The service's last lines of output, secret values replaced by ``<secret NAME>``."""

@@ -32,6 +32,7 @@ from reconciler.fleet.budget import DISRUPTIVE
 from reconciler.ledger import Interrupted, Proof, ServiceRecord, Version
 from reconciler.node import peers
 from reconciler.node.apply import apply_plan
+from reconciler.node.desired import leaving
 from reconciler.node.peers import plane_of
 from reconciler.node.run import Run, RunResult, now_iso
 from reconciler.node.settle import held_for, settle, stopped, write_note
@@ -59,14 +60,26 @@ def converge_step(ctx: NodeContext, run: Run) -> Run | RunResult:
     return replace(run, result=result)
 
 
-def unknown_services(node: str, commit: str, runs: Iterable[str], only: AbstractSet[str]) -> None:
+def unknown_services(node: str, commit: str, runs: Iterable[str], only: AbstractSet[str],
+                     held: Mapping[str, Mapping[str, str]] | None = None) -> None:
     """``apply --service`` names a service ``node`` does not run at ``commit`` (``runs``):
-    ``BadInput`` UNKNOWN_SERVICE, exit 2."""
+    ``BadInput`` UNKNOWN_SERVICE, exit 2; or one `reconciler stop` holds (``held``): HELD_STOPPED."""
+    refuse_held(node, held or {}, only)
     names = sorted(runs)
     unknown = sorted(only - set(names))
     if unknown:
         raise BadInput(f"service {', '.join(unknown)} is not on node {node} at {commit[:12]} "
                        f"(it runs: {', '.join(names) or 'nothing'})", reason="UNKNOWN_SERVICE")
+
+
+def refuse_held(node: str, held: Mapping[str, Mapping[str, str]], names: Iterable[str]) -> None:
+    """An operator's command on a service `reconciler stop` holds: said, with how to lift it."""
+    hit = sorted(n for n in set(names) if n in held)
+    if hit:
+        h = held[hit[0]]
+        raise BadInput(f"service {', '.join(hit)} is held stopped on node {node} by {h.get('by', '?')} since "
+                       f"{h.get('since', '?')} (reconciler stop): `reconciler start {' '.join(hit)}` lifts the hold",
+                       reason="HELD_STOPPED")
 
 
 def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: DeploymentRepo | None = None,
@@ -80,7 +93,7 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
             raise
         return stopped(ctx, run, Verdict.ERROR, exc)
     if only is not None:  # checked at the gate already; a rollback's service comes here first
-        unknown_services(ctx.node, run.commit, [s.name for s in desired.services], only)
+        unknown_services(ctx.node, run.commit, [s.name for s in desired.services], only, ctx.ledger.held_stopped())
     with ctx.state.services_lock(wait=60):
         try:
             drivers = ctx.drivers(desired)
@@ -105,7 +118,7 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
         results = apply_plan(the_plan, drivers, ctx.ledger, recheck, ctx.redact)
         ctx.ledger.clear_interrupted()  # done again above, or moot: only now
         failed = [r for r in results if r.state is ResultState.FAILED]
-        attaching = repo is not None and repo.planes.attaches(ctx.node, run.before)
+        attaching = repo is not None and ctx.node in repo.nodes and repo.planes.attaches(ctx.node, run.before)
         # A node that fails as it takes the VIPs over leaves them whole: the old plane takes them back.
         if failed and not operation and (attaching or _on_failure(ctx, repo, run.commit) == "node"):
             run = replace(run, events=run.events + tuple(put_back(ctx, run.commit, results, before, drivers)))
@@ -144,7 +157,9 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
         ctx.say_once(("failed", run.commit, detail), logging.ERROR, "%s: %s failed at %s: %s%s [APPLY_FAILED]",
                        ctx.node, run.commit[:12], failed[0].service, failed[0].detail,
                        f" | last output: {output}" if output else "")
-    hashes = {s.name: s.hash for s in desired.services} if verdict is Verdict.APPLIED else None
+    # A decommission sets no no-op marker: a pass killed before the node is retired does it again.
+    decommission = repo is not None and leaving(repo, ctx.node)
+    hashes = {s.name: s.hash for s in desired.services} if verdict is Verdict.APPLIED and not decommission else None
     result = settle(ctx, run, report, proof, converged=hashes)
     return replace(result, plan=the_plan)
 

@@ -131,7 +131,10 @@ class Resolver:
         """The commit's own render of this node's slice, with the values upgrades hold here."""
         from reconciler.render.node import render_node
 
-        return render_node(repo or self.load(commit), self.node, commit, self.accounts, pinned=self.ledger.held())
+        repo = repo or self.load(commit)
+        if leaving(repo, self.node):  # listed under `decommission`: nothing runs here any more
+            return Desired(self.node, commit, ())
+        return render_node(repo, self.node, commit, self.accounts, pinned=self.ledger.held())
 
     def desired(self, rev: VerifiedRevision, repo: DeploymentRepo | None = None) -> Desired:
         """The node's slice at ``rev``, with pinned services at their pinned commit (vouched for
@@ -173,6 +176,10 @@ class Resolver:
             raise BadInput(f"node {self.node} does not run {name} at {commit[:12]}", reason="UNKNOWN_SERVICE")
         return replace(svc, origin=commit)
 
+
+def leaving(repo: DeploymentRepo, node: str) -> bool:
+    """``node`` is listed under the inventory's ``decommission`` (and so not under ``nodes``)."""
+    return node in repo.decommission and node not in repo.nodes
 
 
 def read_identity(path: Path) -> str:

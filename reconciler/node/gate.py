@@ -140,7 +140,7 @@ def only_known(ctx: NodeContext, commit: str, only: frozenset[str]) -> None:
         runs = ctx.resolver.load(commit).services_of(ctx.node)
     except BadInput:
         return
-    unknown_services(ctx.node, commit, runs, only)
+    unknown_services(ctx.node, commit, runs, only, ctx.ledger.held_stopped())
 
 
 def release_pins(ctx: NodeContext, head: str) -> list[str]:

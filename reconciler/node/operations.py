@@ -17,7 +17,7 @@ from reconciler.core.model import Desired, Plan, Verdict
 from reconciler.drivers.observe import observe
 from reconciler.ledger import Pin, Version
 from reconciler.node.apply import Pulled, pull_images
-from reconciler.node.converge import converge
+from reconciler.node.converge import converge, refuse_held
 from reconciler.node.reconcile import head
 from reconciler.node.run import Run, RunResult, now_iso
 from reconciler.node.settle import write_note
@@ -36,6 +36,7 @@ def rollback(ctx: NodeContext, service: str, to: str | None = None, by: str = "a
         head = ctx.ledger.mark().commit
         if head is None:
             raise BadInput("this node has applied nothing yet: nothing to roll back")
+        refuse_held(ctx.node, ctx.ledger.held_stopped(), [service])
         if to is None:
             to = previous_good(ctx, service).commit
         target_rev = ctx.keeper.vouch(ctx.resolver.revision(to))

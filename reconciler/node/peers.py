@@ -100,8 +100,11 @@ def rollout_gate(ctx: NodeContext, repo: DeploymentRepo, commit: str, *, barrier
     order it (the waves do not), and a failure anywhere halts it all the same. ``before``: on
     the VIP networks after the commit it settled last (a node joining them waits for the
     nodes that leave them: see ``repo.planes``)."""
-    rollout = plan_rollout(repo.settings, repo.nodes, repo.members)
-    off = repo.planes.off(ctx.node) if repo.planes.attaches(ctx.node, before) else ()
+    # A node under `decommission` is placed in the waves as its name places it (its decommission is
+    # its apply of the commit); the others never wait for it: theirs is built without it.
+    gone = ctx.node not in repo.nodes
+    rollout = plan_rollout(repo.settings, (*repo.nodes, ctx.node) if gone else repo.nodes, repo.members)
+    off = repo.planes.off(ctx.node) if not gone and repo.planes.attaches(ctx.node, before) else ()
     if not rollout.enabled and not barriers and not off:
         return Go(True)
     own = ctx.ledger.verdict(commit)
@@ -136,8 +139,8 @@ def plane_of(node: str, repo: DeploymentRepo | None, before: bool | None, failed
     """What the note says of the node's place while two control planes run side by side (see
     ``repo.planes``): release, mode, on the VIP networks or not, and, where it left them for a
     cutover, the nodes whose attach it watches (their failure puts it back on)."""
-    if repo is None or not (repo.planes.active or repo.cutover_aborted):
-        return None
+    if repo is None or node not in repo.nodes or not (repo.planes.active or repo.cutover_aborted):
+        return None  # (not a node of the commit: one under `decommission`)
     planes = repo.planes
     out = planes[node].to_dict()
     if failed and planes.attaches(node, before):

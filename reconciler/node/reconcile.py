@@ -6,6 +6,8 @@ each with its reason):
 
     prepare   sweep a killed run's leftovers, check for room, finish notes a killed run owed
     source    the branch head (a ref check; a fetch only when it moved)
+    retired   a decommissioned node: ends here (pushing what is pending), unless the verified
+              head names it under ``nodes`` again, which lifts it   (``node.decommission``)
     resume    a reboot this node started: wait for it, or finish it; a cutover it watches
     noop      same commit, converged, every service running its slice: nothing at all (unless
               post_upgrade steps here wait on the fleet)
@@ -14,8 +16,11 @@ each with its reason):
     gate      a commit that failed here waits for `retry`; pins released when the branch moved;
               the repo loads; an owed upgrade first; suspended; the rollout says go, wait or
               halted (an upgrade under way here is taken back when halted)    (``node.gate``)
+    decommission  listed under ``decommission``: a node with no mark stops nothing (UNKNOWN_NODE);
+              else its slice is empty and converge stops everything  (``node.decommission``)
     upgrade   the commit's upgrade steps this node takes part in, each after its barrier
     converge  render, observe, plan, apply (under the services lock), then settle the verdict
+    retire    a ``decommission`` commit applied: noted, the ledger retired (``node.decommission``)
     post      deployment-wide post_upgrade steps, once the fleet applied the commit
 
 Every verdict goes through ``Ledger.settle`` (the one table of allowed moves) and every note
@@ -37,7 +42,7 @@ from reconciler.node import peers
 from reconciler.node.adopt import adopt_step
 from reconciler.node.context import NodeContext
 from reconciler.node.converge import converge_step
-from reconciler.node.decommission import decommission_step, retired_step
+from reconciler.node.decommission import decommission_step, retire_step, retired_step
 from reconciler.node.gate import gate, trust
 from reconciler.node.peers import cutover_watch
 from reconciler.node.run import Request, Run, RunResult
@@ -171,5 +176,5 @@ def unchanged(ctx: NodeContext, commit: str) -> bool:
     return all(o.running and not o.drifted and o.hash == hashes[n] for n, o in seen.items())
 
 
-STEPS: tuple[Step, ...] = (retired_step, start, source, resume, noop, adopt_step, trust, decommission_step, gate,
-                          upgrade_step, converge_step, post_step)
+STEPS: tuple[Step, ...] = (start, source, retired_step, resume, noop, adopt_step, trust, gate, decommission_step,
+                          upgrade_step, converge_step, retire_step, post_step)

@@ -38,7 +38,8 @@ def write_note(ctx: NodeContext, commit: str) -> None:
     report = ctx.ledger.report(commit, ctx.node, now_iso())
     if report is None:
         return
-    report = replace(report, root=ctx.keeper.gate.root.origin)  # signed with it: what recovery trusts
+    # signed with the root: what recovery trusts; the services `reconciler stop` holds: the fleet view's
+    report = replace(report, root=ctx.keeper.gate.root.origin, held=tuple(sorted(ctx.ledger.held_stopped())))
     previous = ctx.reporter.read(commit)
     # the signature and the time differ on every writing: the record is what must match
     if previous is None or {k: v for k, v in previous.items() if k not in ("time", "sig")} != \

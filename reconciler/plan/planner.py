@@ -29,16 +29,22 @@ from reconciler.repo.windows import Window, closed
 
 
 def dependency_order(services: Iterable[DesiredService]) -> list[DesiredService]:
-    """Kahn's algorithm with a sorted ready set: dependencies first, deterministic."""
+    """Dependencies first, deterministic (``order_of``)."""
     by_name = {s.name: s for s in services}
-    waiting = {n: {d for d in s.depends_on if d in by_name} for n, s in by_name.items()}
-    out: list[DesiredService] = []
+    return [by_name[n] for n in order_of({n: s.depends_on for n, s in by_name.items()})]
+
+
+def order_of(depends_on: Mapping[str, Iterable[str]]) -> list[str]:
+    """Kahn's algorithm with a sorted ready set: each name after what it depends on (among
+    these names), ties by name. Its reverse is the order to stop them in."""
+    waiting = {n: {d for d in deps if d in depends_on} for n, deps in depends_on.items()}
+    out: list[str] = []
     while waiting:
         ready = sorted(n for n, deps in waiting.items() if not deps)
         if not ready:  # repo validation rejects cycles; keep going by name rather than loop
             ready = [min(waiting)]
         for n in ready:
-            out.append(by_name[n])
+            out.append(n)
             del waiting[n]
         for deps in waiting.values():
             deps.difference_update(ready)
@@ -68,14 +74,19 @@ def _short(commit: str | None) -> str:
     return commit[:12] if commit else "unknown commit"
 
 
-def plan(desired: Desired, observed: Observed) -> Plan:
+def plan(desired: Desired, observed: Observed, held: Mapping[str, str] | None = None) -> Plan:
+    """``held``: services an operator holds stopped (`reconciler stop`), left out of ``desired``
+    on purpose: service -> who holds it, said as the reason of its stop."""
     seen = observed.by_name()
     wanted = desired.by_name()
+    held = held or {}
     actions: list[Action] = []
 
     for o in observed.services:
         if o.name not in wanted:
-            actions.append(Action(ActionKind.STOP, o.name, "no longer assigned to this node", driver=o.driver))
+            why = f"held stopped by {held[o.name]} (reconciler stop)" if o.name in held \
+                else "no longer assigned to this node"
+            actions.append(Action(ActionKind.STOP, o.name, why, driver=o.driver))
         elif o.driver != wanted[o.name].runtime.driver:
             actions.append(Action(
                 ActionKind.STOP, o.name, f"moves from driver {o.driver} to {wanted[o.name].runtime.driver}",

@@ -106,6 +106,9 @@ class DeploymentRepo:
     # This commit's cutover failed where it attached (the agent read the failed note): placed as
     # if its cutover nodes were isolated, so the old plane re-attaches (see ``planes``).
     cutover_aborted: bool = False
+    # inventory.yaml `decommission`: nodes taken out of the fleet on purpose (never one of
+    # ``nodes``). Mere absence from ``nodes`` stops nothing: a typo or a rename must not.
+    decommission: tuple[str, ...] = ()
 
     @functools.cached_property
     def planes(self) -> Planes:

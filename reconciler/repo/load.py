@@ -236,8 +236,13 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
                                    str(n.get("pending_release", "")), str(n.get("mode", "")),
                                    inventory.line(("nodes", nname)))
 
+    decommission: tuple[str, ...] = ()
     if inventory is not None:
         problems.extend(check_var_names(inventory, services))
+        decommission = tuple(str(n) for n in inventory.data.get("decommission", ()))
+        problems.extend(Problem("inventory.yaml", inventory.line(("decommission", i)),
+                                f"node {name!r} is under both `nodes` and `decommission`: a node is one or the other")
+                        for i, name in enumerate(decommission) if name in nodes)
     secret_files = _secret_files(tree, limits, problems)
     problems.extend(check_dependencies(services))
     post = parse_post(settings.data.get("post_upgrade", ())) if settings is not None else ()
@@ -265,6 +270,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         windows=windows,
         budgets=budgets,
         secret_files=secret_files,
+        decommission=decommission,
     )
     problems = check_drivers(repo)
     if not problems:

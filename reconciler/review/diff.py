@@ -10,6 +10,7 @@ diff runs in. What a reviewer reads (the summary, the markdown comment) is ``rep
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import multiprocessing
 import os
@@ -328,10 +329,25 @@ def _diff_node(r: _Review, node: str) -> NodeDiff:
     if r.upgrades and r.repo_b.post_upgrade:
         steps += describe_post(r.repo_b, node, r.upgrades, r.repo_b.members, r.holding)
     plan = make_plan(db, as_applied(da))
+    if node in r.repo_a.nodes and node not in r.repo_b.nodes:
+        plan, steps = _leaves(r.repo_b, node, plan, steps)
     # A review keeps what it prints: not every rendered file of every action (a worker would
     # send them all back).
     plan = Plan(plan.node, plan.commit, tuple(a.without_desired() for a in plan.actions))
     return NodeDiff(node, plan, tuple(file_diffs(node, da, db)), steps)
+
+
+def _leaves(repo_b: DeploymentRepo, node: str, plan: Plan, steps: tuple[str, ...]) -> tuple[Plan, tuple[str, ...]]:
+    """A node that leaves ``nodes``: under ``decommission`` its agent stops what it runs; merely
+    gone, it stops nothing (its passes err, UNKNOWN_NODE), and the review says so."""
+    stops = [a.service for a in plan.actions if a.kind is ActionKind.STOP]
+    if node in repo_b.decommission:
+        why = f"decommission {node}: stops {', '.join(stops) or 'nothing'}"
+        return Plan(plan.node, plan.commit, tuple(dataclasses.replace(a, reason=why) for a in plan.actions)), \
+            (*steps, why)
+    return Plan(plan.node, plan.commit, ()), (*steps, f"{node} is no longer in the inventory: its agent stops "
+                                                      "nothing (UNKNOWN_NODE); list it under `decommission` to stop "
+                                                      "its services")
 
 
 def _render_at(repo: DeploymentRepo, node: str, commit: str, only: frozenset[str] | None) -> Desired:

@@ -158,3 +158,5 @@ class Report:
     # On the commit the node runs: the branch was moved back to an older commit it had applied
     # and it refused to go there ({head, reason, time}); that commit's own verdict stays as it was
     refused: Mapping[str, str] | None = None
+    # Services an operator held stopped (`reconciler stop`) when the note was written
+    held: tuple[str, ...] = ()
