@@ -94,9 +94,15 @@ if ! "$VENV/bin/python" -c '' 2>/dev/null; then # absent, or left behind by a re
 fi
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check --no-input -q "$@"; }
 if [ -n "$wheels" ]; then
-    set -- --no-index --find-links "$wheels" reconciler
+    set -- --no-index --find-links "$wheels" reconciler-gitops
 else
     set -- "$package"
+fi
+# The agent was once packaged as "reconciler": that distribution would keep owning the import
+# package under the new one (the venv is the agent's own: nothing else installs there).
+if "$VENV/bin/python" -m pip show -q reconciler >/dev/null 2>&1; then
+    say "removing the agent's old distribution \"reconciler\" (now reconciler-gitops) ..."
+    pip uninstall -y reconciler
 fi
 say "installing $* into $VENV ..."
 pip install --upgrade "$@" # dependencies: upgraded only where the new version needs it

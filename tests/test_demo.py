@@ -126,8 +126,10 @@ def test_test_sh_with_arguments_runs_just_those_tests_and_installs_nothing(tmp_p
     package missing (a PATH without them), no lint, no types; pytest with the arguments given."""
     tools = tmp_path / "bin"
     tools.mkdir()
-    for tool in ("bash", "git", "python3", "sha256sum", "cut", "cat", "dirname", "id"):
+    for tool in ("bash", "git", "sha256sum", "cut", "cat", "dirname", "id"):
         (tools / tool).symlink_to(shutil.which(tool) or tool)
+    # the interpreter itself, not a version manager's shim (pyenv's is a script needing more tools)
+    (tools / "python3").symlink_to(Path(sys.executable).resolve())
     (tools / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/apt-get.log\n')
     (tools / "apt-get").chmod(0o755)
     proc = subprocess.run([str(ROOT / "test.sh"), "-p", "no:cacheprovider", "-n", "0", "tests/test_contrib.py", "-k",

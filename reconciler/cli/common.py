@@ -211,8 +211,10 @@ def node_agent(agent_opts: dict[str, Any], *, converge: bool = False, empty_ok: 
     if converge:
         return Agent(agent_config(agent_opts, **defaults))
     from reconciler.ledger.statedir import require_agent_state
+    from reconciler.node.localfiles import check_local
 
     cfg = local_config(agent_opts, **defaults)
+    check_local(cfg)  # this machine's own files first: a bad trust file is said as such anywhere
     require_agent_state(cfg.state_dir, empty_ok=empty_ok)
     return Agent(cfg, keeps=False)
 
