@@ -432,3 +432,21 @@ def test_a_pass_holding_the_lock_is_seen_even_where_the_kernel_lists_another_dev
         holder.kill()
         holder.wait()
     assert state.held() is False  # its holder is gone: interrupted, surely
+
+
+def test_note_key_never_prints_a_line_for_another_node_with_the_key_in_this_state_dir(
+    dep: Deployment, merge_key: SigningKey, n1: Path
+) -> None:
+    """The line would list n1's key as n2's in trust/nodes: n2's notes would be n1's to forge."""
+    assert cli("agent", "--once", *args("n1", dep, n1, merge_key)).returncode == 0
+    where = ["--remote", dep.url, "--state-dir", str(n1), "--allowed-signers", str(merge_key.allowed_signers)]
+
+    proc = cli("note-key", "--node", "n2", *where)
+    assert proc.returncode == 2, proc.stdout
+    line = one_line(proc)
+    assert "n1" in line and "n2" in line and str(n1) in line, line
+    assert proc.stdout == ""
+
+    proc = cli("note-key", "--node", "n1", *where)  # its own: the key in its state dir, as the agent signs with
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("n1 "), proc.stdout

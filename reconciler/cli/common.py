@@ -219,7 +219,7 @@ def node_agent(agent_opts: dict[str, Any], *, converge: bool = False, empty_ok: 
     return Agent(cfg, keeps=False)
 
 
-def _owner(root: Path, node: str | None = None) -> str | None:
+def state_owner(root: Path, node: str | None = None) -> str | None:
     """The node whose agent keeps the state dir ``root`` (None: no ledger there, or an agent's
     from before it recorded its node); ``node``: refused when it is another's."""
     if not (root / "state.db").is_file():
@@ -248,7 +248,7 @@ def _node_of(root: Path) -> str | None:
 
     State(root, create=False)  # does not exist, or is a file
     require_agent_state(root, empty_ok=True)  # an empty one made ready: its node must be given
-    return _owner(root)
+    return state_owner(root)
 
 
 def local_config(agent_opts: dict[str, Any], **defaults: Any) -> AgentConfig:
@@ -256,7 +256,7 @@ def local_config(agent_opts: dict[str, Any], **defaults: Any) -> AgentConfig:
     the node it names when the settings name none; refused when they name another (it would be
     shown, or changed, under the wrong name)."""
     cfg = agent_config(agent_opts, node_of=_node_of, **defaults)
-    _owner(cfg.state_dir, cfg.node)
+    state_owner(cfg.state_dir, cfg.node)
     return cfg
 
 

@@ -18,6 +18,7 @@ from reconciler.cli.common import (
     existing_agent,
     out,
     output_option,
+    state_owner,
 )
 from reconciler.core.errors import BadInput
 from reconciler.node import operations
@@ -166,6 +167,8 @@ def note_key(agent_opts: dict[str, Any], output: str) -> None:
     from reconciler.trust.notesig import public_line
 
     cfg = agent_config(agent_opts, remote="file:///nowhere")  # it contacts no remote
+    if cfg.note_key is None:  # the state dir's key: another node's there would be listed as this one's
+        state_owner(cfg.state_dir, cfg.node)
     key = key_loader(cfg.note_key, cfg.state_dir)()
     line = public_line(cfg.node, key)
     if output == "json":
