@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import Deployment, SigningKey, git, note_key, small_deployment
-from test_crash_points import count_points, killed_at
+from test_crash_points import count_points, killed_at, one_pass
 from test_faults import processes_of
 
 from reconciler.agent import Agent
@@ -36,11 +36,7 @@ class DayTwoNode:
     cfg: AgentConfig
 
     def run(self, operation: Callable[[Agent], object] | None = None) -> object:
-        agent = Agent(self.cfg, progress=False)
-        try:
-            return (operation or (lambda a: a.reconcile_once()))(agent)
-        finally:
-            agent.close()
+        return one_pass(self.cfg, operation)
 
     def running(self) -> set[str]:
         return {o.name for o in observe("n1", drivers_for(self.cfg, None)).services if o.running}

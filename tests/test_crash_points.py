@@ -107,11 +107,7 @@ class Node:
             return dict(json.loads(resp.read()))
 
     def run(self, operation: Callable[[Agent], object] | None = None) -> object:
-        agent = Agent(self.cfg, progress=False)
-        try:
-            return (operation or (lambda a: a.reconcile_once()))(agent)
-        finally:
-            agent.close()
+        return one_pass(self.cfg, operation)
 
 
 def in_child(node: Node, operation: Callable[[Agent], object] | None, env: dict[str, str]) -> int:
@@ -129,6 +125,16 @@ def in_child(node: Node, operation: Callable[[Agent], object] | None, env: dict[
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     return status
+
+
+def one_pass(cfg: AgentConfig, operation: Callable[[Agent], object] | None = None) -> object:
+    """A plain pass (or ``operation``) by a fresh agent over ``cfg``, closed after: what every
+    node of a kill test runs, before and after each kill."""
+    agent = Agent(cfg, progress=False)
+    try:
+        return (operation or (lambda a: a.reconcile_once()))(agent)
+    finally:
+        agent.close()
 
 
 def killed_at(node: Node, operation: Callable[[Agent], object] | None, n: int, points: list[str]) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import Deployment, SigningKey, free_port, small_deployment
 from test_cli import cli, one_error_line
-from test_crash_points import APP, SERVICE, count_points, killed_at
+from test_crash_points import APP, SERVICE, count_points, killed_at, one_pass
 from test_faults import processes_of
 from test_hardening import _fill, tmpfs
 
@@ -68,11 +68,7 @@ class UpgradeNode:
 
     def run(self, operation: Callable[[Agent], object] | None = None) -> object:
         """A plain pass (or ``operation``) by a fresh agent, as ``test_crash_points``' helpers ask."""
-        agent = Agent(self.cfg, progress=False)
-        try:
-            return (operation or (lambda a: a.reconcile_once()))(agent)
-        finally:
-            agent.close()
+        return one_pass(self.cfg, operation)
 
     def ran(self, log: Path, commit: str) -> int:
         """How many times a step of ``commit`` appended to ``log``."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import Deployment, SigningKey, git, note_key, small_deployment
 from test_cli import as_json, break_identity, cli, node_args, one_error_line
-from test_crash_points import count_points, killed_at
+from test_crash_points import count_points, killed_at, one_pass
 from test_faults import processes_of
 
 from reconciler.agent import Agent
@@ -128,11 +128,7 @@ class SmallNode:
     commits: int = 0
 
     def run(self, operation: Callable[[Agent], object] | None = None) -> object:
-        agent = Agent(self.cfg, progress=False)
-        try:
-            return (operation or (lambda a: a.reconcile_once()))(agent)
-        finally:
-            agent.close()
+        return one_pass(self.cfg, operation)
 
     def forward(self) -> str:
         """A new commit the node applies (nothing of its service changes), pushed."""
