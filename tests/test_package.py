@@ -190,6 +190,7 @@ def test_actionlint_finds_nothing_in_the_workflows_nor_in_a_workflow_using_the_a
     (repo / "contrib/github").mkdir(parents=True)
     shutil.copy(ACTION, repo / "contrib/github/action.yml")
     shutil.copy(ROLLOUT, repo / ".github/workflows/rollout.yml")
+    shutil.copy(ROOT / "contrib/github/merge.yml", repo / ".github/workflows/merge.yml")
     (repo / ".github/workflows/review.yml").write_text(
         "on: pull_request\npermissions: {pull-requests: write, statuses: write}\njobs:\n  review:\n"
         "    runs-on: ubuntu-latest\n    steps:\n      - uses: actions/checkout@v5\n        with: {fetch-depth: 0}\n"

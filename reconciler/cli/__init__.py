@@ -28,7 +28,7 @@ from reconciler.cli.inspect import history, logs, status
 from reconciler.cli.node import agent_command, apply, plan, prepull, rollback, verify
 from reconciler.cli.operate import note_key, resume, retry, suspend, unpin
 from reconciler.cli.repo import diff, render, validate
-from reconciler.cli.review import review_post
+from reconciler.cli.review import merge, review_post
 from reconciler.core.errors import ReconcilerError
 
 
@@ -109,7 +109,7 @@ def _stderr_is_journal() -> bool:
 
 
 for command in (validate, render, diff, plan, apply, agent_command, verify, status, history, logs, rollback, unpin,
-                retry, suspend, resume, prepull, review_post, bundle, note_key, init, check, node_group):
+                retry, suspend, resume, prepull, review_post, merge, bundle, note_key, init, check, node_group):
     cli.add_command(command)
 for command in (stop, start, poll):  # day 2 (docs/day2.md)
     cli.add_command(command)

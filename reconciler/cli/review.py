@@ -121,3 +121,106 @@ def _what(group: str, members: list[str], changed: set[str], found: list[Change]
         kinds[str(c.kind)] += len(set(c.nodes) & set(members))
     return (f"{len(set(members) & changed)} of {len(members)} nodes change: "
             + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()) if v))
+
+
+
+@click.command("merge")
+@click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="The bot's clone of the deployment repo (its git settings sign, unless --signing-key).")
+@click.option("--forge", type=click.Choice(["github", "gerrit"]), required=True)
+@click.option("--pr", type=int, help="GitHub: the pull request's number.")
+@click.option("--github-repo", envvar="GITHUB_REPOSITORY", help="GitHub: OWNER/NAME [$GITHUB_REPOSITORY].")
+@click.option("--api-url", envvar="GITHUB_API_URL", default="https://api.github.com", show_default=True,
+              help="GitHub: the REST API [$GITHUB_API_URL].")
+@click.option("--approvals", type=click.IntRange(min=1), default=1, show_default=True,
+              help="GitHub: approvals needed on the pull request's head commit.")
+@click.option("--gerrit-url", envvar="GERRIT_URL", help="Gerrit: the server's URL [$GERRIT_URL].")
+@click.option("--change", envvar="GERRIT_CHANGE_NUMBER", help="Gerrit: the change [$GERRIT_CHANGE_NUMBER].")
+@click.option("--remote", required=True, help="The git server the nodes read: its branch is merged into and pushed.")
+@click.option("--forge-git", default="", help="Where the change's ref is fetched (the forge's git URL) [--remote].")
+@click.option("--branch", default="main", show_default=True)
+@click.option("--also-push", multiple=True, help="Push the merge here too after --remote (e.g. the forge, so it "
+              "shows the change merged). Repeatable.")
+@click.option("--signing-key", default="", help="The merge key: an SSH private key's path, or an OpenPGP key id "
+              "with --signing-format openpgp [git's user.signingkey].")
+@click.option("--signing-format", type=click.Choice(["ssh", "openpgp"]), default="ssh", show_default=True)
+@click.option("--name", default="", help="The merge's committer name [git's user.name].")
+@click.option("--email", default="",
+              help="The merge's committer email, the principal the nodes check [git's user.email].")
+@click.option("--allowed-signers", type=click.Path(path_type=Path),
+              help="The nodes' SSH trust root, used until the repo carries trust/allowed_signers.")
+@click.option("--gpg-home", type=click.Path(path_type=Path), help="The nodes' OpenPGP keyring.")
+@click.option("--revoked", type=click.Path(path_type=Path), help="The nodes' revocation list.")
+@click.option("--policy", type=click.Choice(["every-commit", "first-parent", "head"]), default="every-commit",
+              show_default=True, help="The nodes' trust policy (the repo's, if stricter, applies too).")
+@click.option("--dry-run", is_flag=True, help="Make and check the merge; push and post nothing.")
+@output_option
+def merge(repo_dir: Path, forge: str, pr: int | None, github_repo: str | None, api_url: str, approvals: int,
+          gerrit_url: str | None, change: str | None, remote: str, forge_git: str, branch: str,
+          also_push: tuple[str, ...], signing_key: str, signing_format: str, name: str, email: str,
+          allowed_signers: Path | None, gpg_home: Path | None, revoked: Path | None, policy: str, dry_run: bool,
+          output: str) -> None:
+    """Merge an approved change into BRANCH as a commit signed by the merge key, the one the
+    nodes trust, and push it to the nodes' git server.
+
+    Only the commit the forge approved (GitHub: approved on the pull request's head, no changes
+    requested; Gerrit: Code-Review approved, submittable), only without conflicts, only if the
+    merge validates and the nodes' gate would accept it. A branch that moved meanwhile is merged
+    again. Run again after any failure: a change already merged is reported, not merged twice.
+
+    Secrets come from the environment only: GITHUB_TOKEN; GERRIT_USER, GERRIT_PASSWORD.
+
+    \b
+    Example:
+      reconciler merge --forge github --pr 42 --remote git@git.example.org:cloud \\
+        --signing-key ~/.ssh/merge_key --email merge@example.org --policy first-parent
+      reconciler merge --forge gerrit --change 1234 --remote ssh://git@nodes/cloud \\
+        --forge-git https://review.example.org/cloud --also-push https://review.example.org/cloud
+
+    \b
+    Exit codes:
+      0  merged and pushed (or the change was already merged: reported)
+      1  the forge or a git server did not answer or refused; the branch kept moving
+      2  refused: conflicts, the merge does not validate, the nodes would refuse it, the
+         change's ref moved after approval; or bad input (nothing pushed)
+      3  not approved (yet): nothing merged
+    """
+    import subprocess
+
+    from reconciler.review.changes import ChangeForge, GerritChange, GitHubChange
+    from reconciler.review.merge import Signing, Target, merge_change
+    from reconciler.trust.root import Policy, load_root
+
+    the_forge: ChangeForge
+    if forge == "github":
+        if pr is None:
+            raise BadInput("--forge github needs --pr NUMBER")
+        the_forge = GitHubChange(api_url, os.environ.get("GITHUB_TOKEN", ""), github_repo or "", pr, approvals)
+    else:
+        if not gerrit_url:
+            raise BadInput("--forge gerrit needs --gerrit-url (or GERRIT_URL)")
+        the_forge = GerritChange(gerrit_url, os.environ.get("GERRIT_USER", ""), os.environ.get("GERRIT_PASSWORD", ""),
+                                 change or "")
+
+    def config(key: str) -> str:
+        proc = subprocess.run(["git", "config", key], cwd=repo_dir, capture_output=True, text=True)
+        return proc.stdout.strip()
+
+    name, email = name or config("user.name"), email or config("user.email")
+    if not email or not name:
+        raise BadInput("the merge needs a committer: give --name and --email (the principal the nodes trust), "
+                       "or set git's user.name and user.email in the bot's clone")
+    root = load_root(allowed_signers, gpg_home, revoked)
+    done = merge_change(repo_dir, the_forge, Target(remote, forge_git, branch, also_push),
+                        Signing(name, email, signing_key, signing_format), root, Policy(policy), dry_run)
+    if output == "json":
+        emit_json({"change": done.change.label, "url": done.change.url, "commit": done.commit, "new": done.new,
+                   "pushed": list(done.pushed), "reported": done.reported, "reviewers": list(done.change.reviewers),
+                   "dry_run": dry_run})
+        return
+    verb = "would merge" if dry_run else ("merged" if done.new else "already merged")
+    out.print(f"{done.change.label} {verb} as {done.commit} into {branch}"
+              + (f", pushed to {', '.join(done.pushed)}" if done.pushed else ""))
+    if done.reported:
+        out.print(done.reported)
+

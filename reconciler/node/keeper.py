@@ -31,7 +31,7 @@ from reconciler.core.model import (
 from reconciler.fleet import notes
 from reconciler.trust.commits import verify_commit
 from reconciler.trust.root import Policy, TrustError, TrustRoot, load_root, parse_revoked
-from reconciler.trust.verify import Decision, Gate, repo_requires_binding, rotated_root_at, tree_file
+from reconciler.trust.verify import Decision, Gate, repo_policy, repo_requires_binding, rotated_root_at, tree_file
 
 if TYPE_CHECKING:
     import pygit2
@@ -97,7 +97,7 @@ class TrustKeeper:
 
     def decide(self, commit: str) -> Decision:
         base = self.high_water()
-        return self.gate.decide(self.repo(), commit, base, self.repo_policy(base, commit),
+        return self.gate.decide(self.repo(), commit, base, repo_policy(self.repo(), base, commit),
                                 repo_requires_binding(self.repo(), base, commit))
 
     def verify(self, rev: Revision) -> VerifiedRevision:
@@ -242,24 +242,6 @@ class TrustKeeper:
             f"{self.dir}, or set trust.allowed_signers to the root in force "
             f"(git show {mark[:12]}:trust/allowed_signers)",
             "ROOT_UNPROVEN")
-
-    def repo_policy(self, *commits: str | None) -> Policy:
-        """The strictest policy the repo asks for at these commits (it can only tighten)."""
-        from reconciler.core.errors import BadInput
-        from reconciler.core.yamlfile import safe_load
-
-        policies = [Policy.HEAD]
-        for commit in commits:
-            raw = tree_file(self.repo(), commit, "reconciler.yaml") if commit else None
-            try:
-                # Bounded: this commit is not verified yet, and a hostile file must not exhaust the node.
-                data = safe_load(raw, "reconciler.yaml") if raw else None
-                wanted = data.get("trust", {}).get("policy") if isinstance(data, dict) else None
-                if wanted:
-                    policies.append(Policy(wanted))
-            except (BadInput, ValueError, AttributeError):
-                continue  # a bad file is reported by validation; it cannot loosen anything
-        return Policy.strictest(*policies)
 
 
 def _signer(verdict: Mapping[str, Any]) -> dict[str, str]:

@@ -303,3 +303,21 @@ def verify_range(repo: pygit2.Repository, spec: str, gate: Gate) -> list[Verdict
     else:
         commits = [resolve(spec)]
     return _judge(repo, commits, gate.root, gate.clock(), gate.node_revoked, stop=False)[0]
+
+
+def repo_policy(repo: pygit2.Repository, *commits: str | None) -> Policy:
+    """The strictest policy reconciler.yaml asks for at these commits (it can only tighten: a
+    file that does not parse asks for nothing, and validation reports it)."""
+    from reconciler.core.yamlfile import safe_load
+
+    policies = [Policy.HEAD]
+    for commit in commits:
+        raw = tree_file(repo, commit, "reconciler.yaml") if commit else None
+        try:
+            data = safe_load(raw, "reconciler.yaml") if raw else None  # bounded: not verified yet
+            wanted = data.get("trust", {}).get("policy") if isinstance(data, dict) else None
+            if wanted:
+                policies.append(Policy(wanted))
+        except (BadInput, ValueError, AttributeError):
+            continue
+    return Policy.strictest(*policies)
