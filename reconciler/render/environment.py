@@ -78,15 +78,18 @@ class _CompiledOnce(jinja2.BytecodeCache):
         self.code[bucket.key] = (bucket.checksum, bucket.code)
 
 
-_COMPILED = _CompiledOnce()
+# One per template dialect: compiled code names the filters it found (a template that uses
+# ``bool`` compiles to an error without the Ansible dialect), so it is reused only within one.
+_COMPILED = {"jinja": _CompiledOnce(), "ansible": _CompiledOnce()}
 
 
-def service_environment(templates: Mapping[str, str], base: str) -> Sandbox:
+def service_environment(templates: Mapping[str, str], base: str, dialect: str = "jinja") -> Sandbox:
     """A service definition's sandbox: its templates by repo path, compiled once (see
-    ``_CompiledOnce``)."""
-    return Sandbox(
+    ``_CompiledOnce``), with the filters, tests and globals of the repo's template ``dialect``
+    (reconciler.yaml ``templates.dialect``: Jinja's own, or Ansible's, see ``ansible_dialect``)."""
+    env = Sandbox(
         loader=_RepoLoader(templates, base),
-        bytecode_cache=_COMPILED,
+        bytecode_cache=_COMPILED[dialect],
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -94,6 +97,11 @@ def service_environment(templates: Mapping[str, str], base: str) -> Sandbox:
         # up-to-date check on every get_template, a sixth of a diff's render time at scale.
         auto_reload=False,
     )
+    if dialect == "ansible":
+        from reconciler.render.ansible_extras import install
+
+        install(env)
+    return env
 
 
 _INLINE: ByIdentity[jinja2.Template] = ByIdentity(65536)

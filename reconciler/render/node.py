@@ -56,12 +56,12 @@ class _Compiled:
 _COMPILED_SERVICES: ByIdentity[_Compiled] = ByIdentity(4096)
 
 
-def _compiled(svc: ServiceDef) -> _Compiled:
-    """The service definition's entry, keyed by identity."""
-    hit = _COMPILED_SERVICES.get(id(svc))
+def _compiled(svc: ServiceDef, dialect: str) -> _Compiled:
+    """The service definition's entry, keyed by identity (and the repo's template dialect)."""
+    hit = _COMPILED_SERVICES.get((id(svc), dialect))
     if hit is None:
-        env = service_environment(svc.templates, svc.template_path("").rstrip("/"))
-        hit = _COMPILED_SERVICES.put(id(svc), _Compiled(env, {}), svc)
+        env = service_environment(svc.templates, svc.template_path("").rstrip("/"), dialect)
+        hit = _COMPILED_SERVICES.put((id(svc), dialect), _Compiled(env, {}), svc)
     return hit
 
 
@@ -76,7 +76,7 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     the process driver's users and groups there; a reviewer's machine renders without it.
     ``budget``: what the node's render may still spend (a fresh one from the repo's limits when
     this service is rendered alone). ``share``: the node's (``render_node`` computes it once)."""
-    compiled = _compiled(svc)
+    compiled = _compiled(svc, repo.template_dialect)
     env = compiled.env
     share = share or node_share(repo, node)
     ctx = context(repo, node, svc, pinned, share, env.globals)
@@ -159,7 +159,7 @@ def network_names(repo: DeploymentRepo, node: str, svc: ServiceDef, share: NodeS
     """The names the service's ``networks`` render to on ``node``, a VIP network off the live
     plane too (``render.vipnets`` checks them against ``vip.networks``); only these strings are
     rendered, each in the context the whole render gives it."""
-    env = _compiled(svc).env
+    env = _compiled(svc, repo.template_dialect).env
     ctx = context(repo, node, svc, None, share, env.globals)
     budget = Budget(repo.limits)
     names = (str(e["name"]) if isinstance(e, Mapping) else str(e) for e in svc.container.get("networks", ()))

@@ -11,6 +11,8 @@ Context of every template, runtime string and health target:
 - ``hostvars``: node name -> that node's variables (without service defaults);
   both only of the nodes of its own plane when it, or they, are split off (an isolated node, the
   old plane after a cutover: see ``repo.planes``);
+- ``inventory_hostname`` (the node's name, as Ansible calls it), in the Ansible template dialect
+  only (reconciler.yaml ``templates.dialect``);
 - ``secrets``: name -> value, from the ``secrets/*.yaml`` files this node can decrypt (the
   agent's identity; see ``secrets``). Without a key (review, validate) the values are markers
   ``<secret NAME HASH>``, for the files encrypted to the node's ``age_recipient`` variable.
@@ -175,6 +177,10 @@ def context(repo: DeploymentRepo, node: str, svc: ServiceDef, pinned: Mapping[st
     the render's own names). ``under``: names everything else is over (the sandbox's globals)."""
     share = share or node_share(repo, node)
     if pinned:
-        return {**(under or {}), **svc.defaults, **share.vars, **pinned, **share.own, "service": svc.name,
-                "service_version": svc.version}
-    return {**(under or {}), **svc.defaults, **share.view, "service": svc.name, "service_version": svc.version}
+        ctx = {**(under or {}), **svc.defaults, **share.vars, **pinned, **share.own, "service": svc.name,
+               "service_version": svc.version}
+    else:
+        ctx = {**(under or {}), **svc.defaults, **share.view, "service": svc.name, "service_version": svc.version}
+    if repo.template_dialect == "ansible":
+        ctx["inventory_hostname"] = node  # a magic variable in Ansible: no inventory value overrides it
+    return ctx

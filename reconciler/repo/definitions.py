@@ -109,6 +109,9 @@ class DeploymentRepo:
     # inventory.yaml `decommission`: nodes taken out of the fleet on purpose (never one of
     # ``nodes``). Mere absence from ``nodes`` stops nothing: a typo or a rename must not.
     decommission: tuple[str, ...] = ()
+    # reconciler.yaml `templates.dialect`: "jinja" (Jinja's own filters), or "ansible" (Ansible's
+    # filters and tests, kolla's address filters, `inventory_hostname`, `lookup('template')`).
+    template_dialect: str = "jinja"
 
     @functools.cached_property
     def planes(self) -> Planes:

@@ -271,6 +271,7 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         budgets=budgets,
         secret_files=secret_files,
         decommission=decommission,
+        template_dialect=str((settings.data.get("templates") or {}).get("dialect", "jinja")),
     )
     problems = check_drivers(repo)
     if not problems:
