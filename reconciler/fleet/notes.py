@@ -149,6 +149,7 @@ class Note:
     refused_reason: str = ""
     refused_time: str = ""
     held: tuple[str, ...] = ()  # services held stopped by `reconciler stop` when it was written
+    reason: str = ""  # the stable reason code of an error or a refusal (RENDER_FAILED, UNKNOWN_NODE...)
 
     @staticmethod
     def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
@@ -168,7 +169,8 @@ class Note:
                     _str(failed[0]) if failed else "", _str(data.get("error"), MAX_TEXT), steps,
                     _str(plane.get("vip")) if isinstance(plane, Mapping) else "", fresh,
                     _str(refused.get("head")), _str(refused.get("reason")), _str(refused.get("time")),
-                    tuple(_str(h) for h in held[:MAX_HELD]) if isinstance(held := data.get("held"), list) else ())
+                    tuple(_str(h) for h in held[:MAX_HELD]) if isinstance(held := data.get("held"), list) else (),
+                    _str(data.get("reason"), 64))
 
 
 # A node's claim on a disruption slot (see ``budget``) is a note too, in the same ref, on an

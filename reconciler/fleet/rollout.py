@@ -29,6 +29,17 @@ __all__ = ["FleetView", "Note", "Quiet", "Rollout", "Verdict", "Wave", "begun", 
 
 APPLIED_STATES = ("applied",)
 FAILED_STATES = ("failed",)
+ERROR_STATES = ("error",)
+# An error note says the node could not use the commit at all (it does not render or validate
+# there, a secret it cannot open): nothing applied, and the nodes after it would fare no better,
+# so it stops the rollout as a failure does. Except a node the commit no longer lists: it
+# stops nobody (the commit took it out of the fleet).
+NOT_STOPPING = ("UNKNOWN_NODE",)
+
+
+def stops(note: Note) -> bool:
+    """Does this note of a node stop the rollout of its commit?"""
+    return note.state in FAILED_STATES or (note.state in ERROR_STATES and note.reason not in NOT_STOPPING)
 HALTED_STATES = ("halted",)
 
 
@@ -157,7 +168,7 @@ class FleetView:
     def failure(self, commit: str) -> Note | None:
         for node in sorted(self.notes):
             for note in self.notes[node]:
-                if note.commit == commit and note.state in FAILED_STATES:
+                if note.commit == commit and stops(note):
                     return note
         return None
 
@@ -210,10 +221,13 @@ QUOTE = 1024
 
 
 def _halted(failed: Note, commit: str) -> Verdict:
-    what = f" ({printable(failed.failed_service, 256)})" if failed.failed_service else ""
+    if failed.state in ERROR_STATES:
+        what = f"could not use {commit[:12]} ({printable(failed.reason, 64) or 'ERROR'})"
+    else:
+        service = f" ({printable(failed.failed_service, 256)})" if failed.failed_service else ""
+        what = f"failed {commit[:12]}{service}"
     return Verdict(False, halted=True, failed=failed,
-                   reason=f"halted: {failed.node} failed {commit[:12]}{what}: "
-                          f"{printable(failed.error, QUOTE)}".rstrip(": "))
+                   reason=f"halted: {failed.node} {what}: {printable(failed.error, QUOTE)}".rstrip(": "))
 
 
 def early(rollout: Rollout, node: str, commit: str, fleet: FleetView) -> Verdict | None:
@@ -225,7 +239,7 @@ def early(rollout: Rollout, node: str, commit: str, fleet: FleetView) -> Verdict
     if rollout.halt_on_failure:
         for n in near:
             note = fleet.note(n, commit)
-            if note is not None and note.state in FAILED_STATES:
+            if note is not None and stops(note):
                 return _halted(note, commit)
             if note is not None and note.state in HALTED_STATES:
                 # carried on as that node said it: quoted bounded like a failure
