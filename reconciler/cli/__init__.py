@@ -24,6 +24,7 @@ from reconciler.cli.bootstrap import check, init, node_group
 from reconciler.cli.bundle import bundle
 from reconciler.cli.common import Failed, emit_json, err
 from reconciler.cli.day2 import poll, start, stop
+from reconciler.cli.imports import import_group
 from reconciler.cli.inspect import history, logs, status
 from reconciler.cli.node import agent_command, apply, plan, prepull, rollback, verify
 from reconciler.cli.operate import note_key, resume, retry, suspend, unpin
@@ -113,6 +114,7 @@ for command in (validate, render, diff, plan, apply, agent_command, verify, stat
     cli.add_command(command)
 for command in (stop, start, poll):  # day 2 (docs/day2.md)
     cli.add_command(command)
+cli.add_command(import_group)  # import kolla-ansible (reconciler.importers)
 
 
 def wants_json(args: Sequence[str]) -> bool:

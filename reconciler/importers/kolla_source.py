@@ -1,0 +1,124 @@
+"""The kolla-ansible release an import reads its roles from: a wheel, an unpacked tree, or a
+version pip downloads (``pip download kolla-ansible==X --no-deps``) into a temporary directory.
+
+Its role defaults, ``group_vars/all`` and ``site.yml`` are read once here; the rest of the
+importer sees a ``KollaRelease``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reconciler.core.errors import BadInput
+from reconciler.core.yamlfile import safe_load
+
+SHARE = "kolla_ansible-{version}.data/data/share/kolla-ansible"
+
+
+@dataclass(frozen=True)
+class KollaRelease:
+    version: str
+    ansible: Path  # .../share/kolla-ansible/ansible
+    group_vars: dict[str, Any] = field(repr=False)  # group_vars/all, merged in file order
+    role_enable: dict[str, str] = field(repr=False)  # role -> the enable_* variable site.yml gates it on
+
+    def role_dir(self, role: str) -> Path:
+        return self.ansible / "roles" / role
+
+    def roles(self) -> list[str]:
+        return sorted(p.name for p in (self.ansible / "roles").iterdir() if p.is_dir())
+
+    def role_defaults(self, role: str) -> dict[str, Any]:
+        path = self.role_dir(role) / "defaults" / "main.yml"
+        return _mapping(path) if path.is_file() else {}
+
+    def templates(self) -> list[Path]:
+        """Every role template (``roles/*/templates/**/*.j2``), sorted."""
+        return sorted((self.ansible / "roles").glob("*/templates/**/*.j2"))
+
+
+def age_recipient(text: str) -> str:
+    """A node's age recipient given on the command line (bech32 ``age1...``)."""
+    if not re.fullmatch(r"age1[02-9ac-hj-np-z]{58}", text.strip()):
+        raise BadInput(f"--age-recipient: {text.strip()[:60]!r} is not an age recipient (age1...)")
+    return text.strip()
+
+
+def _mapping(path: Path) -> dict[str, Any]:
+    data = safe_load(path.read_bytes(), str(path))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: not a mapping of variables", file=str(path), line=1)
+    return data
+
+
+def open_release(source: Path | None, version: str | None, workdir: Path) -> KollaRelease:
+    """The release at ``source`` (a ``.whl`` or an unpacked tree), or ``version`` downloaded by
+    pip into ``workdir``."""
+    if source is None:
+        if version is None:
+            raise BadInput("give the kolla-ansible release: --kolla PATH (a wheel or an unpacked tree) "
+                           "or --kolla-version X")
+        source = download(version, workdir)
+    if source.is_file() and source.suffix == ".whl":
+        with zipfile.ZipFile(source) as wheel:
+            wheel.extractall(workdir / "kolla")
+        source = workdir / "kolla"
+    if not source.is_dir():
+        raise BadInput(f"--kolla {source}: no such wheel or directory")
+    return _read(source)
+
+
+def download(version: str, workdir: Path) -> Path:
+    """``pip download kolla-ansible==VERSION --no-deps``: the wheel's path."""
+    into = workdir / "download"
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                           "-d", str(into), f"kolla-ansible=={version}"], capture_output=True, text=True)
+    wheels = sorted(into.glob("kolla_ansible-*.whl")) if into.is_dir() else []
+    if done.returncode != 0 or not wheels:
+        last = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise BadInput(f"--kolla-version {version}: pip download kolla-ansible failed: {last}")
+    return wheels[0]
+
+
+def _read(root: Path) -> KollaRelease:
+    """A tree holding ``share/kolla-ansible/ansible`` somewhere (an unpacked wheel), or the
+    ``ansible`` dir of a source checkout."""
+    candidates = [root / "ansible"] + sorted(root.glob("*.data/data/share/kolla-ansible/ansible"))
+    ansible = next((c for c in candidates if (c / "roles").is_dir()), None)
+    if ansible is None:
+        raise BadInput(f"{root}: not kolla-ansible (no ansible/roles in it)")
+    version = "unknown"
+    for meta in sorted(root.glob("kolla_ansible-*.dist-info/METADATA")) + sorted(root.glob("PKG-INFO")):
+        found = re.search(r"^Version: (\S+)", meta.read_text(errors="replace"), re.M)
+        version = found.group(1) if found else version
+    merged: dict[str, Any] = {}
+    for path in sorted((ansible / "group_vars" / "all").glob("*.yml")) or [ansible / "group_vars" / "all.yml"]:
+        if path.is_file():
+            merged.update(_mapping(path))
+    return KollaRelease(version, ansible, merged, _role_enable(ansible / "site.yml"))
+
+
+def _role_enable(site: Path) -> dict[str, str]:
+    """Which ``enable_*`` variable each role's play in ``site.yml`` runs under (its hosts name
+    ``&enable_X_True``, the group kolla's ``group_by`` makes of it); absent: always."""
+    out: dict[str, str] = {}
+    plays = safe_load(site.read_bytes(), str(site)) if site.is_file() else []
+    for play in plays or []:
+        if not isinstance(play, dict):
+            continue
+        hosts = play.get("hosts")
+        words = " ".join(hosts) if isinstance(hosts, list) else str(hosts or "")
+        gate = re.search(r"enable_(\w+?)_True", words)
+        for role in play.get("roles") or []:
+            name = role.get("role") if isinstance(role, dict) else role
+            if isinstance(name, str) and gate and name not in out:
+                out[name] = f"enable_{gate.group(1)}"
+    return out
