@@ -34,12 +34,17 @@ GERRIT_REF = "refs/changes/34/1234/2"
 
 @dataclass
 class Forge:
-    """What the fake forge says about pull request 7 and change 1234, and every request it got."""
+    """What the fake forge says about pull request 7 (and any other in ``others``) and change
+    1234, who may write to the repository, and every request it got. With ``closes_from`` (the
+    forge's git), a pull request whose head that git's main holds is merged, as GitHub says."""
 
     url: str = ""
     pr: dict[str, Any] = field(default_factory=dict)
     reviews: list[dict[str, Any]] = field(default_factory=list)
     comments: list[dict[str, Any]] = field(default_factory=list)
+    others: dict[int, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = field(default_factory=dict)
+    writers: set[str] = field(default_factory=lambda: {"alice", "bob", "carol"})
+    closes_from: Path | None = None
     change: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
     requests: list[tuple[str, str, Any, dict[str, str]]] = field(default_factory=list)
@@ -49,6 +54,14 @@ class Forge:
 
     def posted(self) -> list[Any]:
         return [b for m, _, b, _ in self.requests if m == "POST"]
+
+    def pulls(self) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]]:
+        pr = dict(self.pr)
+        if self.closes_from is not None and pr and subprocess.run(
+                ["git", "--git-dir", str(self.closes_from), "merge-base", "--is-ancestor", pr["head"]["sha"], "main"],
+                capture_output=True).returncode == 0:
+            pr.update(state="closed", merged=True)
+        return {7: (pr, self.reviews, self.comments), **self.others}
 
 
 @pytest.fixture
@@ -72,13 +85,19 @@ def forge() -> Iterator[Forge]:
             state.requests.append((self.command, self.path, body, dict(self.headers)))
             path, get = urlsplit(self.path).path, self.command == "GET"
             gerrit = ")]}'\n"
-            github: dict[str, Any] = {"/repos/ops/cloud/pulls/7": state.pr, "/repos/ops/cloud/pulls/7/reviews": state.reviews,
-                                      "/repos/ops/cloud/issues/7/comments": state.comments}
+            pulls = state.pulls()
+            github: dict[str, Any] = {"/repos/ops/cloud/pulls": [p for p, _, _ in pulls.values() if p.get("state") == "open"]}
+            for n, (pr, reviews, comments) in pulls.items():
+                github |= {f"/repos/ops/cloud/pulls/{n}": pr, f"/repos/ops/cloud/pulls/{n}/reviews": reviews,
+                           f"/repos/ops/cloud/issues/{n}/comments": comments}
+            who = path.removeprefix("/repos/ops/cloud/collaborators/").removesuffix("/permission")
+            if get and path.startswith("/repos/ops/cloud/collaborators/"):
+                return self.answer({"permission": "write" if who in state.writers else "read"})
             if get and path in github:
                 return self.answer(github[path])
-            if not get and path == "/repos/ops/cloud/issues/7/comments":
-                state.comments.append({"id": len(state.comments) + 1, **body})
-                return self.answer(state.comments[-1], 201)
+            if not get and path in github and "/issues/" in path:
+                github[path].append({"id": len(github[path]) + 1, **body})
+                return self.answer(github[path][-1], 201)
             if path == "/a/changes/1234" and get:
                 return self.answer(state.change, prefix=gerrit)
             if path == "/a/changes/1234/messages" and get:
@@ -167,18 +186,23 @@ def approve_on_github(forge: Forge, head: str, *reviews: tuple[str, str, str]) -
                      for i, (who, state, commit) in enumerate(reviews or (("alice", "APPROVED", head),))]
 
 
+def _env(forge: Forge, **extra: str) -> dict[str, str]:
+    return {**os.environ, "GITHUB_TOKEN": TOKEN, "GITHUB_API_URL": forge.url, "GITHUB_REPOSITORY": "ops/cloud",
+            "GERRIT_URL": forge.url, "GERRIT_USER": "reconciler-bot", "GERRIT_PASSWORD": PASSWORD, **extra}
+
+
 def merge(world: World, forge: Forge, *extra: str, which: str = "github", key: SigningKey | None = None,
-          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+          env: dict[str, str] | None = None, pr: int | None = 7,
+          allowed: Path | None = None) -> subprocess.CompletedProcess[str]:
     key = key or world.key
-    args = ["--pr", "7"] if which == "github" else ["--change", "1234"]
+    args = ([] if pr is None else ["--pr", str(pr)]) if which == "github" else ["--change", "1234"]
     return subprocess.run(
         [sys.executable, "-m", "reconciler", "merge", "--forge", which, *args, "--repo", str(world.bot),
          "--remote", world.dep.url, "--forge-git", f"file://{world.forge_git}", "--signing-key", str(key.key),
-         "--name", "Merge Bot", "--email", "merge@example.org", "--allowed-signers", str(world.key.allowed_signers),
+         "--name", "Merge Bot", "--email", "merge@example.org",
+         "--allowed-signers", str(allowed or world.key.allowed_signers),
          "--policy", "first-parent", *extra],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "GITHUB_TOKEN": TOKEN, "GITHUB_API_URL": forge.url, "GITHUB_REPOSITORY": "ops/cloud",
-             "GERRIT_URL": forge.url, "GERRIT_USER": "reconciler-bot", "GERRIT_PASSWORD": PASSWORD, **(env or {})})
+        capture_output=True, text=True, timeout=120, env=_env(forge, **(env or {})))
 
 
 def main_of(world: World) -> str:
@@ -201,6 +225,7 @@ def test_an_approved_pull_request_becomes_a_signed_merge_that_a_node_applies(
            "Reviewed-by: alice" in message
     # The forge was asked, then told; the token went in the header only.
     assert forge.calls() == [("GET", "/repos/ops/cloud/pulls/7"), ("GET", "/repos/ops/cloud/pulls/7/reviews"),
+                             ("GET", "/repos/ops/cloud/collaborators/alice/permission"),
                              ("GET", "/repos/ops/cloud/issues/7/comments"),
                              ("POST", "/repos/ops/cloud/issues/7/comments")]
     assert f"<!-- reconciler-merge {head} -->" in forge.comments[0]["body"]
@@ -297,27 +322,80 @@ def test_a_branch_that_moves_during_the_push_is_merged_again_onto_its_new_head(
 
 def test_a_merge_killed_at_every_side_effect_is_finished_by_the_next_run_merged_and_reported_once(
         world: World, forge: Forge, tmp_path: Path) -> None:
+    """With the merge pushed to the forge too (--also-push), as the recipes do: once the forge's
+    branch holds it, the forge says the pull request is merged, no longer open."""
+    forge.closes_from = world.forge_git
+    also = ["--also-push", f"file://{world.forge_git}"]
     log = tmp_path / "points"
     start = main_of(world)
-    counted = merge(world, forge, "--dry-run", env={"RECONCILER_FAULT_LOG": str(log)})
+    counted = merge(world, forge, *also, "--dry-run", env={"RECONCILER_FAULT_LOG": str(log)})
     assert counted.returncode == 0, counted.stderr
     assert main_of(world) == start and not forge.comments  # a dry run pushes and posts nothing
-    points = ["fetch", "fetch", "commit", "push", "report"]
+    assert [line.split()[1] for line in log.read_text().splitlines()] == ["fetch", "fetch", "commit"]
+    points = ["fetch", "fetch", "commit", "push", "report", "push"]
     n = 0
     for n, kind in enumerate(points, start=1):
-        git("--git-dir", str(world.dep.bare), "update-ref", "refs/heads/main", start)
+        for bare in (world.dep.bare, world.forge_git):
+            git("--git-dir", str(bare), "update-ref", "refs/heads/main", start)
         forge.comments.clear()
-        killed = merge(world, forge, env={"RECONCILER_FAULT_AT": str(n)})
+        killed = merge(world, forge, *also, env={"RECONCILER_FAULT_AT": str(n)})
         assert killed.returncode == -9, f"not killed at side effect {n} ({kind}): {killed.stderr}"
-        again = merge(world, forge)
+        again = merge(world, forge, *also)
         what = f"killed before side effect {n} ({kind})"
         assert again.returncode == 0, f"{what}: {again.stderr}"
         head = main_of(world)
         merges = git("--git-dir", str(world.dep.bare), "rev-list", "--merges", f"{start}..{head}").split()
         assert merges == [head], f"{what}: merged {len(merges)} times"
+        assert git("--git-dir", str(world.forge_git), "rev-parse", "refs/heads/main") == head, what
         assert len(forge.comments) == 1 and head in forge.comments[0]["body"], what
-    assert n == 5
-    assert [line.split()[1] for line in log.read_text().splitlines()] == points[:3]  # a dry run stops at the push
+    assert n == 6
+    done = merge(world, forge, *also)  # once the forge says merged: nothing left to do, said
+    assert done.returncode == 3 and "is merged, not open" in done.stderr, done.stderr
+
+
+def test_only_reviewers_who_may_write_count_never_the_author(world: World, forge: Forge) -> None:
+    before = main_of(world)
+    approve_on_github(forge, world.change, ("mallory", "APPROVED", world.change),
+                      ("carol", "APPROVED", world.change))  # mallory may only read; carol wrote it
+    done = merge(world, forge)
+    assert done.returncode == 3 and "0 of 1 approvals" in done.stderr, done.stderr
+    forge.reviews.append({"id": 5, "user": {"login": "mallory"}, "state": "CHANGES_REQUESTED",
+                          "commit_id": world.change})
+    forge.reviews.append({"id": 6, "user": {"login": "alice"}, "state": "APPROVED", "commit_id": world.change})
+    done = merge(world, forge)  # mallory's veto counts no more than her approval did
+    assert done.returncode == 0, done.stderr
+    assert main_of(world) != before
+    message = git("--git-dir", str(world.dep.bare), "log", "-1", "--format=%B")
+    assert "Reviewed-by: alice" in message and "mallory" not in message and "carol" not in message
+
+
+def test_a_push_to_the_forge_that_fails_is_said_and_finished_by_the_next_run(world: World, forge: Forge) -> None:
+    nowhere = f"file://{world.forge_git.parent / 'nosuch.git'}"
+    done = merge(world, forge, "--also-push", nowhere)
+    assert done.returncode == 1, done.stderr
+    assert "but the push to" in done.stderr and "run again to finish" in done.stderr
+    again = merge(world, forge, "--also-push", f"file://{world.forge_git}")
+    assert again.returncode == 0 and "already merged" in again.stdout, again.stderr
+    assert git("--git-dir", str(world.forge_git), "rev-parse", "refs/heads/main") == main_of(world)
+    assert len(forge.comments) == 1
+
+
+def test_the_root_the_nodes_were_given_is_checked_as_well_as_the_repos(
+        world: World, forge: Forge, tmp_path: Path) -> None:
+    """Nodes adopt the repo's trust/allowed_signers only from a commit that changes it: a fleet
+    provisioned with another root refuses what the repo's file would accept; so does the bot."""
+    other = make_key(tmp_path / "other", "other")
+    done = merge(world, forge, allowed=other.allowed_signers)
+    assert done.returncode == 2 and "the nodes would refuse the merge (UNTRUSTED_KEY)" in done.stderr, done.stderr
+
+
+def test_a_sweep_merges_every_approved_pull_request_and_skips_the_others(world: World, forge: Forge) -> None:
+    forge.others[8] = ({"number": 8, "state": "open", "draft": False, "merged": False, "title": "wip",
+                        "base": {"ref": "main"}, "head": {"sha": world.change}, "user": {"login": "dave"}}, [], [])
+    done = merge(world, forge, "--all-approved", pr=None)
+    assert done.returncode == 0, done.stderr
+    assert "skipped: pull request #8: 0 of 1 approvals" in done.stdout
+    assert f"pull request #7 merged as {main_of(world)}" in done.stdout
 
 
 def test_an_approved_gerrit_change_is_merged_pushed_to_gerrit_too_and_reported_on_its_patch_set(
@@ -332,6 +410,9 @@ def test_an_approved_gerrit_change_is_merged_pushed_to_gerrit_too_and_reported_o
     done = merge(world, forge, which="gerrit")
     assert done.returncode == 3 and "Code-Review vetoed by Bob" in done.stderr, done.stderr
     gerrit({"Code-Review": {"approved": alice, "all": [alice]}}, submittable=False)
+    done = merge(world, forge, which="gerrit")
+    assert done.returncode == 3 and "not submittable" in done.stderr, done.stderr
+    del forge.change["submittable"]  # a server that did not evaluate its submit requirements
     done = merge(world, forge, which="gerrit")
     assert done.returncode == 3 and "not submittable" in done.stderr, done.stderr
     gerrit({"Code-Review": {"approved": alice, "all": [alice, {"name": "Carol", "value": 1}]}})
@@ -360,7 +441,9 @@ def test_the_github_merge_workflow_run_as_the_runner_would_merges_the_approved_p
     git("clone", "-q", str(world.forge_git), str(checkout))
     runner = tmp_path / "runner-temp"
     runner.mkdir()
-    context = {"github": {"token": TOKEN, "event": {"pull_request": {"number": 7, "base": {"ref": "main"}}}},
+    assert set(workflow[True]) == {"schedule", "workflow_dispatch"}, "a pull request's event would run its own copy"
+    assert workflow["jobs"]["merge"]["environment"] == "merge"
+    context = {"github": {"token": TOKEN, "event": {"repository": {"default_branch": "main"}}},
                "secrets": {"MERGE_KEY": world.key.key.read_text()}, "runner": {"temp": str(runner)},
                "vars": {"NODES_GIT": world.dep.url, "NODES_GIT_KNOWN_HOSTS": "", "MERGE_EMAIL": "merge@example.org"}}
     env = {**os.environ, "GITHUB_API_URL": forge.url, "GITHUB_REPOSITORY": "ops/cloud",
@@ -368,6 +451,7 @@ def test_the_github_merge_workflow_run_as_the_runner_would_merges_the_approved_p
     printed = run_steps(steps, context, checkout, env)
     head = main_of(world)
     assert f"pull request #7 merged as {head} into main" in "".join(printed)
+    assert git("--git-dir", str(world.forge_git), "rev-parse", "refs/heads/main") == head  # GitHub's branch too
     verified = subprocess.run([sys.executable, "-m", "reconciler", "verify", "--repo", str(world.dep.bare),
                                "--allowed-signers", str(world.key.allowed_signers), head, "-o", "json"],
                               capture_output=True, text=True, timeout=60)

@@ -26,10 +26,11 @@ from reconciler.cli.common import Failed, emit_json, err
 from reconciler.cli.day2 import poll, start, stop
 from reconciler.cli.imports import import_group
 from reconciler.cli.inspect import history, logs, status
+from reconciler.cli.merge import merge
 from reconciler.cli.node import agent_command, apply, plan, prepull, rollback, verify
 from reconciler.cli.operate import note_key, resume, retry, suspend, unpin
 from reconciler.cli.repo import diff, render, validate
-from reconciler.cli.review import merge, review_post
+from reconciler.cli.review import review_post
 from reconciler.core.errors import ReconcilerError
 
 

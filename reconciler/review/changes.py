@@ -26,7 +26,8 @@ from reconciler.review.forge import _NEXT, Http
 
 _SHA = re.compile(r"[0-9a-f]{40}")
 _GERRIT_REF = re.compile(r"refs/changes/\d{2}/\d+/\d+")
-_BRANCH = re.compile(r"[A-Za-z0-9._/-]{1,200}")
+BRANCH = re.compile(r"[A-Za-z0-9._/-]{1,200}")
+_LOGIN = re.compile(r"[A-Za-z0-9-]{1,39}(\[bot\])?")
 
 
 class NotApproved(ReconcilerError):
@@ -85,9 +86,9 @@ class GitHubChange:
         self.http = Http(api_url, f"Bearer {token}")
         self.repo, self.pr, self.approvals = repository, pr, approvals
 
-    def _pages(self, path: str) -> list[dict[str, Any]]:
+    def _pages(self, path: str, query: str = "") -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
-        url: str | None = f"{path}?per_page=100"
+        url: str | None = f"{path}?{query + '&' if query else ''}per_page=100"
         while url:
             page, headers = self.http.call("GET", url)
             items += [i for i in page or () if isinstance(i, dict)]
@@ -108,12 +109,18 @@ class GitHubChange:
         if base != branch:
             raise NotApproved(f"{label} is for branch {one_line(base, 80)!r}, not {branch!r}")
         head = _sha((pr.get("head") or {}).get("sha"), "pull request head")
+        author = str((pr.get("user") or {}).get("login") or "")
         # Each reviewer's last verdict counts (reviews come oldest first); a comment is no verdict.
         last: dict[str, tuple[str, str]] = {}
         for r in self._pages(f"/repos/{self.repo}/pulls/{self.pr}/reviews"):
             state = str(r.get("state") or "")
-            if state in ("APPROVED", "CHANGES_REQUESTED", "DISMISSED"):
-                last[one_line((r.get("user") or {}).get("login") or "?", 80)] = (state, str(r.get("commit_id") or ""))
+            login = str((r.get("user") or {}).get("login") or "")
+            if state in ("APPROVED", "CHANGES_REQUESTED", "DISMISSED") and _LOGIN.fullmatch(login):
+                last[login] = (state, str(r.get("commit_id") or ""))
+        # Anyone who can read the repository can submit a review (on a public one, anyone at all):
+        # only a verdict of someone who may write to it counts, as in GitHub's branch protection;
+        # never the author's own, nor a bot's.
+        last = {u: v for u, v in last.items() if u != author and not u.endswith("[bot]") and self._may_write(u)}
         blocking = sorted(u for u, (s, _) in last.items() if s == "CHANGES_REQUESTED")
         if blocking:
             raise NotApproved(f"{label}: changes requested by {', '.join(blocking)}")
@@ -125,6 +132,15 @@ class GitHubChange:
                               f"{head[:12]}{more}")
         return Approved(label, one_line(pr.get("title") or ""), one_line(pr.get("html_url") or "", 300), branch,
                         head, f"refs/pull/{self.pr}/head", tuple(current))
+
+    def _may_write(self, login: str) -> bool:
+        answer, _ = self.http.call("GET", f"/repos/{self.repo}/collaborators/{login}/permission")
+        return isinstance(answer, dict) and answer.get("permission") in ("admin", "write")
+
+    def open_changes(self, branch: str) -> list[int]:
+        """The open pull requests for ``branch``, oldest first (what a sweep tries to merge)."""
+        pulls = self._pages(f"/repos/{self.repo}/pulls", f"state=open&base={urllib.parse.quote(branch, safe='')}")
+        return sorted(int(p["number"]) for p in pulls if isinstance(p.get("number"), int))
 
     def reported(self, marker: str) -> bool:
         comments = self._pages(f"/repos/{self.repo}/issues/{self.pr}/comments")
@@ -166,7 +182,7 @@ class GerritChange:
             raise NotApproved(f"{label}: Code-Review vetoed by {_who(review['rejected'])}")
         if not review.get("approved"):
             raise NotApproved(f"{label}: no Code-Review approval on patch set {sha[:12]}")
-        if c.get("submittable") is False:
+        if c.get("submittable") is not True:  # absent: the server did not evaluate its submit requirements
             raise NotApproved(f"{label}: Gerrit says it is not submittable (a required label is missing)")
         best = max((int(a.get("value") or 0) for a in review.get("all") or () if isinstance(a, dict)), default=0)
         names = tuple(sorted({_who(a) for a in review.get("all") or ()

@@ -68,6 +68,10 @@ class Http:
 
     def call(self, method: str, path: str, data: Any = None) -> tuple[Any, dict[str, str]]:
         url = path if path.startswith(("http://", "https://")) else self.base + path
+        if not url.startswith(self.base + "/"):
+            # An absolute URL comes from an answer (a Link: next): the credentials go with every
+            # request, so never to a host the answer names.
+            raise RemoteError(f"{method} {safe_url(url)}: not under {safe_url(self.base)}", reason="FORGE_REFUSED")
         body = None if data is None else json.dumps(data).encode()
         req = urllib.request.Request(url, body, method=method, headers={
             "Authorization": self.authorization, "Accept": "application/json",

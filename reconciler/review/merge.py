@@ -36,6 +36,7 @@ from reconciler.trust.root import Policy, TrustError, TrustRoot
 
 BASE_REF = "refs/reconciler/merge/base"
 CHANGE_REF = "refs/reconciler/merge/change"
+OTHER_REF = "refs/reconciler/merge/other"
 TRIES = 3
 TRUST_SIGNERS = "trust/allowed_signers"
 
@@ -188,40 +189,50 @@ def _check(repo: Path, commit: str, base: str, root: TrustRoot, policy: Policy, 
         shown = "; ".join(str(p) for p in problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
         raise MergeRefused(f"the merge does not validate: {shown}: nothing pushed")
     git_repo = pygit2.Repository(str(repo))
+    # The roots a node may hold at the branch's head: the one it was provisioned with (given),
+    # and the repo's own once a rotation made the nodes adopt it. The merge must pass both.
+    roots: list[tuple[str, TrustRoot]] = []
+    if not root.empty:
+        roots.append(("--allowed-signers", root))
     try:
-        # The root the nodes hold at the branch's head: the repo's own once it carries one (a
-        # rotation adopted it), else the one given (the root they were provisioned with).
-        in_force = rotated_root_at(git_repo, base, root) if tree_file(git_repo, base, TRUST_SIGNERS) else root
-        if in_force.empty:
+        if tree_file(git_repo, base, TRUST_SIGNERS) is not None:
+            roots.append((f"{TRUST_SIGNERS} at {base[:12]}", rotated_root_at(git_repo, base, root)))
+        if not roots:
             raise BadInput("no trust root to check the merge under: give --allowed-signers (the nodes' root), "
                            "or carry trust/allowed_signers in the repo")
-        gate = Gate(in_force, policy, node_revoked=root.revoked, branch=branch)
-        gate.decide(git_repo, commit, base, repo_policy(git_repo, base, commit),
-                    repo_requires_binding(git_repo, base, commit))
+        for _, in_force in roots:
+            gate = Gate(in_force, policy, node_revoked=root.revoked, branch=branch)
+            gate.decide(git_repo, commit, base, repo_policy(git_repo, base, commit),
+                        repo_requires_binding(git_repo, base, commit))
     except TrustError as exc:
         raise MergeRefused(f"the nodes would refuse the merge ({exc.reason}): {exc}: nothing pushed") from None
 
 
 def _finish(g: Git, forge: ChangeForge, target: Target, approved: Approved, commit: str, new: bool,
             dry_run: bool) -> Merged:
-    """Push the merge to the other targets and say on the change what was done, once."""
+    """Say on the change what was done, once, then push the merge to the other targets. In that
+    order: pushed to the forge's branch, the forge closes the change as merged, and a run killed
+    before its report could not find the change open again to finish it."""
     if dry_run:
         return Merged(approved, commit, new, (), "")
-    pushed = [target.remote]
-    for url in target.also_push:
-        faults.point("push", f"{commit[:12]} -> {safe_url(url)}")
-        proc = g.run("push", "--quiet", url, f"{commit}:refs/heads/{target.branch}", url=url)
-        if proc.returncode != 0 and not g.is_ancestor(commit, _remote_head(g, url, target.branch) or commit):
-            raise RemoteError(f"merged as {commit[:12]} on {safe_url(target.remote)}, but the push to {safe_url(url)} "
-                              f"failed: {_cause(proc)} (run again to finish)",
-                              reason="PUSH_FAILED")
-        pushed.append(url)
     said = ""
     if not forge.reported(marker(commit)):
         text = (f"{marker(commit)}\nMerged as `{commit}` into `{target.branch}` on {safe_url(target.remote)}, "
                 f"signed by the merge bot ({g.env['GIT_COMMITTER_EMAIL']}); the nodes apply it on their next poll.")
         faults.point("report", approved.label)
         said = forge.report(approved, text)
+    pushed = [target.remote]
+    for url in target.also_push:
+        faults.point("push", f"{commit[:12]} -> {safe_url(url)}")
+        proc = g.run("push", "--quiet", url, f"{commit}:refs/heads/{target.branch}", url=url)
+        if proc.returncode != 0:
+            # Pushed there before (a run killed after it), and the branch moved on since?
+            fetched = g.run("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", url,
+                            f"+refs/heads/{target.branch}:{OTHER_REF}", url=url)
+            if fetched.returncode != 0 or not g.is_ancestor(commit, OTHER_REF):
+                raise RemoteError(f"merged as {commit[:12]} on {safe_url(target.remote)}, but the push to "
+                                  f"{safe_url(url)} failed: {_cause(proc)} (run again to finish)", reason="PUSH_FAILED")
+        pushed.append(url)
     return Merged(approved, commit, new, tuple(safe_url(u) for u in pushed), said)
 
 
