@@ -29,7 +29,8 @@ from reconciler.core.errors import ConfigError
 COMMANDS = ("validate", "render", "diff", "plan", "apply", "agent", "verify", "status", "history", "rollback",
             "unpin", "retry", "logs", "suspend", "resume", "bundle", "prepull", "note-key",
             "stop", "start", "poll",  # day 2 (docs/day2.md)
-            "init", "check", "node")  # bootstrap and onboarding (docs/bootstrap.md)
+            "init", "check", "node",  # bootstrap and onboarding (docs/bootstrap.md)
+            "merge", "import")  # signed merges (docs/operations/signed-merges.md), kolla-ansible's import
 
 ROLLOUT = """\
 rollout:
@@ -79,7 +80,8 @@ def test_the_group_lists_exactly_the_documented_commands() -> None:
     assert sorted(listed) == sorted((*COMMANDS, "review-post"))
 
 
-@pytest.mark.parametrize("command", [*(c if c != "node" else "node add" for c in COMMANDS), "review-post"])
+@pytest.mark.parametrize("command", [*({"node": "node add", "import": "import kolla-ansible"}.get(c, c) for c in COMMANDS),
+                                     "review-post"])
 def test_every_command_help_shows_an_example_and_its_exit_codes(command: str) -> None:
     proc = cli(*command.split(), "--help")
     assert proc.returncode == 0, proc.stderr
