@@ -22,6 +22,8 @@ import jinja2.sandbox
 
 from reconciler.core.errors import RenderError, RenderLimit
 from reconciler.core.memo import ByIdentity
+from reconciler.render import lazyvars
+from reconciler.render.lazyvars import LazyContext, VarError
 from reconciler.render.sandbox import Budget, Sandbox, budget_in_use
 from reconciler.render.secrets import SecretUnreadable
 
@@ -83,10 +85,12 @@ class _CompiledOnce(jinja2.BytecodeCache):
 _COMPILED = {"jinja": _CompiledOnce(), "ansible": _CompiledOnce()}
 
 
-def service_environment(templates: Mapping[str, str], base: str, dialect: str = "jinja") -> Sandbox:
+def service_environment(templates: Mapping[str, str], base: str, dialect: str = "jinja",
+                        templated: bool = False) -> Sandbox:
     """A service definition's sandbox: its templates by repo path, compiled once (see
     ``_CompiledOnce``), with the filters, tests and globals of the repo's template ``dialect``
-    (reconciler.yaml ``templates.dialect``: Jinja's own, or Ansible's, see ``ansible_dialect``)."""
+    (reconciler.yaml ``templates.dialect``: Jinja's own, or Ansible's, see ``ansible_dialect``).
+    ``templated``: the repo's variables may be templates, rendered when read (``lazyvars``)."""
     env = Sandbox(
         loader=_RepoLoader(templates, base),
         bytecode_cache=_COMPILED[dialect],
@@ -101,7 +105,14 @@ def service_environment(templates: Mapping[str, str], base: str, dialect: str = 
         from reconciler.render.ansible_extras import install
 
         install(env)
+    if templated:
+        env.context_class = LazyContext
     return env
+
+
+# A peer's templated values (hostvars) render in a sandbox of their own, made here: lazyvars
+# cannot import this module, which imports it.
+lazyvars.make_environment = lambda dialect: service_environment({}, "hostvars", dialect, templated=True)
 
 
 _INLINE: ByIdentity[jinja2.Template] = ByIdentity(65536)
@@ -133,7 +144,7 @@ def _stream(tpl: jinja2.Template, ctx: Mapping[str, Any], budget: Budget, what: 
     # Built directly, without the template's globals: Jinja only lists their names (a set built
     # from a ChainMap, a tenth of a fleet's render time) for a template imported as a module,
     # and an import builds a context of its own.
-    context = jinja2.runtime.Context(tpl.environment, cast(dict[str, Any], ctx), tpl.name, tpl.blocks)
+    context = tpl.environment.context_class(tpl.environment, cast(dict[str, Any], ctx), tpl.name, tpl.blocks)
     chunks: list[str] = []
     size, counted = 0, 0
     # Output is often one character per chunk: count it here, and let the budget judge it only
@@ -190,6 +201,11 @@ def render_template(
             env.over_limit.setdefault(name, node)
         where, at = _template_where(exc.__traceback__, sources) or ((name, None) if name else (file, line))
         raise RenderLimit(f"node {node}, service {service}: {exc}", file=where, line=at) from exc
+    except VarError as exc:  # a templated variable: where it is written, and the chain that read it
+        where, at = _template_where(exc.__traceback__, sources) or ((name, None) if name else (file, line))
+        reader = f"{where}:{at}" if at else str(where)
+        raise RenderError(f"node {node}, service {service}: {exc.chain(reader)}", file=exc.file,
+                          line=exc.line) from exc
     except jinja2.TemplateSyntaxError as exc:
         where, at = (exc.filename or file, exc.lineno) if name else (file, line)
         raise RenderError(f"node {node}: template syntax error: {exc.message}", file=where, line=at) from exc

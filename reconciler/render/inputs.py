@@ -20,6 +20,11 @@ come out the same. A service's render for a node is a function of (see ``render`
 - its placement (release, pending release, mode, VIP attachment): while two control planes run
   side by side, every service of every node is rendered (peers differ per node).
 
+With templated variables (reconciler.yaml ``templates.variables``), a name is read also through
+the variables, defaults and peers' variables whose values name it, however deep: a variable
+that changed counts for every one whose value reaches it (``_reached``), and a peer's templated
+variable is compared as the whole of ``hostvars`` (it may read any of the peer's).
+
 Two values are the same only when they print the same: same types (``1`` is not ``True``) and
 same key order (a template may loop over a mapping), compared recursively.
 When all of that is the same at both commits the render is too, so ``diff`` need not run it.
@@ -28,13 +33,15 @@ When all of that is the same at both commits the render is too, so ``diff`` need
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jinja2
 from jinja2 import meta, nodes
 
 from reconciler.core.errors import ReconcilerError
+from reconciler.render.lazyvars import templated
 from reconciler.render.variables import secret_view
 from reconciler.repo.definitions import DeploymentRepo, ServiceDef
 
@@ -74,6 +81,50 @@ def _strings(value: Any) -> Iterator[str]:
 
 
 _PARSER = jinja2.Environment()  # parses only; the syntax is the sandbox's (same default delimiters)
+
+
+@functools.lru_cache(maxsize=65536)
+def _names_in(text: str) -> frozenset[str] | None:
+    """The names a templated value reads; None when it does not parse (it reads anything).
+    kolla's ``kolla_address`` reads ``hostvars`` without naming it."""
+    try:
+        found = meta.find_undeclared_variables(_PARSER.parse(text))
+    except jinja2.TemplateSyntaxError:
+        return None
+    return frozenset(found | {"hostvars"}) if "kolla_address" in text else frozenset(found)
+
+
+def _refs(value: Any) -> frozenset[str] | None:
+    found: set[str] = set()
+    for text in _strings(value):
+        if "{{" in text or "{%" in text:
+            names = _names_in(text)
+            if names is None:
+                return None
+            found |= names
+    return frozenset(found)
+
+
+def _reached(changed: set[str], layers: Iterable[Mapping[str, Any]]) -> set[str]:
+    """``changed`` and every variable of ``layers`` whose templated value reads one of them,
+    directly or through others."""
+    readers: dict[str, set[str]] = {}
+    out = set(changed)
+    for layer in layers:
+        for name, value in layer.items():
+            if templated(value):
+                refs = _refs(value)
+                if refs is None:
+                    out.add(name)
+                for ref in refs or ():
+                    readers.setdefault(ref, set()).add(name)
+    todo = list(out)
+    while todo:
+        for reader in readers.get(todo.pop(), ()):
+            if reader not in out:
+                out.add(reader)
+                todo.append(reader)
+    return out
 
 
 class _Whole(Exception):
@@ -164,6 +215,7 @@ class Inputs:
         # default and the limits.
         self.repo_same = same(a.settings.get("defaults"), b.settings.get("defaults")) and same(a.limits, b.limits)
         self.secrets_same = same(a.unlocked, b.unlocked) and same(dict(a.secret_files), dict(b.secret_files))
+        self.templated = a.template_variables or b.template_variables
 
     def _names(self, name: str) -> Reads | None:
         """Names read by service ``name`` if its definition is the same at both commits."""
@@ -183,6 +235,8 @@ class Inputs:
             ha, hb = self.a.hostvars, self.b.hostvars
             self._hostvar[key] = list(ha) == list(hb) and all(
                 same(ha[n].get(key, _MISSING), hb[n].get(key, _MISSING)) for n in ha)
+            if self._hostvar[key] and self.templated and any(templated(ha[n].get(key)) for n in ha):
+                self._hostvar[key] = self._whole_same("hostvars")  # rendered with the peer's variables
         return self._hostvar[key]
 
     def _group_same(self, group: str) -> bool:
@@ -247,9 +301,17 @@ class Inputs:
         # in only one of them is counted changed, whatever the default says.
         differ = {n for n in vars_a.keys() | vars_b.keys()
                   if not same(vars_a.get(n, _MISSING), vars_b.get(n, _MISSING))} - _OWN
+        if self.templated:
+            # What a templated value may read besides variables, where it changed.
+            own = {n for n, what in (("hostvars", "hostvars"), ("groups", "group_members"), ("release", "release"))
+                   if not self._whole_same(what)}
+            differ = _reached(differ | own, (vars_a, vars_b))
         out = set()
         for name in mine_b:
             reads = self._service_same(name)
-            if reads is None or not differ.isdisjoint(reads.names):
+            reached = differ
+            if reads is not None and self.templated and b.services[name].defaults:
+                reached = _reached(differ, (b.services[name].defaults,))  # its defaults are the same at both
+            if reads is None or not (reached - _OWN).isdisjoint(reads.names):
                 out.add(name)
         return frozenset(out)

@@ -56,12 +56,15 @@ class _Compiled:
 _COMPILED_SERVICES: ByIdentity[_Compiled] = ByIdentity(4096)
 
 
-def _compiled(svc: ServiceDef, dialect: str) -> _Compiled:
-    """The service definition's entry, keyed by identity (and the repo's template dialect)."""
-    hit = _COMPILED_SERVICES.get((id(svc), dialect))
+def _compiled(svc: ServiceDef, repo: DeploymentRepo) -> _Compiled:
+    """The service definition's entry, keyed by identity (and the repo's template dialect and
+    whether its variables are templates)."""
+    key = (id(svc), repo.template_dialect, repo.template_variables)
+    hit = _COMPILED_SERVICES.get(key)
     if hit is None:
-        env = service_environment(svc.templates, svc.template_path("").rstrip("/"), dialect)
-        hit = _COMPILED_SERVICES.put((id(svc), dialect), _Compiled(env, {}), svc)
+        env = service_environment(svc.templates, svc.template_path("").rstrip("/"), repo.template_dialect,
+                                  repo.template_variables)
+        hit = _COMPILED_SERVICES.put(key, _Compiled(env, {}), svc)
     return hit
 
 
@@ -76,7 +79,7 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     the process driver's users and groups there; a reviewer's machine renders without it.
     ``budget``: what the node's render may still spend (a fresh one from the repo's limits when
     this service is rendered alone). ``share``: the node's (``render_node`` computes it once)."""
-    compiled = _compiled(svc, repo.template_dialect)
+    compiled = _compiled(svc, repo)
     env = compiled.env
     share = share or node_share(repo, node)
     ctx = context(repo, node, svc, pinned, share, env.globals)
@@ -159,7 +162,7 @@ def network_names(repo: DeploymentRepo, node: str, svc: ServiceDef, share: NodeS
     """The names the service's ``networks`` render to on ``node``, a VIP network off the live
     plane too (``render.vipnets`` checks them against ``vip.networks``); only these strings are
     rendered, each in the context the whole render gives it."""
-    env = _compiled(svc, repo.template_dialect).env
+    env = _compiled(svc, repo).env
     ctx = context(repo, node, svc, None, share, env.globals)
     budget = Budget(repo.limits)
     names = (str(e["name"]) if isinstance(e, Mapping) else str(e) for e in svc.container.get("networks", ()))

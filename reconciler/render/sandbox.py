@@ -97,6 +97,12 @@ class budget_in_use:  # noqa: N801 (used as a function: ``with budget_in_use(bud
         _BUDGET.reset(self.token)
 
 
+def budget_now() -> Budget | None:
+    """The budget of the render under way (None outside one): a templated variable's value
+    (``lazyvars``) is held to its value limit as it is built."""
+    return _BUDGET.get()
+
+
 # Widths and precisions in printf-style ("%-10.3s", "%*d") and format-style ("{:>{w}}") strings.
 _PRINTF = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d*)(?:\.(\*|\d*))?")
 _FIELD_SPEC = re.compile(r"\{[^{}]*?:((?:[^{}]|\{[^{}]*\})*)\}")

@@ -13,6 +13,8 @@ Context of every template, runtime string and health target:
   old plane after a cutover: see ``repo.planes``);
 - ``inventory_hostname`` (the node's name, as Ansible calls it), in the Ansible template dialect
   only (reconciler.yaml ``templates.dialect``);
+- with templated variables (reconciler.yaml ``templates.variables``), a value holding ``{{`` or
+  ``{%`` rendered when read, against this context (see ``lazyvars``);
 - ``secrets``: name -> value, from the ``secrets/*.yaml`` files this node can decrypt (the
   agent's identity; see ``secrets``). Without a key (review, validate) the values are markers
   ``<secret NAME HASH>``, for the files encrypted to the node's ``age_recipient`` variable.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.core.errors import RenderError
@@ -150,6 +152,9 @@ class NodeShare:
     groups: Mapping[str, list[str]]
     hostvars: Mapping[str, Mapping[str, Any]]
     node: str
+    # With templated variables (``lazyvars``): the values rendered that every service of the node
+    # reads alike, so each renders once per node.
+    resolved: dict[str, Any] = field(default_factory=dict)
 
     @functools.cached_property
     def own(self) -> Mapping[str, Any]:
@@ -166,8 +171,14 @@ class NodeShare:
 
 def node_share(repo: DeploymentRepo, node: str) -> NodeShare:
     placement = repo.planes[node]
-    groups, hostvars = repo.peers(node)
-    return NodeShare(repo.node_vars(node), frozenset(repo.services_of(node)), secret_view(repo, node),
+    groups, peers = repo.peers(node)
+    hostvars: Mapping[str, Mapping[str, Any]] = peers
+    values: Mapping[str, Any] = repo.node_vars(node)
+    if repo.template_variables:  # templated values kept as they are, rendered when read
+        from reconciler.render.lazyvars import lazy_hostvars, marked
+
+        values, hostvars = marked(values), lazy_hostvars(repo, hostvars)
+    return NodeShare(values, frozenset(repo.services_of(node)), secret_view(repo, node),
                      placement.release, placement.pending, placement.attached, groups, hostvars, node)
 
 
@@ -183,4 +194,8 @@ def context(repo: DeploymentRepo, node: str, svc: ServiceDef, pinned: Mapping[st
         ctx = {**(under or {}), **svc.defaults, **share.view, "service": svc.name, "service_version": svc.version}
     if repo.template_dialect == "ansible":
         ctx["inventory_hostname"] = node  # a magic variable in Ansible: no inventory value overrides it
+    if repo.template_variables:
+        from reconciler.render.lazyvars import lazy_context
+
+        lazy_context(repo, node, svc, ctx, share.vars, share.own, share.resolved, pinned)
     return ctx

@@ -112,6 +112,12 @@ class DeploymentRepo:
     # reconciler.yaml `templates.dialect`: "jinja" (Jinja's own filters), or "ansible" (Ansible's
     # filters and tests, kolla's address filters, `inventory_hostname`, `lookup('template')`).
     template_dialect: str = "jinja"
+    # reconciler.yaml `templates.variables`: a variable's templated value (`b: "{{ a }}"`) is
+    # rendered when read, per node (see ``render.lazyvars``); on by default with the Ansible dialect.
+    template_variables: bool = False
+    # inventory.yaml's line of each value by its path (("nodes", "n1", "vars", "a") -> 12): where
+    # a templated variable that fails is.
+    inventory_lines: Mapping[tuple[str | int, ...], int] = field(default_factory=dict)
 
     @functools.cached_property
     def planes(self) -> Planes:

@@ -185,6 +185,8 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
             "upgrade_after": doc.line(("upgrade_after",)),
             "upgrade": doc.line(("upgrade",)),
             "defaults": doc.line(("defaults",)),
+            # each default's own line: a templated one that fails is named by it (see render.lazyvars)
+            **{f"defaults/{k}": doc.line(("defaults", k)) for k in data.get("defaults", {})},
         },
     )
 
@@ -255,6 +257,8 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
     if problems:
         raise RepoProblems(problems)
     assert settings is not None and inventory is not None
+    templates = settings.data.get("templates") or {}
+    dialect = str(templates.get("dialect", "jinja"))
     repo = DeploymentRepo(
         label=tree.label,
         name=settings.data["name"],
@@ -271,7 +275,10 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         budgets=budgets,
         secret_files=secret_files,
         decommission=decommission,
-        template_dialect=str((settings.data.get("templates") or {}).get("dialect", "jinja")),
+        template_dialect=dialect,
+        template_variables=templates.get("variables", "templated" if dialect == "ansible" else "literal")
+        == "templated",
+        inventory_lines=inventory.lines,
     )
     problems = check_drivers(repo)
     if not problems:
