@@ -27,7 +27,7 @@ from ports import wait_listening
 from reconciler.agent import Agent
 from reconciler.settings import AgentConfig, SecretsConfig, TrustConfig
 
-pytest_plugins = ["docker_fixtures", "systemd_fixtures", "gitolite_fixtures", "registry_fixtures"]
+pytest_plugins = ["leftovers", "docker_fixtures", "systemd_fixtures", "gitolite_fixtures", "registry_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "repo"

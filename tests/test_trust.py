@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -216,10 +216,20 @@ def test_trust_root_rotation_through_the_repo(deployment: Deployment, agents: Ca
     assert again.gate.root.origin == fresh.gate.root.origin
 
 
-def test_openpgp_signed_commits(deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path) -> None:
-    signer_home, node_home = tmp_path / "gpg-signer", tmp_path / "gpg-node"
-    for home in (signer_home, node_home):
+@pytest.fixture
+def gpg_homes(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A signer's and a node's GNUPGHOME; the gpg-agents they start are stopped after."""
+    homes = (tmp_path / "gpg-signer", tmp_path / "gpg-node")
+    for home in homes:
         home.mkdir(mode=0o700)
+    yield homes
+    for home in homes:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True)
+
+
+def test_openpgp_signed_commits(deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path,
+                                gpg_homes: tuple[Path, Path]) -> None:
+    signer_home, node_home = gpg_homes
     env = {**os.environ, "GNUPGHOME": str(signer_home)}
     gpg = ["gpg", "--batch", "--passphrase", "", "--pinentry-mode", "loopback"]
     subprocess.run([*gpg, "--quick-gen-key", "Merge Bot <merge@example.org>", "ed25519", "sign", "never"],
