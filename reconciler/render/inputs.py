@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -80,18 +81,36 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
+class _AnyFilter(dict[str, Any]):
+    """Every filter or test name known to the parser: which names a template reads does not
+    depend on the dialect's filters (``find_undeclared_variables`` compiles, and an unknown
+    filter would make every Ansible-dialect template "reads anything", rendered at every diff)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key, str)
+
+
 _PARSER = jinja2.Environment()  # parses only; the syntax is the sandbox's (same default delimiters)
+_PARSER.filters = _AnyFilter(_PARSER.filters)
+_PARSER.tests = _AnyFilter(_PARSER.tests)
+# Reads a variable by a computed name: which one is not in the text.
+_LOOKUP_VARS = re.compile(r"\b(?:lookup|query|q)\(\s*['\"](?:ansible\.builtin\.)?vars['\"]")
+# kolla's ``kolla_address`` reads hostvars[node].<network>_interface, <network>_address_family,
+# ansible_facts and <interface>_address without the template naming any of them.
+_READS_HOSTVARS = ("kolla_address",)
 
 
 @functools.lru_cache(maxsize=65536)
 def _names_in(text: str) -> frozenset[str] | None:
-    """The names a templated value reads; None when it does not parse (it reads anything).
-    kolla's ``kolla_address`` reads ``hostvars`` without naming it."""
+    """The names a templated value reads; None when it does not parse or reads a variable by a
+    computed name (it reads anything)."""
     try:
         found = meta.find_undeclared_variables(_PARSER.parse(text))
     except jinja2.TemplateSyntaxError:
         return None
-    return frozenset(found | {"hostvars"}) if "kolla_address" in text else frozenset(found)
+    if _LOOKUP_VARS.search(text):
+        return None
+    return frozenset(found | {"hostvars"}) if any(f in text for f in _READS_HOSTVARS) else frozenset(found)
 
 
 def _refs(value: Any) -> frozenset[str] | None:
@@ -181,6 +200,8 @@ def _reads_of(asts: list[nodes.Template]) -> Reads:
     for ast in asts:
         found |= meta.find_undeclared_variables(ast)
     parts: dict[str, frozenset[str] | None] = {}
+    if any(f.name in _READS_HOSTVARS for ast in asts for f in ast.find_all(nodes.Filter)):
+        return Reads(frozenset(found | {"hostvars"}), None, _groups(asts))  # hostvars whole: see _READS_HOSTVARS
     for name, depth in (("hostvars", 2), ("groups", 1)):
         try:
             parts[name] = frozenset(k for ast in asts for k in _lookups(ast, name, depth))
@@ -189,12 +210,21 @@ def _reads_of(asts: list[nodes.Template]) -> Reads:
     return Reads(frozenset(found), parts["hostvars"], parts["groups"])
 
 
+def _groups(asts: list[nodes.Template]) -> frozenset[str] | None:
+    try:
+        return frozenset(k for ast in asts for k in _lookups(ast, "groups", 1))
+    except _Whole:
+        return None
+
+
 def names_read(svc: ServiceDef) -> Reads | None:
     """Every context name the service's templates and inline strings resolve, and what they read
     of hostvars and groups; None when one does not parse (then it is rendered, and the render
     reports the error as it always did)."""
     texts = [*svc.templates.values(), *(s for s in _strings(
         [svc.command, svc.env, svc.health, svc.container, svc.drain, svc.undrain]) if "{" in s)]
+    if any(_LOOKUP_VARS.search(text) for text in texts):
+        return None
     try:
         return _reads_of([_PARSER.parse(text) for text in texts])
     except jinja2.TemplateSyntaxError:
