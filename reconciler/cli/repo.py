@@ -74,7 +74,9 @@ def validate(repo_dir: Path, rev: str | None, age_identity: Path | None, output:
             raise BadInput(f"cannot read the age identity: {getattr(exc, 'strerror', None) or exc}",
                            file=str(age_identity)) from None
         keys = identities(text, str(age_identity))
-    _, problems, nodes, services = validate_tree(tree, keys)
+    from reconciler.fleet.facts import published
+
+    _, problems, nodes, services = validate_tree(tree, keys, published(repo_dir, rev))
     if output == "json":
         result = {"ok": not problems, "nodes": nodes, "services": services,
                   "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in problems]}
@@ -115,6 +117,7 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
       2  bad input: neither --node nor --all (or both), an unknown node, a problem in the repo,
          an --out that cannot be written (a file, a directory where a file goes)
     """
+    from reconciler.fleet.facts import for_review, published, said
     from reconciler.render.node import render_node
     from reconciler.render.vipnets import checked
     from reconciler.repo.load import load_repo
@@ -128,7 +131,12 @@ def render(repo_dir: Path, rev: str | None, nodes: tuple[str, ...], all_nodes: b
     if out_dir is not None:
         _no_spec_clash(repo)
         output_dir("--out", out_dir)  # before the fleet is rendered: that can take minutes
-    slices = [render_node(repo, n, tree.label) for n in names]
+    # each node's facts: its last published ones in the clone's notes, else the inventory's stand-ins
+    known = published(repo_dir, rev)
+    used = [(n, for_review(repo, n, known)) for n in names]
+    slices = [render_node(repo, n, tree.label, facts=f) for n, f in used]
+    for line in said(used):
+        click.echo(line, err=True)
     if out_dir is not None:
         for d in slices:
             _write_slice(out_dir, d)
@@ -235,8 +243,10 @@ def diff(rev_a: str | None, rev_b: str | None, local: str | None, local_rev: str
         needs = "the commits REV_A and REV_B"
         tree_a, tree_b = open_tree(repo_dir, rev_a, needs), open_tree(repo_dir, rev_b, needs)
     repo_a, repo_b = load_at(tree_a), load_at(tree_b)
+    from reconciler.fleet.facts import published
+
     diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, None if all_nodes or not nodes else list(nodes),
-                       jobs=jobs or None)
+                       jobs=jobs or None, facts=published(repo_dir, rev_b))
     steps = cutover(repo_a, repo_b, diffs)
     changed = any(d.plan.changes or d.files for d in diffs)
     if output == "json":
@@ -268,6 +278,8 @@ def _print_diff(diffs: list[NodeDiff]) -> None:
         if not d.plan.changes and not d.files:
             continue
         out.rule(f"{d.node}  (plan {d.plan.hash})")
+        if d.facts:  # its render read facts the node did not publish
+            out.print(f"facts: {escape(d.facts)}")
         for f in d.files:
             out.print(Syntax(f.text, "diff", theme="ansi_dark", background_color="default"))
         table = new_table("service", "action", "reason")

@@ -77,7 +77,10 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
     limit = (max_bytes or (GITHUB_LIMIT if forge == "github" else GERRIT_LIMIT)) - len(MARKER) - 1
     needs = "the commits BASE and HEAD"
     tree_a, tree_b = open_tree(repo_dir, base, needs), open_tree(repo_dir, head, needs)
-    repo_b, problems, _, _ = validate_tree(tree_b)
+    from reconciler.fleet.facts import published
+
+    known = published(repo_dir, head)  # each node's last published facts: what its render reads
+    repo_b, problems, _, _ = validate_tree(tree_b, facts=known)
     groups: tuple[GroupStatus, ...] = ()
     if repo_b is None or problems:
         lines = [f"### reconciler: `{tree_b.label[:12]}` does not validate", ""]
@@ -89,7 +92,7 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
         from reconciler.review.diff import cutover, load_at
 
         repo_a = load_at(tree_a)
-        diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label)
+        diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, facts=known)
         steps = cutover(repo_a, repo_b, diffs)
         members = repo_b.group_members
         full = markdown(diffs, tree_a.label, tree_b.label, groups=members, steps=steps)

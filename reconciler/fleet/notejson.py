@@ -18,6 +18,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from reconciler.core.model.facts import BadFacts, Facts
+
 KiB = 1024
 MAX_NOTE = 64 * KiB  # bytes of one note, checked before it is parsed
 MAX_TEXT = 4 * KiB  # characters of one text: an error, a reason, a service's detail, an event
@@ -247,6 +249,14 @@ def _fields(data: Mapping[str, Any], fields: Mapping[str, Check], where: str) ->
             check_field(data[key], where + key)
 
 
+def _facts(value: Any, where: str) -> None:
+    """Within ``Facts.from_dict``'s bounds: at most 64 interfaces, 16 addresses each, short texts."""
+    try:
+        Facts.from_dict(value)
+    except BadFacts as exc:
+        raise _Refused(f"{where}: {exc}") from None
+
+
 SERVICE: Mapping[str, Check] = {"result": _name, "action": _name, "reason": _string, "detail": _string,
                                 "steps": _strings, "pid": _optional_int, "hash": _optional_name}
 STEP: Mapping[str, Check] = {"service": _name, "step": _name, "scope": _name, "status": _name, "started": _name,
@@ -258,7 +268,9 @@ REPORT: Mapping[str, Check] = {
     "suspended": _object, "plane": _with({"vip": _name, "release": _name, "mode": _name}),
     "refused": _with({"head": _name, "reason": _name, "time": _name}),  # a rewind the node refused
     "held": _names(MAX_HELD),  # services held stopped by `reconciler stop`
+    "facts": _facts,  # the node's facts its render read (``core.model.facts``: bounded there)
 }
+
 
 
 def _claim(claim: Any) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.core.model import Report
+from reconciler.core.model.facts import BadFacts, Facts
 from reconciler.core.text import cut
 from reconciler.fleet.notejson import CLAIM_STATES, MAX_HELD, MAX_NAME, MAX_NOTE, MAX_TEXT, MAX_TICKET, check
 from reconciler.upgrades.rules import STARTED_FRESH
@@ -93,6 +94,8 @@ def _to_dict(report: Report, keep: int, brief: int = 0) -> dict[str, Any]:
         out["refused"] = {k: text(str(v), MAX_NAME - 64) for k, v in report.refused.items()}
     if report.held:
         out["held"] = [text(h, MAX_NAME - 64) for h in report.held[:MAX_HELD]]
+    if report.facts:  # within ``notejson``'s bounds already: gathered and kept so (``node.facts``)
+        out["facts"] = dict(report.facts)
     return out
 
 
@@ -150,6 +153,7 @@ class Note:
     refused_time: str = ""
     held: tuple[str, ...] = ()  # services held stopped by `reconciler stop` when it was written
     reason: str = ""  # the stable reason code of an error or a refusal (RENDER_FAILED, UNKNOWN_NODE...)
+    facts: Facts | None = None  # the node's facts its render read (None: none published, or not readable)
 
     @staticmethod
     def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
@@ -170,7 +174,18 @@ class Note:
                     _str(plane.get("vip")) if isinstance(plane, Mapping) else "", fresh,
                     _str(refused.get("head")), _str(refused.get("reason")), _str(refused.get("time")),
                     tuple(_str(h) for h in held[:MAX_HELD]) if isinstance(held := data.get("held"), list) else (),
-                    _str(data.get("reason"), 64))
+                    _str(data.get("reason"), 64), _facts(data.get("facts")))
+
+
+def _facts(value: Any) -> Facts | None:
+    """A note's facts, or None when it has none, or none a reader may use (checked by
+    ``notejson`` already; ``Facts.from_dict`` says the same of a body from elsewhere)."""
+    if value is None:
+        return None
+    try:
+        return Facts.from_dict(value)
+    except BadFacts:
+        return None
 
 
 # A node's claim on a disruption slot (see ``budget``) is a note too, in the same ref, on an

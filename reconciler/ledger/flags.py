@@ -31,6 +31,7 @@ CLAIMS_SEEN_KEY = "claims_seen"  # meta: JSON node -> [claim as read, first seen
 NODE_KEY = "node"  # meta: the node whose agent keeps this state dir (written by agents since issue 37)
 STOPPED_KEY = "stopped_held"  # meta: JSON service -> {by, since}: stopped by `reconciler stop`, kept stopped
 RETIRED_KEY = "retired"  # meta: JSON {commit, time, stopped}: the node left the inventory there (decommissioned)
+FACTS_KEY = "facts_rendered"  # meta: JSON {commit, read, facts}: the node's facts its last converged render had
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,18 @@ class FlagLedger(Store):
                        (REWIND_KEY, json.dumps({"commit": commit, "head": head, "reason": reason, "time": time},
                                                sort_keys=True)))
             db.execute("UPDATE commits SET noted=0 WHERE commit_id=?", (commit,))
+
+    # the node's facts ----------------------------------------------------------------------
+    def facts_rendered(self) -> tuple[str, bool, dict[str, Any]] | None:
+        """The facts the last converged render had: (its commit, whether a template read them,
+        the facts as a note holds them); None: no render settled since facts were gathered."""
+        record = _json_object(self._meta(FACTS_KEY))
+        facts = record.get("facts")
+        return (str(record.get("commit", "")), bool(record.get("read")), facts) if isinstance(facts, dict) else None
+
+    def set_facts_rendered(self, commit: str, read: bool, facts: Mapping[str, Any]) -> None:
+        """What ``commit``'s note publishes: set before its verdict settles (its note written then)."""
+        self._set_meta(FACTS_KEY, json.dumps({"commit": commit, "read": read, "facts": dict(facts)}, sort_keys=True))
 
     # notes pushed ------------------------------------------------------------------------
     def notes_pushed(self) -> NotesPushed:

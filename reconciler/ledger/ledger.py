@@ -42,8 +42,10 @@ class Ledger(CommitLedger, ServiceLedger, UpgradeLedger, FlagLedger):
         plane = self._one("SELECT body FROM planes WHERE commit_id=?", commit)
         rewind = self.rewind_refused()
         refused = {k: v for k, v in rewind.items() if k != "commit"} if rewind and rewind["commit"] == commit else None
+        facts = self.facts_rendered()  # the last converged render's: on that commit's note only
         return Report(node, commit, rec.verdict, time_text, services=results, reason=rec.reason, error=rec.error,
                       plan_hash=rec.plan_hash, signer=rec.signer, verdicts=verdicts, events=events, pins=pins,
                       steps=tuple(self.steps(commit)), suspended=suspended,
-                      plane=json.loads(plane[0]) if plane else None, refused=refused)
+                      plane=json.loads(plane[0]) if plane else None, refused=refused,
+                      facts=facts[2] if facts is not None and facts[0] == commit else None)
 

@@ -160,6 +160,9 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
     # A decommission sets no no-op marker: a pass killed before the node is retired does it again.
     decommission = repo is not None and leaving(repo, ctx.node)
     hashes = {s.name: s.hash for s in desired.services} if verdict is Verdict.APPLIED and not decommission else None
+    facts = ctx.resolver.facts()
+    if facts.facts is not None:  # published on this commit's note: what its render read, if it did
+        ctx.ledger.set_facts_rendered(run.commit, facts.read, facts.facts.to_dict())
     result = settle(ctx, run, report, proof, converged=hashes)
     return replace(result, plan=the_plan)
 

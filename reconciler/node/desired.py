@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 from reconciler.core.errors import BadInput, ReconcilerError
 from reconciler.core.model import Desired, DesiredService, Revision, VerifiedRevision
+from reconciler.core.model.facts import Facts
+from reconciler.node.facts import gather
 from reconciler.upgrades.history import Bases, Owed, bases_in, owed
 from reconciler.upgrades.rules import held_back
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
     from reconciler.ledger import Ledger
     from reconciler.node.keeper import TrustKeeper
+    from reconciler.render.facts import NodeFacts
     from reconciler.repo.definitions import DeploymentRepo
 
 CACHED = 32  # loaded repos kept: an upgrade's history walk reads a few, a pass one or two
@@ -51,6 +54,22 @@ class Resolver:
         self._learn = learn  # the agent's memory of secret values, told of every repo decrypted
         self.accounts = accounts  # the process driver's check that a user or group exists here
         self._cache: dict[tuple[str, bool, tuple[int, int, int] | None], DeploymentRepo] = {}
+        # How this node's facts are gathered (``node.facts``; a test gives its own), and this pass's.
+        self.gatherer: Callable[[], Facts] = gather
+        self._facts: NodeFacts | None = None
+
+    def facts(self) -> NodeFacts:
+        """This pass's facts, gathered when first asked for (``forget_facts`` starts a pass):
+        every render of the pass reads the same, and notes whether it read them."""
+        if self._facts is None:
+            from reconciler.render.facts import NodeFacts
+
+            self._facts = NodeFacts(self.gatherer(), "gathered")
+        return self._facts
+
+    def forget_facts(self) -> None:
+        """A new pass: its facts are gathered again if it renders (or looks at them)."""
+        self._facts = None
 
     def revision(self, commit: str) -> Revision:
         """What the mirror holds for ``commit``; nothing trusted yet."""
@@ -134,7 +153,7 @@ class Resolver:
         repo = repo or self.load(commit)
         if leaving(repo, self.node):  # listed under `decommission`: nothing runs here any more
             return Desired(self.node, commit, ())
-        return render_node(repo, self.node, commit, self.accounts, pinned=self.ledger.held())
+        return render_node(repo, self.node, commit, self.accounts, pinned=self.ledger.held(), facts=self.facts())
 
     def desired(self, rev: VerifiedRevision, repo: DeploymentRepo | None = None) -> Desired:
         """The node's slice at ``rev``, with pinned services at their pinned commit (vouched for

@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING
 
 from reconciler.core.errors import BadInput
 from reconciler.core.model import Verdict
+from reconciler.core.model.facts import BadFacts, Facts, changes
 from reconciler.drivers.afterboot import after_boot
-from reconciler.drivers.observe import observe
+from reconciler.drivers.observe import glance
 from reconciler.node import peers
 from reconciler.node.adopt import adopt_step
 from reconciler.node.context import NodeContext
@@ -90,6 +91,7 @@ def prepare(ctx: NodeContext) -> tuple[Interrupted, ...]:
 
 
 def start(ctx: NodeContext, run: Run) -> Run:
+    ctx.resolver.forget_facts()  # gathered again if this pass renders, or its slice read them
     interrupted = prepare(ctx)
     events = tuple(f"interrupted run: {i.action} {i.service} at {i.commit[:12]}" for i in interrupted)
     damaged = ctx.ledger.damaged()
@@ -153,6 +155,10 @@ def noop(ctx: NodeContext, run: Run) -> Run | RunResult:
     wait on the fleet looked at again; a disruption slot a killed pass kept, freed)."""
     if run.interrupted or run.events or run.ask.only is not None or not unchanged(ctx, run.commit):
         return run
+    changed = facts_changed(ctx)
+    if changed:  # a change of facts the slice reads: rendered, planned and noted like any other
+        log.warning("%s: %s", ctx.node, "; ".join(changed))
+        return replace(run, events=run.events + changed)
     pending = ctx.ledger.post_pending()
     if pending:  # this commit's post steps, or an earlier one's the branch moved past
         upgrader = Upgrader.of(ctx, pending, ctx.resolver.load(pending))
@@ -170,10 +176,29 @@ def unchanged(ctx: NodeContext, commit: str) -> bool:
     if rec is None or rec.verdict is not Verdict.APPLIED or not rec.noted:
         return False
     hashes = done[1]
-    seen = observe(ctx.node, ctx.drivers(None)).by_name()
+    seen = glance(ctx.node, ctx.drivers(None)).by_name()
     if set(seen) != set(hashes):
         return False
     return all(o.running and not o.drifted and o.hash == hashes[n] for n, o in seen.items())
+
+
+def facts_changed(ctx: NodeContext) -> tuple[str, ...]:
+    """What changed in the node's facts since the slice it runs was rendered, one event a fact
+    (``facts changed: eth0 ipv4 10.0.0.5/24 -> 10.0.0.6/24``). Gathered only when that render
+    read them: a slice that reads none cannot change with them, and its idle poll reads nothing."""
+    used = ctx.ledger.facts_rendered()
+    if used is None or not used[1]:
+        return ()
+    try:
+        before: Facts | None = Facts.from_dict(used[2])
+    except BadFacts:
+        before = None
+    now = ctx.resolver.facts().facts
+    if now is None:
+        return ()
+    if before is None:
+        return ("facts changed: the facts last rendered with are not readable",)
+    return tuple(f"facts changed: {line}" for line in changes(before, now))
 
 
 STEPS: tuple[Step, ...] = (start, source, retired_step, resume, noop, adopt_step, trust, gate, decommission_step,

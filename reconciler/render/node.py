@@ -26,6 +26,7 @@ from reconciler.core.memo import ByIdentity
 from reconciler.core.model import Desired, DesiredService, FileSpec, Runtime
 from reconciler.drivers.kinds import ACCOUNTS, find
 from reconciler.render.environment import render_template, service_environment
+from reconciler.render.facts import NodeFacts
 from reconciler.render.runtime import Run, render_runtime
 from reconciler.render.sandbox import Budget, Sandbox
 from reconciler.render.variables import (
@@ -190,14 +191,15 @@ def _stand_in(name: str, driver: str, depends_on: tuple[str, ...], drift: str, m
 
 def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts | None = None, *,
                 limits: Limits | None = None, pinned: Mapping[str, Mapping[str, Any]] | None = None,
-                only: Container[str] | None = None) -> Desired:
-    """The node's whole slice. Same repo and node, same bytes. Bounded by ``limits`` (the repo's
-    by default): time and output for the whole node, output per file (see ``sandbox``).
-    ``only``: render these services, and put a ``stand_in`` for the others (a review's diff)."""
+                only: Container[str] | None = None, facts: NodeFacts | None = None) -> Desired:
+    """The node's whole slice. Same repo, node and facts, same bytes. Bounded by ``limits`` (the
+    repo's by default): time and output for the whole node, output per file (see ``sandbox``).
+    ``only``: render these services, and put a ``stand_in`` for the others (a review's diff).
+    ``facts``: the node's (``render.facts``: it notes whether a template read them)."""
     repo.node(node)  # UnknownNode before anything else
     budget = Budget(limits or repo.limits)
     names = repo.services_of(node)
-    share = node_share(repo, node) if only is None or any(s in only for s in names) else None
+    share = node_share(repo, node, facts) if only is None or any(s in only for s in names) else None
     mine = frozenset(names)
     services = tuple(render_service(repo, node, repo.services[s], accounts, budget=budget,
                                     pinned=(pinned or {}).get(s), share=share)

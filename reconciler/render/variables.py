@@ -13,6 +13,8 @@ Context of every template, runtime string and health target:
   old plane after a cutover: see ``repo.planes``);
 - ``inventory_hostname`` (the node's name, as Ansible calls it), in the Ansible template dialect
   only (reconciler.yaml ``templates.dialect``);
+- ``facts`` (and ``ansible_facts`` in the Ansible dialect): the node's facts, gathered on the node,
+  its last published ones in review; a node variable of that name wins (see ``facts``);
 - with templated variables (reconciler.yaml ``templates.variables``), a value holding ``{{`` or
   ``{%`` rendered when read, against this context (see ``lazyvars``);
 - ``secrets``: name -> value, from the ``secrets/*.yaml`` files this node can decrypt (the
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.core.errors import RenderError
+from reconciler.render.facts import NodeFacts, views, with_own
 from reconciler.render.secrets import SecretUnreadable, file_key, named_values, placeholders
 from reconciler.repo.definitions import DeploymentRepo, ServiceDef
 from reconciler.repo.sops import recipient_id
@@ -155,12 +158,13 @@ class NodeShare:
     # With templated variables (``lazyvars``): the values rendered that every service of the node
     # reads alike, so each renders once per node.
     resolved: dict[str, Any] = field(default_factory=dict)
+    facts: Mapping[str, Any] = field(default_factory=dict)  # ``facts``/``ansible_facts`` (``render.facts``)
 
     @functools.cached_property
     def own(self) -> Mapping[str, Any]:
         """What the render sets for the node itself, over every variable."""
         return {"node": self.node, "release": self.release, "pending_release": self.pending, "groups": self.groups,
-                "hostvars": self.hostvars, "secrets": self.secrets}
+                "hostvars": self.hostvars, "secrets": self.secrets, **self.facts}
 
     @functools.cached_property
     def view(self) -> Mapping[str, Any]:
@@ -169,17 +173,20 @@ class NodeShare:
         return {**self.vars, **self.own}
 
 
-def node_share(repo: DeploymentRepo, node: str) -> NodeShare:
+def node_share(repo: DeploymentRepo, node: str, facts: NodeFacts | None = None) -> NodeShare:
+    """``facts``: the node's (gathered on it, published in review); None: none known."""
     placement = repo.planes[node]
     groups, peers = repo.peers(node)
     hostvars: Mapping[str, Mapping[str, Any]] = peers
     values: Mapping[str, Any] = repo.node_vars(node)
+    seen = views(node, facts, values, repo.template_dialect)
+    hostvars = with_own(hostvars, node, seen)
     if repo.template_variables:  # templated values kept as they are, rendered when read
         from reconciler.render.lazyvars import lazy_hostvars, marked
 
         values, hostvars = marked(values), lazy_hostvars(repo, hostvars)
     return NodeShare(values, frozenset(repo.services_of(node)), secret_view(repo, node),
-                     placement.release, placement.pending, placement.attached, groups, hostvars, node)
+                     placement.release, placement.pending, placement.attached, groups, hostvars, node, facts=seen)
 
 
 def context(repo: DeploymentRepo, node: str, svc: ServiceDef, pinned: Mapping[str, Any] | None = None,

@@ -21,8 +21,10 @@ from typing import Any
 from reconciler.core.errors import BadInput, ReconcilerError
 from reconciler.core.model import ActionKind, Desired, FileSpec, Observed, ObservedService, Plan
 from reconciler.core.yamlfile import Problem, RepoProblems
+from reconciler.fleet.facts import Published, for_review, said
 from reconciler.fleet.rollout import plan_rollout
 from reconciler.plan.planner import plan as make_plan
+from reconciler.render.facts import NodeFacts
 from reconciler.render.inputs import Inputs
 from reconciler.render.node import render_node
 from reconciler.render.vipnets import check_vip_networks, checked
@@ -62,10 +64,12 @@ class NodeDiff:
     plan: Plan
     files: tuple[FileDiff, ...]
     upgrade: tuple[str, ...] = ()  # the upgrade steps this node runs, each with its barrier
+    facts: str = ""  # its render read facts not published by the node: where they came from
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "plan_hash": self.plan.hash, "files": [f.to_dict() for f in self.files],
-                "actions": [a.to_dict() for a in self.plan.changes], "upgrade": list(self.upgrade)}
+                "actions": [a.to_dict() for a in self.plan.changes], "upgrade": list(self.upgrade),
+                **({"facts": self.facts} if self.facts else {})}
 
 
 def load_at(tree: Tree) -> DeploymentRepo:
@@ -76,10 +80,12 @@ def load_at(tree: Tree) -> DeploymentRepo:
         raise exc.in_commit(tree.label) from None
 
 
-def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo | None, list[Problem], int, int]:
+def validate_tree(tree: Tree, keys: Iterable[Any] = (), facts: Mapping[str, Published] | None = None,
+                  ) -> tuple[DeploymentRepo | None, list[Problem], int, int]:
     """``reconciler validate``: the repo (None when it does not load), each problem located, and
     how many nodes and service instances rendered. ``keys`` (age identities): also look for the
-    values of the secrets they open in plain text elsewhere in the repo."""
+    values of the secrets they open in plain text elsewhere in the repo. ``facts``: each node's
+    last published facts (``fleet.facts``; without them, only the inventory's stand-ins)."""
     problems: list[Problem] = path_problems(tree)
     nodes = services = 0
     try:
@@ -92,7 +98,7 @@ def validate_tree(tree: Tree, keys: Iterable[Any] = ()) -> tuple[DeploymentRepo 
     failed: dict[tuple[str, int | None, str], list[str]] = {}
     for node in sorted(repo.nodes):
         try:
-            services += len(render_node(repo, node, tree.label).services)
+            services += len(render_node(repo, node, tree.label, facts=for_review(repo, node, facts or {})).services)
             nodes += 1
         except BadInput as exc:
             message = str(exc).split(": ", 1)[1] if exc.file else str(exc)
@@ -246,6 +252,7 @@ class _Review:
     upgrades: Mapping[str, Upgrade]
     stage: Stage | None
     holding: Mapping[str, tuple[str, ...]]  # service -> nodes outside the stage that keep it (post steps wait)
+    facts: Mapping[str, Published]  # each node's last published facts (``fleet.facts``)
 
 
 # Below this many nodes a diff is quicker than starting workers.
@@ -255,7 +262,7 @@ _JOB: _Review | None = None  # the review a forked worker diffs its nodes of
 
 def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
                nodes: list[str] | None = None, *, every_service: bool = False,
-               jobs: int | None = None) -> list[NodeDiff]:
+               jobs: int | None = None, facts: Mapping[str, Published] | None = None) -> list[NodeDiff]:
     """Per node, B's files and plan against A as applied. A service is rendered only where its
     inputs differ between A and B (``inputs``): the others would render the same bytes at both,
     plan "none" and show no file, so a stand-in takes their place on both sides. A one-service
@@ -263,7 +270,8 @@ def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
     the tests compare against). The one thing skipping changes: a service that fails to render
     at A and at B with the same inputs is not reported here (``validate`` reports it).
     ``jobs``: worker processes (None: one per CPU this process may use); each node's diff is
-    independent of the others', so the output and the first error (in node order) are the same."""
+    independent of the others', so the output and the first error (in node order) are the same.
+    ``facts``: each node's last published facts; both commits render with the same."""
     names = nodes or sorted(set(repo_a.nodes) | set(repo_b.nodes))
     inputs = None if every_service else Inputs(repo_a, repo_b)
     rollout = plan_rollout(repo_b.settings, repo_b.nodes, repo_b.members)
@@ -272,7 +280,7 @@ def diff_repos(repo_a: DeploymentRepo, a: str, repo_b: DeploymentRepo, b: str,
     base = bases(set(repo_a.nodes) | set(repo_b.nodes), [(a, repo_a)])
     upgrades = fleet_upgrades_of(repo_b, upgraded(repo_b, base), order)
     review = _Review(repo_a, a, repo_b, b, inputs, base, upgrades, stage_of(repo_b),
-                     holding(repo_b, base) if upgrades and repo_b.post_upgrade else {})
+                     holding(repo_b, base) if upgrades and repo_b.post_upgrade else {}, facts or {})
     for node in names:
         if node not in repo_a.nodes and node not in repo_b.nodes:
             repo_b.node(node)  # raises UnknownNode
@@ -318,7 +326,9 @@ def _diff_chunk(names: list[str]) -> list[NodeDiff]:
 
 def _diff_node(r: _Review, node: str) -> NodeDiff:
     fresh = r.inputs.changed(node) if r.inputs is not None else None
-    da, db = (_render_at(repo, node, commit, fresh) for repo, commit in ((r.repo_a, r.a), (r.repo_b, r.b)))
+    used = [for_review(r.repo_b if node in r.repo_b.nodes else r.repo_a, node, r.facts) for _ in "ab"]
+    da, db = (_render_at(repo, node, commit, fresh, f)
+              for (repo, commit), f in zip(((r.repo_a, r.a), (r.repo_b, r.b)), used, strict=True))
     held = held_back(r.repo_b, node, r.base)
     if held:  # outside the commit's stage: these stay as at A
         kept = da.by_name()
@@ -334,7 +344,8 @@ def _diff_node(r: _Review, node: str) -> NodeDiff:
     # A review keeps what it prints: not every rendered file of every action (a worker would
     # send them all back).
     plan = Plan(plan.node, plan.commit, tuple(a.without_desired() for a in plan.actions))
-    return NodeDiff(node, plan, tuple(file_diffs(node, da, db)), steps)
+    return NodeDiff(node, plan, tuple(file_diffs(node, da, db)), steps,
+                    next((line.split(": facts: ", 1)[1] for line in said([(node, f) for f in used])), ""))
 
 
 def _leaves(repo_b: DeploymentRepo, node: str, plan: Plan, steps: tuple[str, ...]) -> tuple[Plan, tuple[str, ...]]:
@@ -350,11 +361,12 @@ def _leaves(repo_b: DeploymentRepo, node: str, plan: Plan, steps: tuple[str, ...
                                                       "its services")
 
 
-def _render_at(repo: DeploymentRepo, node: str, commit: str, only: frozenset[str] | None) -> Desired:
+def _render_at(repo: DeploymentRepo, node: str, commit: str, only: frozenset[str] | None,
+               facts: NodeFacts | None = None) -> Desired:
     if node not in repo.nodes:
         return Desired(node, commit, ())
     try:
-        return render_node(repo, node, commit, only=only)
+        return render_node(repo, node, commit, only=only, facts=facts)
     except BadInput as exc:  # which of the two commits fails to render
         raise exc.in_commit(commit) from None
 

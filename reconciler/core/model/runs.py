@@ -160,3 +160,5 @@ class Report:
     refused: Mapping[str, str] | None = None
     # Services an operator held stopped (`reconciler stop`) when the note was written
     held: tuple[str, ...] = ()
+    # The node's facts its render of this commit read (``core.model.facts``: ``Facts.to_dict``)
+    facts: Mapping[str, Any] | None = None
