@@ -12,6 +12,7 @@ Each password is a variable naming its secret (``"{{ secrets.NAME }}"``).
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shutil
@@ -27,7 +28,7 @@ import yaml
 from reconciler.core.errors import BadInput, ReconcilerError
 from reconciler.importers.kolla_inventory import KollaDeployment
 from reconciler.importers.kolla_report import report
-from reconciler.importers.kolla_resolve import Resolver, Unresolved
+from reconciler.importers.kolla_resolve import Resolver, Unresolved, to_bool
 from reconciler.importers.kolla_services import CONFIG_DIR, KollaService, enabled_services
 from reconciler.importers.kolla_source import KollaRelease
 
@@ -100,6 +101,10 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
         if members and NAME.fullmatch(name):
             groups[name] = {"services": [], **({"vars": dict(inv.group_vars[name])} if name in inv.group_vars
                                                else {})}
+    placed = _host_in_groups(dep, merged, services, nodes)
+    for name, members in placed.items():
+        if members:
+            groups[name] = {"services": []}  # the hosts kolla's host_in_groups holds for
     for svc in services:
         group: str | None = svc.group if svc.group in groups else svc.role if svc.role in groups else None
         if group is None:
@@ -111,7 +116,7 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
     node_map: dict[str, Any] = {}
     for host in nodes:
         host_vars = {**inv.hosts[host], "age_recipient": recipients[host]}
-        node_map[host] = {"groups": [g for g in groups if host in inv.hosts_of(g)], "vars": host_vars}
+        node_map[host] = {"groups": [g for g in groups if host in placed.get(g, inv.hosts_of(g))], "vars": host_vars}
         clash = sorted(k for k in inv.hosts[host] if k in dep.globals)
         if clash:
             lost.append(f"node {host}: {', '.join(clash)} set on its inventory line and in globals.yml: "
@@ -155,6 +160,30 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
         (work / "secrets" / "passwords.yaml").write_text(_dump(secrets))
         _sops_encrypt(work, "secrets/passwords.yaml")
     return count
+
+
+def _host_in_groups(dep: KollaDeployment, merged: dict[str, Any], services: list[KollaService],
+                    nodes: list[str]) -> dict[str, list[str]]:
+    """A group per service placed by ``host_in_groups`` (neutron-openvswitch-agent: compute
+    hosts and the hosts of the dhcp/l3/metadata agents), its members the nodes the expression
+    holds for, evaluated at import with the inventory's groups."""
+    inv = dep.inventory
+    all_groups = {g: inv.hosts_of(g) for g in inv.groups()}
+    out: dict[str, list[str]] = {}
+    for svc in services:
+        if svc.host_in_groups is None or svc.group in inv.groups():
+            continue
+        members = []
+        for host in nodes:
+            resolver = Resolver({**merged, **inv.hosts[host]})
+            extra = {"inventory_hostname": host, "groups": collections.defaultdict(list, all_groups)}
+            try:
+                if to_bool(resolver.value(svc.host_in_groups, extra)):
+                    members.append(host)
+            except Unresolved:
+                continue
+        out[svc.group] = members
+    return out
 
 
 def _secret_env(svc: KollaService, secrets: dict[str, Any]) -> list[str]:
@@ -231,13 +260,14 @@ def _service_files(release: KollaRelease, svc: KollaService, defaults: dict[str,
     if defaults:
         spec["defaults"] = defaults
     out = {f"services/{svc.name}/service.yaml": _dump(spec)}
-    carried = {f.template for f in svc.files}
-    if any(INCLUDES.search((templates / t).read_text(errors="replace")) for t in carried):
+    # A file's template is its role's: an included role's (service-uwsgi-config) for some.
+    carried = {f.template: release.role_dir(f.role) / "templates" for f in svc.files}
+    if any(INCLUDES.search((where / t).read_text(errors="replace")) for t, where in carried.items()):
         # An include's name may be computed (cron's "cron-logrotate-" ~ service): the role's
         # templates go with it, each where the include looks for it.
-        carried |= {str(p.relative_to(templates)) for p in templates.rglob("*.j2") if p.is_file()}
-    for template in sorted(carried):
-        out[f"services/{svc.name}/templates/{template}"] = (templates / template).read_text(errors="replace")
+        carried.update({str(p.relative_to(templates)): templates for p in templates.rglob("*.j2") if p.is_file()})
+    for template, where in sorted(carried.items()):
+        out[f"services/{svc.name}/templates/{template}"] = (where / template).read_text(errors="replace")
     return out
 
 

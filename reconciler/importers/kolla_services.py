@@ -16,9 +16,9 @@ from typing import Any
 
 from reconciler.core.yamlfile import safe_load
 from reconciler.importers.kolla_resolve import Resolver, Unresolved, templated, to_bool
+from reconciler.importers.kolla_roles import ROLE_INCLUDES, TEMPLATE_MODULES, included_role
 from reconciler.importers.kolla_source import KollaRelease
 
-TEMPLATE_MODULES = ("template", "ansible.builtin.template", "merge_configs", "merge_yaml")
 INCLUDES = ("include_tasks", "ansible.builtin.include_tasks", "import_tasks", "ansible.builtin.import_tasks")
 ITEM_KEY = re.compile(r"\{\{\s*item\.key\s*\}\}")
 # Roles site.yml reaches through another playbook (nova.yml) or gates on a differently named variable.
@@ -51,6 +51,9 @@ class KollaService:
     # What kolla's tasks set for this container's templates (the role's vars/main.yml, the
     # template tasks' ``vars:``, ``item`` of their ``with_dict`` loop): the service's defaults.
     defaults: dict[str, Any] = field(default_factory=dict)
+    # kolla's ``host_in_groups`` (an expression over ``groups`` and ``inventory_hostname``) where
+    # the entry gives one instead of a ``group``: the import places it on the hosts it holds for.
+    host_in_groups: str | None = None
 
 
 def _services_dict(defaults: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
@@ -99,6 +102,10 @@ def _config_tasks(role_dir: Path, depth: int = 0) -> list[tuple[str, dict[str, A
     out: list[tuple[str, dict[str, Any]]] = []
     for task in safe_load(path.read_bytes(), str(path)) or []:
         if not isinstance(task, dict):
+            continue
+        role = next((task[k] for k in ROLE_INCLUDES if k in task), None)
+        if isinstance(role, dict) and depth == 0:
+            out += included_role(path.parent.parent.parent, role_dir.name, task, role)
             continue
         include = next((task[k] for k in INCLUDES if k in task), None)
         if isinstance(include, str) and depth < 2 and not templated(include):
@@ -155,8 +162,10 @@ def _service(release: KollaRelease, resolver: Resolver, role: str, name: str, sp
         group = name
         notes.append(f"group {spec.get('group')!r}: not resolved ({exc}); the group {name} is used")
     defaults = {**release.role_vars(role), **play, **_registered(tasks, overrides), **task_vars}
+    placed = spec.get("host_in_groups") if "group" not in spec else None
     return KollaService(name, role, group, str(spec.get("container_name", name)),
-                        str(spec.get("image", "")), volumes, healthcheck, env, files, tuple(notes), defaults)
+                        str(spec.get("image", "")), volumes, healthcheck, env, files, tuple(notes), defaults,
+                        str(placed) if placed is not None else None)
 
 
 def _volumes(resolver: Resolver, name: str, raw: Any, extra: dict[str, Any], notes: list[str]) -> tuple[str, ...]:
@@ -235,10 +244,12 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
         elif chosen:
             if f"['{name}']" not in chosen and f'["{name}"]' not in chosen:
                 continue
-        elif f"/{name}/" not in str(args.get("dest", "")):
+        elif f"/{name}/" not in _dest(str(args.get("dest", "")), task.get("vars") or {}, name):
             continue
         src = ITEM_KEY.sub(name, sources[0]).replace("{{ role_path }}/templates/", "")
-        dest = ITEM_KEY.sub(name, str(args.get("dest", "")))
+        dest = _dest(ITEM_KEY.sub(name, str(args.get("dest", ""))), task.get("vars") or {}, name)
+        owner = str(task.get("_role", role))
+        templates = release.role_dir(owner) / "templates"
         prefix = f"{{{{ node_config_directory }}}}/{name}/"
         label = f"roles/{role}/tasks/{file}: {task.get('name', module)!r}"
         if not dest.startswith(prefix):
@@ -258,14 +269,26 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
             notes.append(f"{label}: destination {path!r} is named at run time; not carried over")
             continue
         merges = tuple(ITEM_KEY.sub(name, str(s)) for s in sources[1:])
-        out[path] = KollaFile(path, src, role, merges)
+        out[path] = KollaFile(path, src, owner, merges)
         _task_vars(task, loop, name, label, task_vars, notes)
     return tuple(out.values())
+
+
+def _dest(dest: str, given: dict[str, Any], name: str) -> str:
+    """A destination with the task's own variables that name the container put in
+    (``{{ service_name }}`` where the task sets ``service_name: "{{ item.key }}"``, or the
+    container's name)."""
+    for key, value in given.items():
+        value = ITEM_KEY.sub(name, value) if isinstance(value, str) else None
+        if value is not None and not templated(value):
+            dest = re.sub(r"\{\{\s*" + re.escape(str(key)) + r"\s*\}\}", value, dest)
+    return dest
 
 
 # Names the repo gives every template itself (docs/repo.md): a task's ``vars:`` cannot set them.
 OWN_NAMES = frozenset({"node", "service", "service_version", "release", "pending_release", "groups", "hostvars",
                        "secrets"})
+SERVICE_READ = re.compile(r"(?<![\w.])service(?=\s*[.\[])")
 SERVICES_LOOP = re.compile(r"\{\{\s*(\w+_services)\b")
 
 
@@ -279,9 +302,15 @@ def _task_vars(task: dict[str, Any], loop: str, name: str, label: str, task_vars
     given: dict[str, Any] = dict(task.get("vars") or {})
     if found:
         given["item"] = {"key": name, "value": f"{{{{ {found.group(1)}['{name}'] }}}}"}
+    entry = None
+    own = given.get("service")
+    if isinstance(own, str) and own.startswith("{{") and own.endswith("}}"):
+        entry = own[2:-2].strip()  # the task's ``service`` (the repo's own name): read as its value
     for key, value in given.items():
         if isinstance(value, str):
             value = ITEM_KEY.sub(name, value)  # known here: item.key is the container's name
+            if entry is not None and key not in OWN_NAMES:
+                value = SERVICE_READ.sub(f"({entry})", value)
         if key in OWN_NAMES:
             continue  # kolla's ``service`` (the container's entry) gates the task; the templates read item
         if key in task_vars and task_vars[key] != value:

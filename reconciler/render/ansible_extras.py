@@ -254,6 +254,10 @@ IP_FILTERS: dict[str, Callable[..., Any]] = {
 
 def install(env: Sandbox) -> None:
     """Add the dialect to a service's sandbox (each filter paced like Jinja's own)."""
+    # Ansible renders templates and variables with trim_blocks (the template module's default,
+    # and its templar's): the newline after a block tag is dropped, as kolla's templates expect
+    # (`}{% endif %}` then `],` on the next line gives `}    ],`). Set before anything compiles.
+    env.trim_blocks = True
     env.add_filters({**named_filters(FILTERS, "ansible.builtin"), **named_filters(IP_FILTERS, "ansible.utils"),
                      **named_filters(EXTRA_FILTERS, None)})
     env.tests.update(named_filters(TESTS, "ansible.builtin"))

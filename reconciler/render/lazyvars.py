@@ -89,7 +89,15 @@ def _undefined(error: VarError) -> jinja2.Undefined:
     def fail(_message: str) -> VarError:
         return VarError(error.links, error.tail, error.file or "", error.line)
 
-    return jinja2.StrictUndefined(hint=error.tail, exc=cast(type[jinja2.exceptions.TemplateRuntimeError], fail))
+    return _Failed(hint=error.tail, exc=cast(type[jinja2.exceptions.TemplateRuntimeError], fail))
+
+
+class _Failed(jinja2.StrictUndefined):
+    """A failed value; inside a list or mapping that is printed whole, printing it fails too
+    (a StrictUndefined's repr would print ``Undefined``)."""
+
+    __slots__ = ()
+    __repr__ = jinja2.StrictUndefined._fail_with_undefined_error
 
 
 class LazyContext(jinja2.runtime.Context):
@@ -161,7 +169,10 @@ class Resolver:
 
     def resolve(self, name: str, pending: Pending, env: jinja2.Environment) -> Any:
         hit = self.cache.get(name)
-        if hit is None and self.shared is not None and name in self.shared:
+        # A service's own default (service_uwsgi_config_port: "{{ keystone_port }}") is that
+        # service's even when it reads only node variables: never from or into the node's cache.
+        own = self.per_node(name)
+        if hit is None and own and self.shared is not None and name in self.shared:
             value, files = self.shared[name]
             hit = self.cache[name] = (value, files, True)
         if hit is not None:
@@ -179,7 +190,7 @@ class Resolver:
         before = view._touched if view is not None else set()
         if view is not None:
             view._touched = set()
-        frame: list[Any] = [name, True]
+        frame: list[Any] = [name, own]
         self.stack.append(frame)
         try:
             value = self._value(name, pending.raw, env)
@@ -200,7 +211,7 @@ class Resolver:
         resolves every name a template mentions as it starts, so a branch not taken must not
         fail (ansible-core 2.19 defers the error alike, with its markers)."""
         try:
-            return self._render(raw, env)
+            return self._render(raw, env, name)
         except VarError as exc:
             error = exc.under(self._link(name))
         except jinja2.UndefinedError as exc:
@@ -226,13 +237,17 @@ class Resolver:
         file, line = self.origin(name)
         return VarError([self._link(name)], tail, file, line)
 
-    def _render(self, raw: Any, env: jinja2.Environment) -> Any:
+    def _render(self, raw: Any, env: jinja2.Environment, name: str) -> Any:
+        # An element of a list or mapping that fails is undefined where it is read, not the
+        # whole value (ansible-core 2.19 renders a container's elements as they are read):
+        # kolla's neutron_services['neutron-server'].wsgi is there even where another entry's
+        # volumes read a fact the node does not have.
         if isinstance(raw, str):
             return self._string(raw, env) if "{{" in raw or "{%" in raw else raw
         if isinstance(raw, Mapping):
-            return {k: self._render(v, env) for k, v in raw.items()}
+            return {k: self._value(name, v, env) if templated(v) else v for k, v in raw.items()}
         if isinstance(raw, list | tuple):
-            return [self._render(v, env) for v in raw]
+            return [self._value(name, v, env) if templated(v) else v for v in raw]
         return raw
 
     def _string(self, text: str, env: jinja2.Environment) -> Any:
