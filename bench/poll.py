@@ -17,6 +17,7 @@ the peak RSS and import time of ``agent --once`` on a no-op poll and the heavy p
 interpreter (the floor of any Python agent).
 
 Usage: .venv/bin/python bench/poll.py [--runs 20] [--refs 10000] [--memory-only] [--window 60] [--processes 1000]
+       .venv/bin/python bench/poll.py --targets [--runs 9]   (issue 40's table: bench/peers.py)
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def _cpu_s(pid: int, children: bool = False) -> float:
     return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
 
-# The daemon as the console script starts it, plus a SIGUSR1 handler that writes the names of
+# The daemon as the console script starts it, plus a SIGUSR2 handler that writes the names of
 # its modules to a file: what an idle agent holds, from the agent itself.
 DAEMON = """
 import os, signal, sys
@@ -176,7 +177,7 @@ def listed(*_):
     with open(out + ".part", "w") as f:
         f.write("\\n".join(sys.modules))
     os.replace(out + ".part", out)
-signal.signal(signal.SIGUSR1, listed)
+signal.signal(signal.SIGUSR2, listed)
 sys.argv[0] = "reconciler"
 from reconciler.entry import main
 main()
@@ -184,7 +185,7 @@ main()
 
 
 def _loaded(pid: int, path: Path) -> set[str]:
-    os.kill(pid, signal.SIGUSR1)
+    os.kill(pid, signal.SIGUSR2)
     for _ in range(100):
         if path.exists():
             return {m.partition(".")[0] for m in path.read_text().split()}
@@ -356,7 +357,20 @@ def main() -> None:
                         help="seconds the daemon polling every 10 s is measured over (CPU time counts in 10 ms ticks)")
     parser.add_argument("--processes", type=int, default=1000,
                         help="other processes on the node for the second 10 s figure (a busy node's)")
+    parser.add_argument("--targets", action="store_true",
+                        help="Only issue 40's figures, each beside its peer in the same run (bench/peers.py).")
+    parser.add_argument("--batch", type=int, default=10, help="no-op polls (and ls-remotes) per --targets sample")
     args = parser.parse_args()
+    if args.targets:
+        from peers import load, targets
+
+        print(f"issue 40, the no-op paths: medians of {args.runs} runs taken in turns (load {load()} at the start)")
+        rows = targets(args.runs, args.batch, args.idle)
+        print(f"{'measure':40s} {'reconciler':34s} {'peer or floor':28s} {'ratio':8s} target")
+        for row in rows:
+            print(f"{row[0]:40s} {row[1]:34s} {row[2]:28s} {row[3]:8s} {row[4]}")
+        print(f"(load {load()} at the end)")
+        return
     print("the agent's weight, one node, one service, file:// remote")
     for name, value in memory(args.idle, args.window, args.processes).items():
         print(f"  {name:30s} {value}")

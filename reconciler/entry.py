@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import sys
 
 from reconciler.core.errors import NoCABundle
@@ -36,13 +35,20 @@ def no_ca_paths() -> bool:
     it hands libgit2 what ``ssl`` finds. Commands import pygit2 only where they read commits (an
     idle agent never does, issue 17): without this, a node lacking ca-certificates would run
     until its first change and fail there; with it, every command stops at once, in one line,
-    as when the command line imported pygit2 up front."""
-    paths = ssl.get_default_verify_paths()
-    return paths.cafile is None and paths.capath is None
+    as when the command line imported pygit2 up front. What ``ssl.get_default_verify_paths``
+    says, read from ``_ssl``: the ``ssl`` module (and its socket) is about 5 % of a no-op
+    ``agent --once``'s imports."""
+    import _ssl
+
+    cafile_env, cafile, capath_env, capath = _ssl.get_default_verify_paths()
+    return (not os.path.isfile(os.environ.get(cafile_env, cafile))
+            and not os.path.isdir(os.environ.get(capath_env, capath)))
 
 
 def ca_bundle_error(exc: BaseException) -> NoCABundle | None:
     """``exc`` as the missing CA bundle it stands for, or None when it is something else."""
+    import ssl
+
     if type(exc).__name__ != "GitError" or "certificates" not in str(exc):
         return None
     paths = ssl.get_default_verify_paths()

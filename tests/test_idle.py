@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Deployment, git
+from conftest import Deployment, SigningKey, git, small_deployment
 
 from reconciler.agent import Agent
 from reconciler.source.refs import NotPlain, read_ref
@@ -69,3 +69,36 @@ def test_a_poll_that_finds_nothing_new_never_loads_pygit2(deployment: Deployment
     deployment.commit("kvm")
     done = subprocess.run([sys.executable, "-c", PASS, str(cfg)], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["0", "True", "False", "True"], done.stderr
+
+
+ONCE = """
+import runpy, sys
+sys.argv = ["reconciler", *sys.argv[1:]]
+try:
+    runpy.run_module("reconciler", run_name="__main__")
+except SystemExit as exc:
+    print("exit", exc.code)
+print(" ".join(sorted(m for m in sys.modules if m.partition(".")[0] in ("pygit2", "jinja2", "jsonschema", "rich")
+                      or m in ("http.server", "ssl", "reconciler.daemon.loop"))))
+"""
+
+
+def test_a_no_op_agent_once_imports_only_what_a_no_op_needs(tmp_path: Path, merge_key: SigningKey,
+                                                            agents: Callable[..., Agent]) -> None:
+    """`agent --once` from a systemd timer or cron: a no-op is the interpreter, the pass and
+    its imports (issue 40); none of the signature, template or schema code, nor the daemon's
+    webhook server, nor rich for a one-line answer."""
+    files = {"reconciler.yaml": "format: 1\nname: once\n",
+             "inventory.yaml": "groups:\n  all:\n    services: [idle]\nnodes:\n  o1:\n    groups: [all]\n",
+             "services/idle/service.yaml": "runtime:\n  command: [python3, idle.py]\n"
+                                           "files:\n  - {path: idle.py, source: idle.py}\n",
+             "services/idle/files/idle.py": "import time\nwhile True:\n    time.sleep(3600)\n"}
+    dep = small_deployment(tmp_path, merge_key, files)
+    node = agents("o1", dep.url)
+    assert node.reconcile_once().exit_code == 0
+    args = ["agent", "--once", "--node", "o1", "--remote", dep.url, "--state-dir", str(node.cfg.state_dir),
+            "--allowed-signers", str(merge_key.allowed_signers), "--note-key", str(node.cfg.note_key)]
+    done = subprocess.run([sys.executable, "-c", ONCE, *args], capture_output=True, text=True, check=True)
+    said, _, loaded = done.stdout.partition("exit 0\n")
+    assert said.strip().endswith("unchanged, nothing to do"), done
+    assert loaded.split() == [], done.stderr

@@ -124,8 +124,8 @@ def _finish_run(result: RunResult, output: str, headline: str = "") -> None:
         err.print(f"[yellow]note[/]: a previous run was interrupted during {a} {s} at {c[:12]}")
     if result.report is None and result.waiting:
         out.print(f"{result.node} @ {short}: not yet: {escape(result.waiting)}")
-    elif result.report is None:
-        out.print(f"{result.node} @ {short}: unchanged, nothing to do")
+    elif result.report is None:  # plain text: rich is most of a no-op `agent --once`'s imports
+        click.echo(f"{result.node} @ {short}: unchanged, nothing to do")
     else:
         rep = result.report
         if rep.services:
@@ -212,7 +212,6 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
          way; the next run finishes it
     """
     from reconciler.daemon.afterpass import Outputs
-    from reconciler.daemon.loop import run_daemon
 
     settings: dict[str, Any] = {"interval": interval, "jitter": jitter, "metrics_textfile": metrics_textfile}
     the_agent = node_agent(agent_opts, converge=True, **settings)
@@ -227,6 +226,8 @@ def agent_command(agent_opts: dict[str, Any], once: bool, interval: float | None
             raise
         outputs(result, strict=True)
         _finish_run(result, output)
+
+    from reconciler.daemon.loop import run_daemon  # here: `--once` runs no daemon (its http.server)
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)

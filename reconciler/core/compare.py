@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -22,7 +21,6 @@ from typing import Any
 from reconciler.core.errors import BadInput
 from reconciler.core.memo import ByIdentity
 from reconciler.core.model import ActionKind, FileSpec, Rule, rank
-from reconciler.core.yamlfile import safe_load
 
 DEFAULT = ActionKind.RESTART
 TOP = "\0top"  # the section of an INI-like file that has none
@@ -233,6 +231,9 @@ def flatten(path: str, content: bytes) -> Mapping[str, object] | None:
     try:
         if kind == "ini":
             return _ini(content.decode("utf-8"))
+        import tomllib  # here: a no-op poll compares nothing (issue 40: what it needs only)
+
+        from reconciler.core.yamlfile import safe_load
         # A rendered YAML file is loaded with the repo's bounds: ten lines of aliases must not
         # expand to gigabytes in the walk below.
         data = (safe_load(content, path) if kind == "yaml" else json.loads(content) if kind == "json"

@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +183,10 @@ class Receiver:
 
     def __init__(self, listen: str, secret: bytes, wake: Callable[[float], None], node: str,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        # Here: http.server (with email and http.client) is about 2 MB of an idle daemon's RSS,
+        # and most nodes configure no receiver (issue 40).
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
         limiter, quiet, deliveries = Limiter(clock=clock), Quiet(clock=clock), Deliveries()

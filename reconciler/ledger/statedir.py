@@ -38,6 +38,9 @@ class State:
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
         self.root = root
+        # Whether what a killed run left may be here (``sweep``): until this process's first
+        # sweep, and again once another process held a lock or a body under one raised.
+        self.dirty = True
         if not create:
             if root.exists() and not root.is_dir():
                 raise StateMissing(f"state dir {root} is not a directory (is --state-dir right?)")
@@ -82,9 +85,18 @@ class State:
                     if time.monotonic() >= deadline:
                         raise Busy(f"{self.root}: {what} holds the lock") from None
                     time.sleep(0.1)
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            yield fd
+            mine = f"{os.getpid()}\n".encode()
+            # Written only when another process held it last (a read is cheaper than the
+            # truncate and write, twice a poll): that holder may also have left half a write.
+            if os.pread(fd, 32, 0) != mine:
+                self.dirty = True
+                os.ftruncate(fd, 0)
+                os.write(fd, mine)
+            try:
+                yield fd
+            except BaseException:
+                self.dirty = True  # the body may have left a temp file or a revision dir behind
+                raise
         finally:
             os.close(fd)  # closing releases the flock
 
@@ -168,8 +180,12 @@ class State:
     def sweep(self) -> list[Path]:
         """Remove what a killed run left half written: temp files and unfinished revision dirs.
         Called under the run lock and the services lock (the supervisor's), so nothing in flight
-        can be swept."""
+        can be swept. Nothing to do, and no walk of the state dir, when this process swept
+        before and no other process held a lock since (``dirty``): a no-op poll does not sweep."""
         swept: list[Path] = []
+        if not self.dirty:
+            return swept
+        self.dirty = False
         for dirpath, dirnames, filenames in os.walk(self.root):
             if dirpath == str(self.root) and "mirror.git" in dirnames:
                 dirnames.remove("mirror.git")  # git sweeps its own
