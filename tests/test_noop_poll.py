@@ -111,3 +111,40 @@ def test_a_stray_copy_is_found_at_the_next_full_look_not_at_every_poll(node: tup
         if stray.poll() is None:
             stray.kill()
             stray.wait()
+
+
+def test_a_run_in_another_pid_namespace_with_the_same_pid_still_gets_its_leftovers_swept(
+        node: tuple[Agent, list[float]]) -> None:
+    """A daemon in a container and a `docker run ... reconciler apply` on the same state volume
+    may both be pid 1: the lock file names its holder by pid and a token of its own."""
+    agent, _ = node
+    _quiet(agent)
+    left = agent.cfg.state_dir / "services/idle/.rc-tmp-record.json.y"
+    left.write_text("half")
+    (agent.cfg.state_dir / "lock").write_text(f"{os.getpid()}\n")  # that other process's, same pid
+    _quiet(agent)
+    assert not left.exists(), "the other run's leftovers were kept"
+
+
+def test_a_pass_that_acted_leaves_the_next_one_to_sweep(node: tuple[Agent, list[float]]) -> None:
+    """An action that fails is caught, not raised through the lock: a pass that got past the
+    no-op check may have left a temp file, so the next pass sweeps."""
+    agent, _ = node
+    _quiet(agent)
+    left = agent.cfg.state_dir / "services/idle/.rc-tmp-record.json.z"
+    (agent.cfg.state_dir / "services/idle/live/idle.conf").write_text("mode = edited by hand\n")
+    acted = agent.reconcile_once()  # past the no-op check: the drift is put back
+    assert acted.plan is not None, acted
+    left.write_text("half")  # as a failed action of that pass would leave it
+    _quiet(agent)
+    assert not left.exists()
+
+
+def test_a_linked_directory_in_a_live_dir_is_not_walked(tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    (live / "etc").mkdir(parents=True)
+    (live / "etc" / "a.conf").write_text("a = 1\n")
+    (live / "loop").symlink_to(".")
+    (live / "root").symlink_to("/")
+    names = [entry[0] for entry in glance.stat_tree(live)]
+    assert names == ["etc", "etc/a.conf", "loop", "root"]

@@ -245,8 +245,9 @@ def diff(rev_a: str | None, rev_b: str | None, local: str | None, local_rev: str
     repo_a, repo_b = load_at(tree_a), load_at(tree_b)
     from reconciler.fleet.facts import published
 
+    # Published facts count by REV_A's trust/nodes (--local: HEAD's): REV_B cannot vouch for a node key.
     diffs = diff_repos(repo_a, tree_a.label, repo_b, tree_b.label, None if all_nodes or not nodes else list(nodes),
-                       jobs=jobs or None, facts=published(repo_dir, rev_b))
+                       jobs=jobs or None, facts=published(repo_dir, rev_a))
     steps = cutover(repo_a, repo_b, diffs)
     changed = any(d.plan.changes or d.files for d in diffs)
     if output == "json":

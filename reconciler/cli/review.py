@@ -79,7 +79,9 @@ def review_post(base: str, head: str, repo_dir: Path, forge: str, pr: int | None
     tree_a, tree_b = open_tree(repo_dir, base, needs), open_tree(repo_dir, head, needs)
     from reconciler.fleet.facts import published
 
-    known = published(repo_dir, head)  # each node's last published facts: what its render reads
+    # Each node's last published facts, what its render reads, judged by the base's trust/nodes
+    # as the merge bot judges trust: the change under review cannot vouch for a key of its own.
+    known = published(repo_dir, base)
     repo_b, problems, _, _ = validate_tree(tree_b, facts=known)
     groups: tuple[GroupStatus, ...] = ()
     if repo_b is None or problems:

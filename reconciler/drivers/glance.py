@@ -20,6 +20,7 @@ The cache is this process's (a daemon's): ``agent --once`` always looks at every
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -114,8 +115,11 @@ def stat_tree(live: Path) -> tuple[Stat, ...]:
             except OSError:
                 st = e.stat(follow_symlinks=False)
             out.append((rel + e.name, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns))
-            if e.is_dir():
-                todo.append((e.path, f"{rel}{e.name}/"))
+            # Never into a linked directory: a link to / would walk the machine every poll, a
+            # link to . forever (``read_dir`` follows neither).
+            with contextlib.suppress(OSError):
+                if e.is_dir(follow_symlinks=False):
+                    todo.append((e.path, f"{rel}{e.name}/"))
     return tuple(sorted(out))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -145,9 +145,19 @@ class FlagLedger(Store):
         facts = record.get("facts")
         return (str(record.get("commit", "")), bool(record.get("read")), facts) if isinstance(facts, dict) else None
 
-    def set_facts_rendered(self, commit: str, read: bool, facts: Mapping[str, Any]) -> None:
-        """What ``commit``'s note publishes: set before its verdict settles (its note written then)."""
-        self._set_meta(FACTS_KEY, json.dumps({"commit": commit, "read": read, "facts": dict(facts)}, sort_keys=True))
+    def facts_reads(self) -> frozenset[str] | None:
+        """What of the facts that render read (``core.model.facts.subjects``); None: a record
+        written before they were kept (every fact is compared, once)."""
+        reads = _json_object(self._meta(FACTS_KEY)).get("reads")
+        return frozenset(str(r) for r in reads) if isinstance(reads, list) else None
+
+    def set_facts_rendered(self, commit: str, read: bool, facts: Mapping[str, Any],
+                           reads: Iterable[str] | None = None) -> None:
+        """What ``commit``'s note publishes: set before its verdict settles (its note written then).
+        ``reads``: what of them the render read (None: not known, as an older agent wrote it)."""
+        record = {"commit": commit, "read": read, "facts": dict(facts)}
+        self._set_meta(FACTS_KEY, json.dumps(record if reads is None else {**record, "reads": sorted(reads)},
+                                             sort_keys=True))
 
     # notes pushed ------------------------------------------------------------------------
     def notes_pushed(self) -> NotesPushed:

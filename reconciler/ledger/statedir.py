@@ -85,7 +85,10 @@ class State:
                     if time.monotonic() >= deadline:
                         raise Busy(f"{self.root}: {what} holds the lock") from None
                     time.sleep(0.1)
-            mine = f"{os.getpid()}\n".encode()
+            # The pid and a token of this process: two processes in different pid namespaces
+            # (a daemon container, a `docker run ... reconciler apply` on the same volume) may
+            # both be pid 1, and the other's leftovers must still be swept.
+            mine = f"{os.getpid()} {_TOKEN}\n".encode()
             # Written only when another process held it last (a read is cheaper than the
             # truncate and write, twice a poll): that holder may also have left half a write.
             if os.pread(fd, 32, 0) != mine:
@@ -208,13 +211,17 @@ class State:
                            f"{need / 2**20:.0f} MiB; nothing was changed")
 
 
+_TOKEN = os.urandom(6).hex()  # this process's, beside its pid in the lock files it holds
+
+
 def _pid_in(path: Path) -> int | None:
     """The pid ``State.lock`` wrote in a lock file (None: none there, or not one)."""
     try:
         text = path.read_text(errors="replace").strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    first = text.split(maxsplit=1)[0] if text else ""
+    return int(first) if first.isdigit() and int(first) > 0 else None
 
 
 def _has_open(pid: int, st: os.stat_result) -> bool:

@@ -162,7 +162,7 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
     hashes = {s.name: s.hash for s in desired.services} if verdict is Verdict.APPLIED and not decommission else None
     facts = ctx.resolver.facts()
     if facts.facts is not None:  # published on this commit's note: what its render read, if it did
-        ctx.ledger.set_facts_rendered(run.commit, facts.read, facts.facts.to_dict())
+        ctx.ledger.set_facts_rendered(run.commit, facts.read, facts.facts.to_dict(), facts.reads)
     result = settle(ctx, run, report, proof, converged=hashes)
     return replace(result, plan=the_plan)
 

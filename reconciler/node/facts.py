@@ -1,12 +1,16 @@
 """The node's facts, gathered from the machine: the standard library, ``/proc``, ``/sys`` and
 ``/etc/os-release``; no program run.
 
-- hostname: ``socket.gethostname()``; fqdn: ``socket.getfqdn()``, given at most two seconds (a
-  resolver that does not answer leaves the hostname), and kept ten minutes;
-- interfaces (``socket.if_nameindex()``, at most 64, sorted; not a container's ``veth*`` end):
-  the IPv4 address of each, with its prefix, from the ``SIOCGIFADDR``/``SIOCGIFNETMASK`` ioctls
-  (the interface's primary address, Ansible's ``ipv4``; secondary addresses without a label are
-  not seen), and its IPv6 addresses from ``/proc/net/if_inet6`` (at most 16 each);
+- hostname: ``socket.gethostname()``; fqdn: ``socket.getfqdn()``, given at most two seconds,
+  and an answer kept ten minutes (a resolver that does not answer leaves the last answer, else
+  the hostname; one lookup at a time);
+- interfaces (``socket.if_nameindex()``, at most 64, sorted; not the devices made per container,
+  VM port or router: ``veth*``, Neutron's ``tap``/``qvb``/``qvo``/``qbr``/``qr-``/``qg-`` + a port
+  id, docker's ``br-`` + a network id): the IPv4 address of each, with its prefix, from the
+  ``SIOCGIFADDR``/``SIOCGIFNETMASK`` ioctls (the interface's primary address, Ansible's
+  ``ipv4``; secondary addresses without a label are not seen), and its IPv6 addresses from
+  ``/proc/net/if_inet6`` (at most 16 each; not a temporary, deprecated, tentative or
+  DAD-failed one);
 - the default IPv4 route from ``/proc/net/route``, the default IPv6 route from
   ``/proc/net/ipv6_route`` (the lowest metric; not through ``lo``): interface, gateway, and that
   interface's address;
@@ -24,22 +28,34 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from reconciler.core.model.facts import MAX_ADDRESSES, MAX_FACT, MAX_INTERFACES, Facts, Route
 
 SIOCGIFADDR = 0x8915
 SIOCGIFNETMASK = 0x891B
-# A container's end of its veth pair comes and goes with the container: not a fact of the node
-# (each start would otherwise be a change of facts).
-CONTAINER_ENDS = ("veth",)
+# Devices made per container, VM port or router come and go with them: not facts of the node.
+# Left out because a compute node has hundreds (four per VM with the hybrid firewall), which
+# would push its real interfaces past the 64 kept, and fill every note. Matched on the name the
+# tool derives from an id (Neutron: a prefix and the port's id cut to 11 characters; docker: br-
+# and 12 hex digits), so an interface an operator named (an OVS br-ex, a tun0, a vxlan) stays.
+CHURN = re.compile(r"veth.*|(tap|qvb|qvo|qbr|qr-|qg-)[0-9a-f]{8}-[0-9a-f]{2}|br-[0-9a-f]{12}")
+# /proc/net/if_inet6 flags of an address not to publish: temporary (a privacy address, rotated
+# daily), DAD failed, deprecated (on its way out), tentative (not usable yet). Not 0x80,
+# permanent: that is a static address.
+IFA_F_TEMPORARY, IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TENTATIVE = 0x01, 0x08, 0x20, 0x40
+PASSING = IFA_F_TEMPORARY | IFA_F_DADFAILED | IFA_F_DEPRECATED | IFA_F_TENTATIVE
 FQDN_SECONDS = 2.0  # what a resolver is given to name this host
-FQDN_KEPT = 600.0  # a name resolved is kept this long (seconds)
-_fqdn_memo: dict[str, tuple[float, str]] = {}
+FQDN_KEPT = 600.0  # an answer is kept this long (seconds)
+_fqdn_lock = threading.Lock()
+_fqdn_known: dict[str, tuple[float, str]] = {}  # hostname -> (when answered, the answer)
+_fqdn_asking: set[str] = set()  # hostnames whose lookup is still running
 
 
 def gather(proc: Path = Path("/proc"), etc: Path = Path("/etc")) -> Facts:
@@ -47,7 +63,7 @@ def gather(proc: Path = Path("/proc"), etc: Path = Path("/etc")) -> Facts:
     hostname = socket.gethostname()[:MAX_FACT]
     interfaces: dict[str, dict[str, tuple[str, ...]]] = {}
     v6 = _ipv6_addresses(proc)
-    names = sorted(n for _, n in socket.if_nameindex() if not n.startswith(CONTAINER_ENDS))
+    names = sorted(n for _, n in socket.if_nameindex() if not CHURN.fullmatch(n))
     for name in names[:MAX_INTERFACES]:
         v4 = _ipv4_address(name)
         interfaces[name] = {"ipv4": (v4,) if v4 else (), "ipv6": tuple(v6.get(name, ()))[:MAX_ADDRESSES]}
@@ -55,18 +71,40 @@ def gather(proc: Path = Path("/proc"), etc: Path = Path("/etc")) -> Facts:
                  _default_ipv6(proc, interfaces), len(os.sched_getaffinity(0)), _memory_mb(proc), _os_release(etc))
 
 
-def fqdn(hostname: str) -> str:
-    """``socket.getfqdn()``, bounded in time (a thread that outlives it ends with its lookup)."""
-    hit = _fqdn_memo.get(hostname)
-    if hit is not None and time.monotonic() - hit[0] < FQDN_KEPT:
-        return hit[1]
-    found: list[str] = []
-    worker = threading.Thread(target=lambda: found.append(socket.getfqdn(hostname)), daemon=True, name="fqdn")
-    worker.start()
-    worker.join(FQDN_SECONDS)
-    name = (found[0] if found else hostname)[:MAX_FACT]
-    _fqdn_memo[hostname] = (time.monotonic(), name)
-    return name
+def fqdn(hostname: str, look_up: Callable[[str], str] = socket.getfqdn) -> str:
+    """``look_up(hostname)`` (``socket.getfqdn``), bounded in time: an answer is kept ten
+    minutes; a lookup that does not answer in time leaves the last answer (else the hostname),
+    so a resolver that is down for a while changes no fact, and templates reading the fqdn do
+    not restart twice. A lookup still running (a hung NSS module) is not started again nor
+    waited for: its answer, when it comes, is kept for the next pass."""
+    with _fqdn_lock:
+        known = _fqdn_known.get(hostname)
+        if known is not None and time.monotonic() - known[0] < FQDN_KEPT:
+            return known[1]
+        worker: threading.Thread | None = None
+        if hostname not in _fqdn_asking:
+            _fqdn_asking.add(hostname)
+            worker = threading.Thread(target=_ask, args=(hostname, look_up), daemon=True, name="fqdn")
+            try:
+                worker.start()
+            except RuntimeError:  # no thread to be had: no lookup this time
+                _fqdn_asking.discard(hostname)
+                worker = None
+    if worker is not None:
+        worker.join(FQDN_SECONDS)
+    with _fqdn_lock:
+        known = _fqdn_known.get(hostname)
+    return known[1] if known is not None else hostname
+
+
+def _ask(hostname: str, look_up: Callable[[str], str]) -> None:
+    try:
+        name = look_up(hostname)[:MAX_FACT]
+        with _fqdn_lock:
+            _fqdn_known[hostname] = (time.monotonic(), name)
+    finally:
+        with _fqdn_lock:
+            _fqdn_asking.discard(hostname)
 
 
 def _ipv4_address(name: str) -> str:
@@ -84,11 +122,22 @@ def _ipv4_address(name: str) -> str:
 
 
 def _ipv6_addresses(proc: Path) -> dict[str, list[str]]:
-    """Interface -> its IPv6 addresses (``addr/prefix``), as ``/proc/net/if_inet6`` lists them."""
+    try:
+        return if_inet6((proc / "net/if_inet6").read_text(encoding="ascii", errors="replace"))
+    except OSError:
+        return {}
+
+
+def if_inet6(text: str) -> dict[str, list[str]]:
+    """Interface -> its IPv6 addresses (``addr/prefix``), from the text of ``/proc/net/if_inet6``
+    (``address ifindex prefix scope flags name``): those an address is picked from, not a
+    temporary, deprecated, tentative or DAD-failed one (``PASSING``)."""
     out: dict[str, list[str]] = {}
-    for fields in _rows(proc / "net/if_inet6"):
+    for fields in (line.split() for line in text.splitlines()):
         if len(fields) >= 6 and len(fields[0]) == 32:
             with contextlib.suppress(ValueError):
+                if int(fields[4], 16) & PASSING:
+                    continue
                 addr = ipaddress.IPv6Address(bytes.fromhex(fields[0]))
                 out.setdefault(fields[5], []).append(f"{addr}/{int(fields[2], 16)}")
     return out

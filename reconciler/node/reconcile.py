@@ -64,6 +64,10 @@ def reconcile(ctx: NodeContext, ask: Request) -> RunResult:
     with ctx.state.lock(wait=30 if ask.rev else 0):
         run = Run("", False, (), ask=ask)
         for step in STEPS:
+            if step is adopt_step:
+                # Past the no-op check, this pass may act; an action that fails is caught, not
+                # raised through the lock, and may leave a temp file: the next pass sweeps.
+                ctx.state.dirty = True
             out = step(ctx, run)
             if isinstance(out, RunResult):
                 return out
@@ -184,10 +188,15 @@ def unchanged(ctx: NodeContext, commit: str) -> bool:
 
 def facts_changed(ctx: NodeContext) -> tuple[str, ...]:
     """What changed in the node's facts since the slice it runs was rendered, one event a fact
-    (``facts changed: eth0 ipv4 10.0.0.5/24 -> 10.0.0.6/24``). Gathered only when that render
-    read them: a slice that reads none cannot change with them, and its idle poll reads nothing."""
+    (``facts changed: eth0 ipv4 10.0.0.5/24 -> 10.0.0.6/24``), of those that render read only: a
+    VM's tap device appearing is no change to a slice that reads the hostname. Gathered only when
+    that render read them: a slice that reads none cannot change with them, and its idle poll
+    reads nothing. (A record from before reads were kept compares every fact, until a render.)"""
     used = ctx.ledger.facts_rendered()
     if used is None or not used[1]:
+        return ()
+    reads = ctx.ledger.facts_reads()
+    if reads == frozenset():  # it read the inventory's stand-ins only
         return ()
     try:
         before: Facts | None = Facts.from_dict(used[2])
@@ -198,7 +207,7 @@ def facts_changed(ctx: NodeContext) -> tuple[str, ...]:
         return ()
     if before is None:
         return ("facts changed: the facts last rendered with are not readable",)
-    return tuple(f"facts changed: {line}" for line in changes(before, now))
+    return tuple(f"facts changed: {line}" for line in changes(before, now, reads))
 
 
 STEPS: tuple[Step, ...] = (start, source, retired_step, resume, noop, adopt_step, trust, gate, decommission_step,

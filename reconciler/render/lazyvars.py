@@ -35,6 +35,7 @@ from jinja2.utils import missing
 
 from reconciler.core.errors import RenderError, RenderLimit
 from reconciler.core.memo import ByIdentity
+from reconciler.render.facts import FactsView
 from reconciler.render.sandbox import Sandbox, budget_now
 from reconciler.render.secrets import SecretUnreadable
 from reconciler.repo.definitions import DeploymentRepo, ServiceDef
@@ -47,7 +48,7 @@ _NOT_PER_NODE = frozenset({"lookup", "query", "q", "service", "service_version"}
 def templated(value: Any) -> bool:
     if isinstance(value, str):
         return "{{" in value or "{%" in value
-    if isinstance(value, Mapping):
+    if isinstance(value, Mapping) and not isinstance(value, FactsView):  # facts: never templates
         return any(templated(v) for v in value.values())
     if isinstance(value, list | tuple):
         return any(templated(v) for v in value)

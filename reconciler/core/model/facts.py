@@ -14,7 +14,7 @@ Pure: data in, data out.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,13 +127,50 @@ class Facts:
         return out
 
 
-def changes(old: Facts | None, new: Facts) -> list[str]:
-    """What differs, one line each: ``eth0 ipv4 10.0.0.5/24 -> 10.0.0.6/24``."""
+def changes(old: Facts | None, new: Facts, reads: Collection[str] | None = None) -> list[str]:
+    """What differs, one line each: ``eth0 ipv4 10.0.0.5/24 -> 10.0.0.6/24``; of what a render
+    read only (``reads``, what ``subjects`` named; None: all, for a render whose reads are not
+    known)."""
     if old is None:
         return []
     a, b = _flat(old), _flat(new)
+    appeared = set(old.interfaces) ^ set(new.interfaces)
     return [f"{k} {a.get(k, '(none)') or '(none)'} -> {b.get(k, '(none)') or '(none)'}"
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+            and (reads is None or ALL in reads or _subject_read(k, reads, appeared))]
+
+
+# What a template read of the facts, as ``subjects`` names it and ``changes`` compares it: the
+# keys of ``_flat`` (``os`` for all of ``os``), "if NAME" for an interface's addresses (NAME as
+# the template asked for it: Ansible's has "-" as "_"), "interfaces" for which there are, "*"
+# for all (a template that went through every fact).
+ALL, INTERFACES = "*", "interfaces"
+_ANSIBLE = {"hostname": "hostname", "nodename": "hostname", "fqdn": "fqdn", "processor_vcpus": "cpus",
+            "memtotal_mb": "memory_mb", "distribution": "os", "distribution_version": "os",
+            "distribution_major_version": "os", "os_family": "os", "interfaces": INTERFACES}
+
+
+def subjects(facts: Facts, key: str, view: str = "facts") -> tuple[str, ...]:
+    """What reading ``key`` of ``facts`` in a template reads: of ``facts.template()`` (``view``
+    "facts"; its interfaces are read one by one, as "if NAME") or of ``facts.ansible()``
+    ("ansible_facts")."""
+    if key in ("default_ipv4", "default_ipv6"):
+        route = facts.default_ipv4 if key == "default_ipv4" else facts.default_ipv6
+        # the route's address is its interface's: read with it
+        return (f"default {key[-4:]}", *((f"if {route.interface}",) if route else ()))
+    if view == "facts":
+        return (key,) if key in ("hostname", "fqdn", "cpus", "memory_mb", "os") else ()
+    return (_ANSIBLE[key],) if key in _ANSIBLE else (f"if {key}",)  # any other key: an interface's
+
+
+def _subject_read(key: str, reads: Collection[str], appeared: set[str]) -> bool:
+    if key in reads or (key.startswith("os ") and "os" in reads):
+        return True
+    name, _, family = key.rpartition(" ")
+    if family not in ("ipv4", "ipv6") or name in ("default", "os"):
+        return False
+    return (f"if {name}" in reads or f"if {name.replace('-', '_')}" in reads
+            or (INTERFACES in reads and name in appeared))
 
 
 def _flat(facts: Facts) -> dict[str, str]:
