@@ -71,8 +71,8 @@ def _recipient() -> str:
     return str(pyrage.x25519.Identity.generate().to_public())
 
 
-def _import(wheel: Path, dep: Path, out: Path, nodes: list[str]) -> tuple[int, str]:
-    key = _recipient()
+def _import(wheel: Path, dep: Path, out: Path, nodes: list[str], key: str | None = None) -> tuple[int, str]:
+    key = key or _recipient()
     args = ["import", "kolla-ansible", str(dep), str(out), "--kolla", str(wheel)]
     for node in nodes:
         args += ["--age-recipient", f"{node}={key}"]
@@ -151,3 +151,57 @@ def test_no_inventory_is_an_error(kolla_wheel: Path, tmp_path: Path) -> None:
     (tmp_path / "kolla" / "multinode").unlink()
     code, said = _import(kolla_wheel, tmp_path / "kolla", tmp_path / "repo", ["control01"])
     assert code == 2 and "no such inventory file" in said
+
+
+def test_credentials_and_secret_files_of_the_deployment_never_reach_the_repo_in_clear(
+        kolla_wheel: Path, tmp_path: Path) -> None:
+    """What kolla inventories and config/ often hold: Ansible's become and ssh passwords on a
+    host line and in [group:vars], an external Ceph keyring, an override holding a password of
+    passwords.yml, a symlink to a file outside config/. No value of them is in any file of the
+    repo (IMPORT.md included); IMPORT.md names each; the secret files are carried encrypted."""
+    import pyrage
+    import yaml
+
+    from reconciler.render.secrets import identities, unlock
+    from reconciler.repo.sops import parse_documents
+
+    dep = tmp_path / "kolla"
+    passwords = _deployment(kolla_wheel, dep, "multinode")
+    inventory = (dep / "multinode").read_text()
+    assert "\ncompute01\n" in inventory
+    inventory = inventory.replace("\ncompute01\n", "\ncompute01 ansible_become_password=hunter2-secret "
+                                  "ansible_user=kolla\n")
+    (dep / "multinode").write_text(inventory + "\n[compute:vars]\nansible_ssh_pass=ssh-pass-secret\n"
+                                   "nova_compute_virt_type=qemu\n")
+    keyring = "[client.nova]\n\tkey = AQBkeyringSecretValue0123456789abcdefg==\n"
+    (dep / "config" / "nova" / "ceph.client.nova.keyring").write_text(keyring)
+    db_password = passwords["keystone_database_password"]
+    keystone_conf = f"[database]\nconnection = mysql+pymysql://keystone:{db_password}@db/keystone\n"
+    (dep / "config" / "keystone.conf").write_text(keystone_conf)
+    (tmp_path / "elsewhere.txt").write_text("outside-secret-value\n")
+    (dep / "config" / "glance.conf").symlink_to(tmp_path / "elsewhere.txt")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "cinder.conf").write_text("outside-directory-secret\n")
+    (dep / "config" / "cinder").symlink_to(tmp_path / "elsewhere")
+    identity = pyrage.x25519.Identity.generate()
+
+    code, said = _import(kolla_wheel, dep, tmp_path / "repo", MULTINODE, key=str(identity.to_public()))
+    assert code == 0, said
+    repo = tmp_path / "repo"
+    every = {str(p.relative_to(repo)): p.read_bytes() for p in repo.rglob("*") if p.is_file()}
+    for value in ("hunter2-secret", "ssh-pass-secret", "keyringSecretValue", db_password, "outside-secret-value",
+                  "outside-directory-secret"):
+        assert [rel for rel, body in every.items() if value.encode() in body] == [], value
+        assert value not in said
+    assert not [p for p in repo.rglob("*") if p.is_symlink()]
+    assert "nova_compute_virt_type: qemu" in every["inventory.yaml"].decode()  # the group's own variable stays
+    report = every["IMPORT.md"].decode()
+    for named in ("ansible_become_password", "ansible_user", "ansible_ssh_pass",
+                  "config/nova/ceph.client.nova.keyring", "config/keystone.conf", "config/glance.conf",
+                  "config/cinder: a symbolic link"):
+        assert named in report, named
+    assert "config/nova/nova-compute.conf" in report and (repo / "kolla-config/nova/nova-compute.conf").is_file()
+    # The keyring and the override holding a password: in a SOPS file a node's key opens.
+    sops = parse_documents("secrets/kolla-config.yaml", list(yaml.safe_load_all(every["secrets/kolla-config.yaml"])))
+    opened = unlock({"secrets/kolla-config.yaml": sops}, identities(str(identity), "node.key"))
+    assert sorted(opened["secrets/kolla-config.yaml"].values()) == sorted([keyring, keystone_conf])

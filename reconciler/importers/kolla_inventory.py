@@ -9,8 +9,10 @@ Every mistake is one ``BadInput`` naming the file and line.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,7 +148,8 @@ class KollaDeployment:
     inventory: IniInventory
     globals: dict[str, Any]
     passwords: dict[str, Any] = field(repr=False)
-    overrides: tuple[Path, ...]  # files under config/, relative to it
+    overrides: tuple[Path, ...]  # regular files under config/, relative to it
+    refused: tuple[tuple[Path, str], ...] = ()  # symlinks and special files under config/, and why
 
 
 def _yaml_mapping(path: Path, what: str) -> dict[str, Any]:
@@ -172,8 +175,27 @@ def read_deployment(directory: Path, inventory: Path | None = None) -> KollaDepl
     for f in (globals_file, passwords_file):
         if not f.is_file():
             raise BadInput(f"{f}: missing (kolla-ansible's {f.name})")
-    config = directory / "config"
-    overrides = tuple(sorted(p.relative_to(config) for p in config.rglob("*") if p.is_file())) \
-        if config.is_dir() else ()
+    overrides, refused = _config_files(directory / "config")
     return KollaDeployment(directory, inv, _yaml_mapping(globals_file, "globals.yml"),
-                           _yaml_mapping(passwords_file, "passwords.yml"), overrides)
+                           _yaml_mapping(passwords_file, "passwords.yml"), overrides, refused)
+
+
+def _config_files(config: Path) -> tuple[tuple[Path, ...], tuple[tuple[Path, str], ...]]:
+    """The regular files under config/, and what is refused: a symlink (file or directory: it
+    may point at any file the operator can read, a private key of theirs) is not followed, a
+    special file (a fifo would hang the read) not read."""
+    if not config.is_dir():
+        return (), ()
+    files: list[Path] = []
+    refused: list[tuple[Path, str]] = []
+    for top, dirs, names in os.walk(config):  # followlinks=False: a linked directory is listed, not entered
+        for name in sorted(dirs + names):
+            path = Path(top) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                refused.append((path.relative_to(config), "a symbolic link"))
+            elif stat.S_ISREG(mode):
+                files.append(path.relative_to(config))
+            elif not stat.S_ISDIR(mode):
+                refused.append((path.relative_to(config), "not a regular file"))
+    return tuple(sorted(files)), tuple(sorted(refused))

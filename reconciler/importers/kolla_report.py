@@ -5,6 +5,7 @@
 - ``lookup(...)`` calls and filters the Ansible dialect does not provide;
 - the config merges kolla makes at deploy time (``merge_configs`` of config/ overrides) and the
   override files the deployment has, with the file each one would merge into;
+- the credentials and secret files not written in clear (``kolla_secrets``), by name;
 - each service's container settings, files named at run time and conditions left untested.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from reconciler.importers.kolla_inventory import KollaDeployment
@@ -55,7 +57,9 @@ def _scan(text: str) -> tuple[set[str], set[str], list[str]]:
 
 
 def report(release: KollaRelease, dep: KollaDeployment, services: list[KollaService], merged: dict[str, Any],
-           lost: list[str]) -> tuple[str, int]:
+           lost: list[str], copied: list[Path], withheld: list[str]) -> tuple[str, int]:
+    """IMPORT.md and the number of its items. ``copied``: the config/ overrides copied as they
+    are; ``withheld``: the credentials and secret files not written in clear (names, no values)."""
     from jinja2 import Environment
 
     builtin = set(Environment().filters)
@@ -96,8 +100,8 @@ def report(release: KollaRelease, dep: KollaDeployment, services: list[KollaServ
                      "(merge_configs: INI sections and keys, later wins); the repo renders the template alone"
                      for s in services for f in s.files if f.merges})
     section("Config merges not expressed", merges)
-    section("Override files of config/ (copied under kolla-config/, not applied)",
-            [f"config/{p}" for p in dep.overrides])
+    section("Override files of config/ (copied under kolla-config/, not applied)", [f"config/{p}" for p in copied])
+    section("Credentials and secret material (never written in clear)", withheld)
     section("Per service", [f"{s.name}: {n}" for s in services for n in s.notes])
     section("Other", lost)
     return "\n".join(lines), count
