@@ -8,10 +8,11 @@ collection, which is not installed here: it is held to that collection's documen
 
 from __future__ import annotations
 
+import resource
 import string
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -257,12 +258,113 @@ def test_a_template_compiled_for_one_dialect_is_not_reused_by_the_other(tmp_path
     ("lookup('template', '/etc/passwd')", "template not found: /etc/passwd"),
     ("'x' | bool", "bool: 'x' is not a boolean"),
     ("'api' | kolla_address", "kolla_address: no interface for network 'api'"),
+    # Each round doubles bcrypt's time in one C call (31: some 36 hours); an indent repeats on
+    # every line (this one made 205 MB); the context's resolver holds secret-derived values.
+    ("'pw' | password_hash('bcrypt', salt='abcdefghijklmnopqrstuu', rounds=15)",
+     "password_hash: rounds must be between 4 and 14, got 15"),
+    ("[[[[1]]]] | to_json(indent=5000000)", "to_json: indent must be between 0 and 16, got 5000000"),
+    ("lookup('vars', ' resolver')", "lookup('vars'): ' resolver' is not a variable's name"),
 ])
 def test_what_the_dialect_refuses_is_a_one_line_error(tmp_path: Path, merge_key: SigningKey, call: str,
                                                       said: str) -> None:
     code, output, _ = render(tmp_path, merge_key, repo("ansible", "line one\n{{ " + call + " }}\n"))
     assert code == 2 and "services/s/templates/t.j2:2: node n1, service s: " + said in output, output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+
+
+BOUNDED = """
+import sys
+from pathlib import Path
+from reconciler.core.errors import RenderError
+from reconciler.core.limits import Limits
+from reconciler.render.node import render_node
+from reconciler.repo.load import load_repo
+from reconciler.repo.tree import DirTree
+repo = load_repo(DirTree(Path(sys.argv[1])), Limits(render_seconds=float(sys.argv[2]), file_bytes=1 << 20))
+try:
+    print(render_node(repo, "n1", "x").services[0].files[0].content.decode())
+except RenderError as exc:
+    print(exc)
+"""
+
+
+def _bounded() -> None:
+    # What only the render's budget can stop must fail this test, not take the machine: without
+    # it, these ran for hours (in one C call, or a loop the sandbox cannot see) or took gigabytes.
+    resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+    resource.setrlimit(resource.RLIMIT_CPU, (30, 30))
+
+
+def render_bounded(tmp_path: Path, template: str, seconds: float) -> str:
+    """The node's render, in a process held to 1.5 GB and 30 s of CPU, with a render deadline of
+    ``seconds`` and a value limit of 1 MiB (10 MiB printed by Python's JSON encoder is seconds
+    of CI): the file it renders, or the error."""
+    for rel, content in repo("ansible", template).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(content)
+    proc = subprocess.run([sys.executable, "-c", BOUNDED, str(tmp_path), str(seconds)], capture_output=True,
+                          text=True, preexec_fn=_bounded)
+    return (proc.stdout + proc.stderr).strip()
+
+
+# A list holding the one before it twice, 40 levels: a few objects, 2**40 ones once printed.
+SHARED = "{% set ns = namespace(v=[1]) %}{% for _ in range(40) %}{% set ns.v = [ns.v, ns.v] %}{% endfor %}"
+BIG = "{% set s = 'x' * 1000000 %}"  # just under the value limit, shared by 3000 items below
+UNHASHABLE = "{% set a = range(100000) | batch(1) | list %}"  # 100,000 one-item lists
+
+
+@pytest.mark.parametrize(("template", "seconds", "said"), [
+    (SHARED + "\n{{ ns.v | to_json }}\n", 30, "a value larger than 1 MiB (render limit)"),
+    (SHARED + "\n{{ ns.v | to_nice_json(indent=16) }}\n", 30, "a value larger than 1 MiB (render limit)"),
+    (BIG + "\n{{ ([s] * 3000) | to_nice_yaml }}\n", 30, "a value larger than 1 MiB (render limit)"),
+    (UNHASHABLE + "\n{{ a | intersect(a) | length }}\n", 1, "rendering took longer than 1 s (render limit)"),
+    (UNHASHABLE + "\n{{ a | union(a) | unique | length }}\n", 1, "rendering took longer than 1 s (render limit)"),
+    ("\n{{ 'pw' | password_hash('bcrypt', salt='abcdefghijklmnopqrstuu', rounds=31) }}\n", 30,
+     "password_hash: rounds must be between 4 and 14, got 31"),
+])
+def test_a_filter_that_would_run_for_hours_or_build_gigabytes_is_stopped_at_a_render_limit(
+        tmp_path: Path, template: str, seconds: float, said: str) -> None:
+    assert render_bounded(tmp_path, template, seconds) == "services/s/templates/t.j2:2: node n1, service s: " + said
+
+
+def test_set_filters_on_100000_hashable_items_render(tmp_path: Path) -> None:
+    # Were 10**10 comparisons, minutes past the render's deadline.
+    template = ("{% set a = range(100000) | map('string') | list %}{% set b = range(50000, 150000) | map('string') "
+                "| list %}{{ a | intersect(b) | length }} {{ a | intersect(b) | first }} "
+                "{{ a | difference(b) | length }} {{ a | union(b) | length }} {{ (a + a) | unique | length }}")
+    assert render_bounded(tmp_path, template, 30) == "50000 50000 50000 150000 100000"
+
+
+@FEW
+@given(st.lists(st.one_of(st.integers(0, 3), st.lists(st.integers(0, 1), max_size=2)), max_size=6),
+       st.lists(st.one_of(st.integers(0, 3), st.lists(st.integers(0, 1), max_size=2)), max_size=6))
+def test_set_filters_on_unhashable_items_hold_ansibles_items(a: list[Any], b: list[Any]) -> None:
+    assert OURS["unique"](ENV, a) == THEIRS["unique"](ENV, a)
+    in_order = {"difference": first_seen(x for x in a if x not in b), "intersect": first_seen(x for x in a if x in b),
+                "union": first_seen([*a, *b])}
+    for name, expected in in_order.items():
+        theirs = list(THEIRS[name](ENV, a, b))
+        assert OURS[name](a, b) == expected and len(theirs) == len(expected) and all(x in theirs for x in expected)
+        assert OURS[name](a, iter(b)) == expected  # Jinja's select() gives an iterator
+
+
+def first_seen(items: Iterable[Any]) -> list[Any]:
+    out: list[Any] = []
+    for x in items:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def test_password_hash_rounds_and_to_json_indent_within_their_bounds() -> None:
+    assert password_hash("pw", "bcrypt", salt="abcdefghijklmnopqrstuu", rounds=4).startswith("$2b$04$")
+    assert OURS["to_json"]([1], indent=16) == THEIRS["to_json"]([1], indent=16)
+    refused: tuple[Any, ...] = (3, 15, True, "many")  # as a template may pass them
+    for rounds in refused:
+        with pytest.raises(RenderError, match="password_hash: rounds must be between 4 and 14"):
+            password_hash("pw", "bcrypt", salt="abcdefghijklmnopqrstuu", rounds=rounds)
+    with pytest.raises(RenderError, match="to_nice_json: indent must be between 0 and 16"):
+        OURS["to_nice_json"]([1], indent=17)
 
 
 def test_an_unknown_dialect_is_named_with_its_line(tmp_path: Path) -> None:

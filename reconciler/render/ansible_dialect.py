@@ -38,6 +38,7 @@ import yaml
 from reconciler.core.errors import BadInput, RenderError
 from reconciler.core.limits import LIMITS
 from reconciler.core.yamlfile import safe_load
+from reconciler.render.bounded import BoundedText, Members, Pace
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -113,17 +114,32 @@ def regex_escape(value: Any, re_type: str = "python") -> str:
 
 
 _JSON_OPTIONS = frozenset({"indent", "sort_keys", "separators", "ensure_ascii", "skipkeys", "allow_nan"})
+_MAX_INDENT = 16
+
+
+def _indent(name: str, indent: Any) -> None:
+    # An indent is repeated on every line, once per level: 5,000,000 made 205 MB of four ones.
+    ok = indent is None or (isinstance(indent, int) and not isinstance(indent, bool) and 0 <= indent <= _MAX_INDENT) \
+        or (isinstance(indent, str) and len(indent) <= _MAX_INDENT)
+    if not ok:
+        raise refuse(name, f"indent must be between 0 and {_MAX_INDENT}, got {indent!r}")
 
 
 def to_json(value: Any, **kwargs: Any) -> str:
     unknown = set(kwargs) - _JSON_OPTIONS
     if unknown:  # json.dumps's ``cls`` or ``default`` would run what a template hands them
         raise refuse("to_json", f"unknown option {sorted(unknown)[0]!r}")
-    return json.dumps(value, **kwargs)
+    _indent("to_json", kwargs.get("indent"))
+    out = BoundedText()
+    # The same text as json.dumps, a chunk at a time (json.dumps builds it all in one C call).
+    for chunk in json.JSONEncoder(**kwargs).iterencode(value):
+        out.write(chunk)
+    return out.text()
 
 
 def to_nice_json(value: Any, indent: int = 4, sort_keys: bool = True, **kwargs: Any) -> str:
     kwargs.pop("separators", None)
+    _indent("to_nice_json", indent)
     return to_json(value, indent=indent, sort_keys=sort_keys, separators=(",", ": "), **kwargs)
 
 
@@ -140,10 +156,12 @@ def to_yaml(value: Any, *_args: Any, default_flow_style: bool | None = None, **k
     if unknown:
         raise refuse("to_yaml", f"unknown option {sorted(unknown)[0]!r}")
     kwargs.setdefault("allow_unicode", True)
+    out = BoundedText()  # shared lists and mappings are anchors, but a shared string is printed each time
     try:
-        return str(yaml.dump(value, Dumper=_DUMPER, default_flow_style=default_flow_style, **kwargs))
+        yaml.dump(value, out, Dumper=_DUMPER, default_flow_style=default_flow_style, **kwargs)
     except yaml.representer.RepresenterError as exc:
         raise refuse("to_yaml", f"cannot represent {type(value).__name__} values") from exc
+    return out.text()
 
 
 def to_nice_yaml(value: Any, indent: int = 4, *_args: Any, default_flow_style: bool = False, **kwargs: Any) -> str:
@@ -239,8 +257,16 @@ def flatten(value: Any, levels: int | None = None, skip_nulls: bool = True) -> l
 
 
 def _unique(items: Iterable[Any]) -> list[Any]:
+    """The items, each once, in the order first seen."""
+    items = list(items)
+    try:
+        return list(dict.fromkeys(items))  # a dict keeps the first of equal keys, as the loop does
+    except TypeError:
+        pass
+    pace = Pace()
     out: list[Any] = []
     for x in items:
+        pace.step(len(out))
         if x not in out:
             out.append(x)
     return out
@@ -258,11 +284,13 @@ def unique(env: jinja2.Environment, value: Any, case_sensitive: bool | None = No
 
 
 def difference(a: Any, b: Any) -> list[Any]:
-    return _unique(x for x in a if x not in b)
+    members = Members(b)
+    return _unique(x for x in a if x not in members)
 
 
 def intersect(a: Any, b: Any) -> list[Any]:
-    return _unique(x for x in a if x in b)
+    members = Members(b)
+    return _unique(x for x in a if x in members)
 
 
 def union(a: Any, b: Any) -> list[Any]:

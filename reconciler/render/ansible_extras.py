@@ -175,6 +175,9 @@ _B64 = string.ascii_uppercase + string.ascii_lowercase + string.digits + "+/"
 _BCRYPT64 = "./" + string.ascii_uppercase + string.ascii_lowercase + string.digits
 
 
+_ROUNDS = (4, 14)
+
+
 def _bcrypt(password: str, salt22: str, rounds: int = 12, ident: str = "2b") -> str:
     import bcrypt  # a dependency, imported only by a template that hashes
 
@@ -189,7 +192,15 @@ def password_hash(password: Any, hashtype: str = "sha512", salt: str | None = No
     if not salt:
         raise refuse("password_hash", "needs a salt (22 characters of ./A-Za-z0-9): a random one would "
                      "change the file at every render")
-    return _bcrypt(str(password), str(salt), rounds or 12, ident or "2b")
+    try:
+        cost = 12 if rounds is None else int(rounds)
+    except (TypeError, ValueError):
+        cost = -1
+    # Each round more doubles bcrypt's time, in one C call no deadline can stop: 14 is about a
+    # second, 31 some 36 hours. 4 is bcrypt's own least.
+    if isinstance(rounds, bool) or not _ROUNDS[0] <= cost <= _ROUNDS[1]:
+        raise refuse("password_hash", f"rounds must be between {_ROUNDS[0]} and {_ROUNDS[1]}, got {rounds!r}")
+    return _bcrypt(str(password), str(salt), cost, ident or "2b")
 
 
 def bcrypt_hash(password: Any, salt: str | None = None) -> str:
@@ -208,10 +219,15 @@ def _vars(ctx: jinja2.runtime.Context, terms: tuple[Any, ...], wantlist: bool, o
         raise refuse("lookup('vars')", f"option {sorted(set(options) - {'default'})[0]!r} is not supported")
     out = []
     for term in terms:
-        value = ctx.resolve_or_missing(str(term))
+        name = str(term)
+        # The context holds more than variables, under names no template can write (the lazy
+        # variables' resolver, whose cache has secret-derived values without their mark).
+        if not name.isidentifier() or name.startswith("_"):
+            raise refuse("lookup('vars')", f"{name!r} is not a variable's name")
+        value = ctx.resolve_or_missing(name)
         if value is jinja2.utils.missing or isinstance(value, jinja2.Undefined):
             if "default" not in options:
-                raise refuse("lookup('vars')", f"no variable {str(term)!r}")
+                raise refuse("lookup('vars')", f"no variable {name!r}")
             value = options["default"]
         out.append(value)
     if wantlist:
