@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pygit2
 import pytest
@@ -123,6 +124,46 @@ def test_force_push_back_to_an_older_signed_commit_is_refused_even_after_state_l
     assert refusal(node) == "NOT_DESCENDANT"
 
     # The node's disk is replaced: the high-water mark comes back from its own notes.
+    node.close()
+    shutil.rmtree(node.cfg.state_dir)
+    fresh = agents("cmp2", deployment.url)
+    result = fresh.reconcile_once()
+    assert result.exit_code == 2 and result.error is not None and result.error.reason == "NOT_DESCENDANT"
+
+
+def test_a_rewind_is_refused_after_state_loss_when_both_notes_bear_the_same_second(
+    deployment: Deployment, agents: Callable[..., Agent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The notes' times are seconds: a fast node notes C1, then C2, then refuses the force-push
+    back to C1 in one second. C2 is no longer on the branch, so the mirror cannot tell which
+    came later; C2's note, which says the node refused C1 while running it, does."""
+    import shutil
+
+    import reconciler.node.run
+
+    second = datetime.now(UTC).replace(microsecond=0)
+
+    class SameSecond(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return second
+
+    monkeypatch.setattr(reconciler.node.run, "datetime", SameSecond)  # every note's time
+    c1 = git("rev-parse", "HEAD", cwd=deployment.work)
+    node = agents("cmp2", deployment.url)
+    node.reconcile_once()
+    deployment.edit("inventory.yaml", "hypervisor: qemu", "hypervisor: kvm")
+    # The notes are read in the order of their commits' ids: C1's first, the case a tie went wrong.
+    for attempt in range(200):
+        c2 = deployment.commit(f"kvm ({attempt})", push=False)
+        if c2 > c1:
+            break
+        git("reset", "-q", "--soft", "HEAD~1", cwd=deployment.work)
+    assert c2 > c1
+    deployment.push()
+    assert node.reconcile_once().exit_code == 0
+    deployment.push(c1, force=True)
+    assert refusal(node) == "NOT_DESCENDANT"
     node.close()
     shutil.rmtree(node.cfg.state_dir)
     fresh = agents("cmp2", deployment.url)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.core import faults
+from reconciler.ledger.statedir import holder_in
 
 # SQLite's primary result codes that mean the file itself is damaged.
 SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
@@ -95,9 +96,8 @@ def daemon_holding(directory: Path) -> int | None:
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-        text = os.read(fd, 32).decode(errors="replace").strip()
-        pid = int(text) if text.isdigit() else 0
-        return None if pid == os.getpid() else pid
+        pid, mine = holder_in(os.read(fd, 64).decode(errors="replace"))
+        return None if mine else (pid or 0)
     finally:
         os.close(fd)
 

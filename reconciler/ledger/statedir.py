@@ -67,6 +67,10 @@ class State:
         the lock through (a daemon that re-executed itself, ``shed``): kept, no gap."""
         fd = self._adopt(held, name) if held is not None else None
         if fd is not None:
+            # Re-executed (``shed``): the same process, a new token; the lock file names it again.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, holder_line(), 0)
             try:
                 yield fd
             finally:
@@ -88,7 +92,7 @@ class State:
             # The pid and a token of this process: two processes in different pid namespaces
             # (a daemon container, a `docker run ... reconciler apply` on the same volume) may
             # both be pid 1, and the other's leftovers must still be swept.
-            mine = f"{os.getpid()} {_TOKEN}\n".encode()
+            mine = holder_line()
             # Written only when another process held it last (a read is cheaper than the
             # truncate and write, twice a poll): that holder may also have left half a write.
             if os.pread(fd, 32, 0) != mine:
@@ -212,6 +216,19 @@ class State:
 
 
 _TOKEN = os.urandom(6).hex()  # this process's, beside its pid in the lock files it holds
+
+
+def holder_line() -> bytes:
+    """What a lock file holds while this process holds the lock: its pid and its token."""
+    return f"{os.getpid()} {_TOKEN}\n".encode()
+
+
+def holder_in(text: str) -> tuple[int | None, bool]:
+    """A lock file's holder: its pid (None: none written) and whether it is this process (the
+    pid alone cannot say: another pid namespace may have the same)."""
+    words = text.split()
+    pid = int(words[0]) if words and words[0].isdigit() and int(words[0]) > 0 else None
+    return pid, words == [str(os.getpid()), _TOKEN]
 
 
 def _pid_in(path: Path) -> int | None:

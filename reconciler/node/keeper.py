@@ -166,10 +166,10 @@ class TrustKeeper:
                 records.append(record)
             # The mark moves for every verified commit the node acted on, whatever came of it.
             when = str(data.get("time", ""))
-            # the newest by its time; two in the same second: the later commit (a descendant)
+            # the newest by its time; two in the same second: the later one (see ``_later``)
             if data.get("state") != str(Verdict.REFUSED) and (
                     newest is None or when > newest[0]
-                    or (when == newest[0] and commit != newest[1] and self._descends(commit, newest[1]))):
+                    or (when == newest[0] and commit != newest[1] and self._later(commit, data, newest[1]))):
                 newest = (when, commit, str(data.get("root") or ""))
         if newest is None:
             self.ledger.restore(records)  # refusals only: nothing this node acted on
@@ -193,6 +193,20 @@ class TrustKeeper:
         """The repo's ``trust/`` files at ``commit``, kept in the state dir as the root in force."""
         for name in ("allowed_signers", "revoked"):
             atomic_write(self.dir / name, tree_file(self.repo(), commit, f"trust/{name}") or b"", 0o600)
+
+    def _later(self, commit: str, data: Mapping[str, Any], other: str) -> bool:
+        """Of two commits this node noted in the same second, is ``commit`` the later? Yes if its
+        note says the node refused ``other`` while running it (a rewind to it), or it descends
+        from ``other``; and, when the mirror cannot tell (``commit`` is no longer on the branch:
+        a force-push took it away), yes too: the mark must err towards refusing a rewind."""
+        refused = data.get("refused")
+        if isinstance(refused, Mapping) and refused.get("head") == other:
+            return True
+        if self._descends(commit, other):
+            return True
+        import pygit2
+
+        return pygit2.Oid(hex=commit) not in self.repo() and pygit2.Oid(hex=other) in self.repo()
 
     def _descends(self, commit: str, other: str) -> bool:
         from reconciler.trust.verify import is_descendant
