@@ -3,9 +3,13 @@ one, and waiting until a server listens on it."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 
 
 def free_port() -> int:
@@ -32,3 +36,17 @@ def wait_listening(port: int, what: str, proc: subprocess.Popen[bytes] | subproc
             return
         time.sleep(0.02)
     raise RuntimeError(f"{what} did not listen on port {port} within {seconds:g} s")
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An HTTP server on a free loopback port, answering with ``handler`` in a thread: its URL,
+    and the server shut down and its socket closed after, even when the test fails."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -29,6 +29,13 @@ def _git(root: Path, *args: str) -> None:
                    capture_output=True)
 
 
+def _write(root: Path, files: dict[str, str]) -> None:
+    """A small repo of ``files`` (repo path -> text) under ``root``."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def test_a_review_sees_an_interface_change_read_only_through_kolla_address(tmp_path: Path) -> None:
     # kolla_address reads hostvars[node].api_interface and <iface>_address: the template names
     # neither, and the diff must still render it when they change.
@@ -40,9 +47,7 @@ def test_a_review_sees_an_interface_change_read_only_through_kolla_address(tmp_p
         "services/s/service.yaml": "runtime: {command: [x]}\nfiles: [{path: out, template: t.j2}]\n",
         "services/s/templates/t.j2": "bind = {{ 'api' | kolla_address }}\n",
     }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+    _write(root, files)
     _git(root, "init", "-q", "-b", "main")
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "a")
@@ -174,9 +179,7 @@ def test_a_service_default_reading_only_node_variables_stays_that_services(tmp_p
         files[f"services/{name}/service.yaml"] = ("runtime: {command: [x]}\nfiles: [{path: out, template: t.j2}]\n"
                                                   f"defaults: {{port: '{{{{ {name}_port }}}}'}}\n")
         files[f"services/{name}/templates/t.j2"] = "port = {{ port }}\n"
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+    _write(root, files)
     done = reconciler("render", "--repo", str(root), "--all", "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert [(tmp_path / "out" / "n1" / s / "out").read_text() for s in ("a", "b")] == ["port = 1\n", "port = 2\n"]
@@ -193,9 +196,7 @@ def test_an_entry_of_a_mapping_reads_without_the_others_failing(tmp_path: Path) 
         "services/s/service.yaml": "runtime: {command: [x]}\nfiles: [{path: out, template: t.j2}]\n",
         "services/s/templates/t.j2": "{{ svcs.a.wsgi }} {{ svcs.b.vol is defined }}\n",
     }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+    _write(root, files)
     done = reconciler("render", "--repo", str(root), "--all", "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "out" / "n1" / "s" / "out").read_text() == "x False\n"

@@ -11,10 +11,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from conftest import ROOT, Deployment, SigningKey, free_port, git, make_key, small_deployment
+from ports import serving
 from test_crash_points import APP, SERVICE, inventory
 
 from reconciler.agent import Agent
@@ -109,15 +109,8 @@ def forge() -> Iterator[Forge]:
 
         do_GET = do_POST = handle_any
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_port}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @dataclass

@@ -12,16 +12,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from conftest import Deployment, git
+from ports import serving
 from test_review import long_files
 
 TOKEN = "ghp_s3cr3t-token-value"
@@ -90,15 +90,8 @@ def forge() -> Iterator[Forge]:
 
         do_GET = do_POST = do_PATCH = handle_any
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_port}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def post(deployment: Deployment, forge: Forge, which: str, base: str, head: str,
