@@ -148,3 +148,19 @@ def test_a_linked_directory_in_a_live_dir_is_not_walked(tmp_path: Path) -> None:
     (live / "root").symlink_to("/")
     names = [entry[0] for entry in glance.stat_tree(live)]
     assert names == ["etc", "etc/a.conf", "loop", "root"]
+
+
+def test_a_hand_edit_that_puts_the_old_times_back_is_still_noticed(node: tuple[Agent, list[float]]) -> None:
+    """Same size, and the modification time set back as it was (`touch -r`, a careful editor):
+    the change time, which no user can set, still tells."""
+    agent, _ = node
+    _quiet(agent)
+    _quiet(agent)
+    conf = agent.cfg.state_dir / "services/idle/live/idle.conf"
+    before = conf.stat()
+    time.sleep(0.06)  # past the racy window the fixture set: the stat alone is believed
+    conf.write_text("mode = shout\n")
+    os.utime(conf, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert conf.stat().st_mtime_ns == before.st_mtime_ns and conf.stat().st_size == before.st_size
+    result = agent.reconcile_once()
+    assert result.plan is not None and conf.read_text() == "mode = quiet\n"
