@@ -157,7 +157,7 @@ def targets(runs: int, batch: int, idle_s: float) -> list[tuple[str, str, str, s
     """Rows of (measure, reconciler, peer or floor, ratio, target), every pair taken in turns."""
     import tempfile
 
-    from poll import make_key, make_remote  # the bench's one-service repo, signed
+    from benchrepo import make_key, make_remote  # the bench's one-service repo, signed
 
     from reconciler.agent import Agent
     from reconciler.drivers.process import ProcessDriver

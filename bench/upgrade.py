@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from poll import ENV, git, make_key
+from benchrepo import ENV, git, make_key
 
 from reconciler.agent import Agent
 from reconciler.drivers.process import ProcessDriver
