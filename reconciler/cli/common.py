@@ -94,6 +94,22 @@ def output_option(f: F) -> F:
                         show_default=True, help="Output format; json for scripts (errors too).")(f)
 
 
+def forge_options(f: F) -> F:
+    """Where a change is reviewed, as ``review-post`` and ``merge`` both take it: the forge, and
+    the pull request (GitHub) or the change (Gerrit), from the options or a CI job's variables."""
+    for option in reversed((
+        click.option("--forge", type=click.Choice(["github", "gerrit"]), required=True),
+        click.option("--pr", type=int, help="GitHub: the pull request's number."),
+        click.option("--github-repo", envvar="GITHUB_REPOSITORY", help="GitHub: OWNER/NAME [$GITHUB_REPOSITORY]."),
+        click.option("--api-url", envvar="GITHUB_API_URL", default="https://api.github.com", show_default=True,
+                     help="GitHub: the REST API [$GITHUB_API_URL]."),
+        click.option("--gerrit-url", envvar="GERRIT_URL", help="Gerrit: the server's URL [$GERRIT_URL]."),
+        click.option("--change", envvar="GERRIT_CHANGE_NUMBER", help="Gerrit: the change [$GERRIT_CHANGE_NUMBER]."),
+    )):
+        f = option(f)
+    return f
+
+
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 

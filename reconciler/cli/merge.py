@@ -12,22 +12,16 @@ from typing import Any
 
 import click
 
-from reconciler.cli.common import emit_json, err, out, output_option
+from reconciler.cli.common import emit_json, err, forge_options, out, output_option
 from reconciler.core.errors import BadInput, ReconcilerError, RemoteError
 
 
 @click.command("merge")
 @click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="The bot's clone of the deployment repo (its git settings sign, unless --signing-key).")
-@click.option("--forge", type=click.Choice(["github", "gerrit"]), required=True)
-@click.option("--pr", type=int, help="GitHub: the pull request's number.")
-@click.option("--github-repo", envvar="GITHUB_REPOSITORY", help="GitHub: OWNER/NAME [$GITHUB_REPOSITORY].")
-@click.option("--api-url", envvar="GITHUB_API_URL", default="https://api.github.com", show_default=True,
-              help="GitHub: the REST API [$GITHUB_API_URL].")
+@forge_options
 @click.option("--approvals", type=click.IntRange(min=1), default=1, show_default=True,
               help="GitHub: approvals needed on the pull request's head commit.")
-@click.option("--gerrit-url", envvar="GERRIT_URL", help="Gerrit: the server's URL [$GERRIT_URL].")
-@click.option("--change", envvar="GERRIT_CHANGE_NUMBER", help="Gerrit: the change [$GERRIT_CHANGE_NUMBER].")
 @click.option("--remote", required=True, help="The git server the nodes read: its branch is merged into and pushed.")
 @click.option("--forge-git", default="", help="Where the change's ref is fetched (the forge's git URL) [--remote].")
 @click.option("--branch", default="main", show_default=True)

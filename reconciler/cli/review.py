@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from reconciler.cli.common import emit_json, out, output_option, write_output
+from reconciler.cli.common import emit_json, forge_options, out, output_option, write_output
 from reconciler.core.errors import BadInput
 
 if TYPE_CHECKING:
@@ -23,13 +23,7 @@ if TYPE_CHECKING:
 @click.argument("head")
 @click.option("--repo", "repo_dir", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="The deployment repo (a git repo holding both commits).")
-@click.option("--forge", type=click.Choice(["github", "gerrit"]), required=True)
-@click.option("--pr", type=int, help="GitHub: the pull request's number.")
-@click.option("--github-repo", envvar="GITHUB_REPOSITORY", help="GitHub: OWNER/NAME [$GITHUB_REPOSITORY].")
-@click.option("--api-url", envvar="GITHUB_API_URL", default="https://api.github.com", show_default=True,
-              help="GitHub: the REST API [$GITHUB_API_URL].")
-@click.option("--gerrit-url", envvar="GERRIT_URL", help="Gerrit: the server's URL [$GERRIT_URL].")
-@click.option("--change", envvar="GERRIT_CHANGE_NUMBER", help="Gerrit: the change [$GERRIT_CHANGE_NUMBER].")
+@forge_options
 @click.option("--revision", envvar="GERRIT_PATCHSET_REVISION",
               help="Gerrit: the patch set's commit [$GERRIT_PATCHSET_REVISION].")
 @click.option("--max-bytes", type=click.IntRange(min=1024),
