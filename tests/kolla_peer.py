@@ -8,9 +8,8 @@ as kolla-ansible's CLI passes them, kolla's ``group_vars/all`` beside the playbo
 own defaults, vars, templates and filter plugins (symlinked from the release), kolla's
 ``filter_plugins`` on the filter path, and the template tasks of the role's ``tasks/config.yml``
 taken as kolla writes them (their ``vars``, ``with_dict`` loop and ``when``): a ``merge_configs``
-becomes the ``template`` of its first source (what the comparison is about: the config override
-merge is not carried over by the importer, IMPORT.md says so), and the destination is the output
-directory instead of ``/etc/kolla``.
+or ``merge_yaml`` runs kolla's own action plugin (config/ overrides merged as kolla merges them),
+and the destination is the output directory instead of ``/etc/kolla``.
 
 Facts: the inventory's stand-ins (``ansible_facts="{...}"``, ``eth0_address=``) become the host's
 real facts (``ansible_facts.eth0.ipv4.address``) through a one-line module, since a playbook
@@ -74,7 +73,8 @@ module = AnsibleModule(argument_spec={"facts": {"type": "dict", "required": True
 module.exit_json(changed=False, ansible_facts=module.params["facts"])
 """
 
-TEMPLATE_MODULES = ("ansible.builtin.template", "template", "merge_configs")
+TEMPLATE_MODULES = ("ansible.builtin.template", "template", "merge_configs", "merge_yaml")
+MERGE_MODULES = ("merge_configs", "merge_yaml")
 FACT_MODULES = ("stat", "ansible.builtin.stat", "set_fact", "ansible.builtin.set_fact")
 ROLE_PARTS = ("defaults", "vars", "templates", "filter_plugins")
 
@@ -87,10 +87,14 @@ def _peer_tasks(task: dict[str, Any], dest: str | None = None) -> list[dict[str,
     if module is None:
         return [out]  # include_role: kept as written
     args = task[module]
-    src = str(args["sources"][0] if module == "merge_configs" else args["src"])
+    src = str(args["sources"][0] if module in MERGE_MODULES else args["src"])
     dest = dest or str(args["dest"]).replace("{{ node_config_directory }}", "{{ peer_out }}")
-    mkdir = {**out, "name": f"{task.get('name', src)}: its directory",
+    # Its loop but a with_first_found's (searched in the role's files/ for this module, not found).
+    kept = {k: v for k, v in out.items() if k != "with_first_found"}
+    mkdir = {**kept, "name": f"{task.get('name', src)}: its directory",
              "ansible.builtin.file": {"path": f"{dest.removesuffix(' }}')} | dirname }}}}", "state": "directory"}}
+    if module in MERGE_MODULES:  # kolla's own action plugin, config/ overrides merged
+        return [mkdir, {**out, module: {k: v for k, v in args.items() if k != "mode"} | {"dest": dest}}]
     return [mkdir, {**out, "ansible.builtin.template": {"src": src.replace("{{ role_path }}/templates/", ""),
                                                          "dest": dest}}]
 
@@ -172,6 +176,7 @@ def run_peer(venv: Path, deployment: Path, inventory: str, nodes: list[str], out
     _facts(text, work / "inventory" / "host_vars")
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(work), "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
            "ANSIBLE_FILTER_PLUGINS": str(share / "filter_plugins"),
+           "ANSIBLE_ACTION_PLUGINS": str(share / "action_plugins"),
            "ANSIBLE_COLLECTIONS_PATH": str(venv / "collections"),
            "ANSIBLE_PYTHON_INTERPRETER": str(venv / "bin" / "python"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_HOST_KEY_CHECKING": "0", "ANSIBLE_RETRY_FILES_ENABLED": "0"}

@@ -70,13 +70,17 @@ def create_args(client: docker.DockerClient, svc: DesiredService, node: str, com
     endpoints = {first: client.api.create_endpoint_config(aliases=list(dockernet.aliases(rt, first)))} \
         if first and dockernet.aliases(rt, first) else None
     env = dict(rt.env)
+    data = f"/var/lib/{svc.name}"
+    # The service's own volume there (kolla's ``rabbitmq:/var/lib/rabbitmq/``) is its data dir:
+    # a second mount at the same point is refused by the engine.
+    targets = {m["bind"].rstrip("/") or "/" for m in mounts.values()}
     env.update(RECONCILER_NODE=node, RECONCILER_SERVICE=svc.name, RECONCILER_COMMIT=commit,
-               RECONCILER_DATA_DIR=f"/var/lib/{svc.name}")  # a named volume: data outlives containers
+               RECONCILER_DATA_DIR=data)  # a named volume: data outlives containers
     return dict(
         image=rt.image, command=list(rt.command) or None, name=name, labels=labels,
         environment=env, ports=ports(rt.ports), volumes=mounts, user=rt.user or None,
         restart_policy=restart_policy(rt.restart), healthcheck=healthcheck(rt.healthcheck),
         network=first, networking_config=endpoints, network_mode=rt.network_mode or None,
         working_dir=rt.config_dir, detach=True, init=True,  # an init as PID 1: signals and reaping
-        mounts=[Mount(f"/var/lib/{svc.name}", f"rc-{node}-{svc.name}-data", type="volume")],
+        mounts=[] if data in targets else [Mount(data, f"rc-{node}-{svc.name}-data", type="volume")],
     )

@@ -1,8 +1,9 @@
 """The deployment repo an import writes: reconciler.yaml (``templates: {dialect: ansible}`` and
 the kolla-ansible version), inventory.yaml (nodes, kolla's groups flattened, the variables),
-one service per enabled kolla container, ``secrets/passwords.yaml`` encrypted with the real
-``sops`` to every node's age recipient, kolla's config/ overrides as files (the secret ones
-encrypted the same way, see ``kolla_secrets``), and IMPORT.md: what was not carried over.
+one service per enabled kolla container, passwords.yml's passwords encrypted with the real
+``sops``, each to the nodes whose files read it (``kolla_passwords``), kolla's config/
+overrides as files under kolla-config/ (the secret ones encrypted, see ``kolla_secrets``) that the services' ``merge``
+entries read as kolla merges them (``kolla_merges``), and IMPORT.md: what was not carried over.
 Written into a temporary directory, renamed into place at the end.
 
 Variables keep Ansible's precedence as far as the repo's order allows (docs/repo.md): role
@@ -27,10 +28,12 @@ from typing import Any
 import yaml
 
 from reconciler.core.errors import BadInput, ReconcilerError
+from reconciler.importers import kolla_passwords
 from reconciler.importers.kolla_inventory import KollaDeployment
+from reconciler.importers.kolla_merges import merge_entry
 from reconciler.importers.kolla_report import report
 from reconciler.importers.kolla_resolve import Resolver, Unresolved, to_bool
-from reconciler.importers.kolla_secrets import SECRETS_FILE, config_files, connection_vars, dropped_note
+from reconciler.importers.kolla_secrets import config_files, connection_vars, dropped_note
 from reconciler.importers.kolla_services import CONFIG_DIR, KollaService, enabled_services
 from reconciler.importers.kolla_source import KollaRelease
 
@@ -100,8 +103,7 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
     withheld: list[str] = []  # credentials and secret files: names only, never a value
     groups: dict[str, dict[str, Any]] = {}
     for name in inv.groups():
-        members = [h for h in inv.hosts_of(name) if h in nodes]
-        if members and NAME.fullmatch(name):
+        if NAME.fullmatch(name):  # with no node too: kolla's templates read groups['compute'] as []
             kept, dropped = connection_vars(inv.group_vars.get(name, {}))
             groups[name] = {"services": [], **({"vars": kept} if kept else {})}
             if dropped:
@@ -112,11 +114,16 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
             groups[name] = {"services": []}  # the hosts kolla's host_in_groups holds for
     for svc in services:
         group: str | None = svc.group if svc.group in groups else svc.role if svc.role in groups else None
+        if group is not None and not any(h in nodes for h in placed.get(group, inv.hosts_of(group))):
+            group = None  # a group of no node: the service is not placed
         if group is None:
             lost.append(f"service {svc.name}: its group {svc.group} has no node in the inventory; not placed")
             continue
         if group != svc.group:
             lost.append(f"service {svc.name}: group {svc.group} is made by a task (group_by); placed on {group}")
+            if NAME.fullmatch(svc.group):  # its templates read groups[...] of it: the same nodes
+                groups.setdefault(svc.group, {"services": []})
+                placed.setdefault(svc.group, inv.hosts_of(group))
         groups[group]["services"].append(svc.name)
     node_map: dict[str, Any] = {}
     for host in nodes:
@@ -151,28 +158,20 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
                         "(a process's environment reaches process tables and logs): not carried over")
             svc.env.pop(key)
         files.update(_service_files(release, svc, {**own, **svc.defaults}))
-    recips = sorted({recipients[n] for n in nodes} | ({operator} if operator else set()))
-    files[".sops.yaml"] = ("# Who can read which secrets file (sops reads this; reconciler never does).\n"
-                           + _dump({"creation_rules": [{"path_regex": r"secrets/.*\.yaml$",
-                                                        "age": ",".join(recips)}]}))
     config = config_files(dep)
     for override, body in config.clear:
         files[f"kolla-config/{override}"] = body
     text, count = report(release, dep, services, merged, lost, [p for p, _ in config.clear],
-                         withheld + list(config.notes))
+                         withheld + list(config.notes), [p for p, _, _ in config.secret])
     files["IMPORT.md"] = text
     for rel, body in files.items():
         path = work / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body)
-    if secrets:
-        (work / "secrets").mkdir(exist_ok=True)
-        (work / "secrets" / "passwords.yaml").write_text(_dump(secrets))
-        _sops_encrypt(work, "secrets/passwords.yaml")
-    if config.secret:
-        (work / "secrets").mkdir(exist_ok=True)
-        (work / SECRETS_FILE).write_text(_dump({name: body for _, name, body in config.secret}))
-        _sops_encrypt(work, SECRETS_FILE)
+    # Each password to the nodes whose files read it, found in the repo just written (kolla_passwords).
+    shares = kolla_passwords.split(work, dep, secrets, {n: body for _, n, body in config.secret}, recipients, operator)
+    kolla_passwords.write(work, shares, _sops_encrypt)
+    (work / "IMPORT.md").write_text(text + kolla_passwords.report(shares))
     return count
 
 
@@ -266,7 +265,8 @@ def _service_files(release: KollaRelease, svc: KollaService, defaults: dict[str,
     spec: dict[str, Any] = {
         "description": f"kolla-ansible {release.version}: role {svc.role}, container {svc.container}",
         "driver": "docker", "runtime": runtime,
-        "files": [{"path": f.path, "template": f.template} for f in svc.files],
+        "files": [{"path": f.path, "template": f.template, **({"merge": m} if (m := merge_entry(f)) else {})}
+                  for f in svc.files],
         "health": {"command": svc.healthcheck["test"]} if svc.healthcheck else {},
     }
     if not spec["health"]:
@@ -304,6 +304,7 @@ templates:
 INVENTORY_HEAD = """\
 # Made by `reconciler import kolla-ansible` (kolla-ansible {version}). vars: the role defaults and
 # group_vars/all of kolla-ansible, then globals.yml over them (templated values as kolla writes
-# them); each password is "{{{{ secrets.NAME }}}}" (secrets/passwords.yaml, SOPS). groups: kolla's
-# inventory groups, children flattened; each lists the kolla containers it runs.
+# them); each password is "{{{{ secrets.NAME }}}}" (secrets/*.yaml, SOPS, each file encrypted to the
+# nodes that read its passwords: IMPORT.md). groups: kolla's inventory groups, children flattened;
+# each lists the kolla containers it runs.
 """

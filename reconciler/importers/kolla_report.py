@@ -3,8 +3,8 @@
 - the task-set variables the carried templates read (``item``, ``service_name``, a registered
   result): names no variable file, globals.yml or passwords.yml defines;
 - ``lookup(...)`` calls and filters the Ansible dialect does not provide;
-- the config merges kolla makes at deploy time (``merge_configs`` of config/ overrides) and the
-  override files the deployment has, with the file each one would merge into;
+- the config merges kolla makes at deploy time that the services' ``merge`` entries do not say
+  (``kolla_merges``), and the override files of config/ no merge reads;
 - the credentials and secret files not written in clear (``kolla_secrets``), by name;
 - each service's container settings, files named at run time and conditions left untested.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.importers.kolla_inventory import KollaDeployment
+from reconciler.importers.kolla_merges import reads, unexpressed
 from reconciler.importers.kolla_services import KollaService
 from reconciler.importers.kolla_source import KollaRelease
 
@@ -30,7 +31,8 @@ DIALECT = frozenset({"bool", "ternary", "regex_replace", "regex_search", "regex_
                      "zip", "basename", "dirname", "b64encode", "b64decode", "hash", "password_hash", "mandatory",
                      "ipaddr", "ipv4", "ipv6", "ipwrap", "ansible.utils.ipaddr", "ansible.utils.ipwrap",
                      "put_address_in_context", "kolla_address", "kolla_url", "flatten", "unique", "difference",
-                     "union", "intersect", "quote", "bcrypt_hash", "split", "dict"})
+                     "union", "intersect", "quote", "bcrypt_hash", "split", "dict", "customise_fluentd",
+                     "database_shards_info"})
 
 
 def _always(*_args: Any) -> bool:
@@ -57,9 +59,10 @@ def _scan(text: str) -> tuple[set[str], set[str], list[str]]:
 
 
 def report(release: KollaRelease, dep: KollaDeployment, services: list[KollaService], merged: dict[str, Any],
-           lost: list[str], copied: list[Path], withheld: list[str]) -> tuple[str, int]:
+           lost: list[str], copied: list[Path], withheld: list[str], secret: list[Path]) -> tuple[str, int]:
     """IMPORT.md and the number of its items. ``copied``: the config/ overrides copied as they
-    are; ``withheld``: the credentials and secret files not written in clear (names, no values)."""
+    are; ``withheld``: the credentials and secret files not written in clear (names, no values);
+    ``secret``: the overrides carried as secrets."""
     from jinja2 import Environment
 
     builtin = set(Environment().filters)
@@ -96,11 +99,9 @@ def report(release: KollaRelease, dep: KollaDeployment, services: list[KollaServ
     section("Lookups", [f"`{c}` in {', '.join(sorted(w))}" for c, w in sorted(lookups.items())])
     section("Filters the Ansible dialect does not provide",
             [f"`{n}` in {', '.join(sorted(w))}" for n, w in sorted(filters.items())])
-    merges = sorted({f"services/{s.name}/{f.path}: kolla merges {', '.join(f.merges)} into it "
-                     "(merge_configs: INI sections and keys, later wins); the repo renders the template alone"
-                     for s in services for f in s.files if f.merges})
-    section("Config merges not expressed", merges)
-    section("Override files of config/ (copied under kolla-config/, not applied)", [f"config/{p}" for p in copied])
+    section("Config merges not expressed", unexpressed(services, secret))
+    section("Override files of config/ (copied under kolla-config/, read by no merge)",
+            [f"config/{p}" for p in copied if not any(reads(f, p) for s in services for f in s.files)])
     section("Credentials and secret material (never written in clear)", withheld)
     section("Per service", [f"{s.name}: {n}" for s in services for n in s.notes])
     section("Other", lost)

@@ -18,6 +18,7 @@ from reconciler.core.yamlfile import safe_load
 from reconciler.importers.kolla_resolve import Resolver, Unresolved, templated, to_bool
 from reconciler.importers.kolla_roles import ROLE_INCLUDES, TEMPLATE_MODULES, included_role
 from reconciler.importers.kolla_source import KollaRelease
+from reconciler.importers.kolla_tasks import TASK_RESULTS, chooses, per_item, set_facts
 
 INCLUDES = ("include_tasks", "ansible.builtin.include_tasks", "import_tasks", "ansible.builtin.import_tasks")
 ITEM_KEY = re.compile(r"\{\{\s*item\.key\s*\}\}")
@@ -34,6 +35,9 @@ class KollaFile:
     template: str  # the role template, relative to roles/<role>/templates
     role: str
     merges: tuple[str, ...] = ()  # merge_configs/merge_yaml sources after the template, as written
+    # "ini" (merge_configs), "yaml" (merge_yaml), "first_found" (with_first_found: the first
+    # source found is the template, the role's last); "" without merges
+    merge_kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,8 @@ def _service(release: KollaRelease, resolver: Resolver, role: str, name: str, sp
     except Unresolved as exc:
         group = name
         notes.append(f"group {spec.get('group')!r}: not resolved ({exc}); the group {name} is used")
-    defaults = {**release.role_vars(role), **play, **_registered(tasks, overrides), **task_vars}
+    defaults = {**release.role_vars(role), **play, **set_facts(tasks), **TASK_RESULTS.get(role, {}),
+                **_registered(tasks, overrides), **task_vars}
     placed = spec.get("host_in_groups") if "group" not in spec else None
     return KollaService(name, role, group, str(spec.get("container_name", name)),
                         str(spec.get("image", "")), volumes, healthcheck, env, files, tuple(notes), defaults,
@@ -228,11 +233,14 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
     gets what those tasks set for their template (see ``_task_vars``)."""
     templates = release.role_dir(role) / "templates"
     out: dict[str, KollaFile] = {}
-    for file, task in tasks:
+    project = release.role_vars(role).get("project_name", role)
+    for file, task in per_item(tasks):
         module = next((k for k in TEMPLATE_MODULES if k in task), None)
         if module is None:
             continue
         args = task[module] if isinstance(task[module], dict) else {}
+        # The role's project_name names the config dir in some roles' tasks (rabbitmq, mariadb).
+        given = {**({"project_name": project} if isinstance(project, str) else {}), **(task.get("vars") or {})}
         sources = args.get("sources") if "merge" in module else [args.get("src")]
         if not isinstance(sources, list) or not sources or not isinstance(sources[0], str):
             continue
@@ -242,12 +250,12 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
             if name not in siblings:
                 continue
         elif chosen:
-            if f"['{name}']" not in chosen and f'["{name}"]' not in chosen:
+            if not chooses(chosen, name, given):
                 continue
-        elif f"/{name}/" not in _dest(str(args.get("dest", "")), task.get("vars") or {}, name):
+        elif f"/{name}/" not in _dest(str(args.get("dest", "")), given, name):
             continue
         src = ITEM_KEY.sub(name, sources[0]).replace("{{ role_path }}/templates/", "")
-        dest = _dest(ITEM_KEY.sub(name, str(args.get("dest", ""))), task.get("vars") or {}, name)
+        dest = _dest(ITEM_KEY.sub(name, str(args.get("dest", ""))), given, name)
         owner = str(task.get("_role", role))
         templates = release.role_dir(owner) / "templates"
         prefix = f"{{{{ node_config_directory }}}}/{name}/"
@@ -269,7 +277,8 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
             notes.append(f"{label}: destination {path!r} is named at run time; not carried over")
             continue
         merges = tuple(ITEM_KEY.sub(name, str(s)) for s in sources[1:])
-        out[path] = KollaFile(path, src, owner, merges)
+        kind = "first_found" if first is not None else "yaml" if module == "merge_yaml" else "ini" if merges else ""
+        out[path] = KollaFile(path, src, owner, merges, kind if merges else "")
         _task_vars(task, loop, name, label, task_vars, notes)
     return tuple(out.values())
 
@@ -347,7 +356,7 @@ def _first_found(raw: Any, name: str, templates: Path) -> tuple[str, list[str]] 
     for i, candidate in enumerate(flat):
         src = ITEM_KEY.sub(name, candidate).replace("{{ role_path }}/templates/", "")
         if not templated(src) and (templates / src).is_file():
-            return src, [ITEM_KEY.sub(name, c) + " (first found)" for c in flat[:i]]
+            return src, [ITEM_KEY.sub(name, c) for c in flat[:i]]
     return None
 
 

@@ -31,6 +31,7 @@ import jinja2
 from reconciler.core.errors import RenderError
 from reconciler.render.ansible_dialect import FILTERS, named_filters, refuse
 from reconciler.render.ansible_tests import TESTS
+from reconciler.render.kolla_filters import KOLLA_FILTERS
 from reconciler.render.sandbox import Sandbox
 
 Interface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -275,6 +276,6 @@ def install(env: Sandbox) -> None:
     # (`}{% endif %}` then `],` on the next line gives `}    ],`). Set before anything compiles.
     env.trim_blocks = True
     env.add_filters({**named_filters(FILTERS, "ansible.builtin"), **named_filters(IP_FILTERS, "ansible.utils"),
-                     **named_filters(EXTRA_FILTERS, None)})
+                     **named_filters(EXTRA_FILTERS, None), **named_filters(KOLLA_FILTERS, None)})
     env.tests.update(named_filters(TESTS, "ansible.builtin"))
     env.globals.update({"lookup": lookup, "query": query, "q": query})

@@ -5,7 +5,8 @@ come out the same. A service's render for a node is a function of (see ``render`
 
 - the service's definition: its service.yaml and every file under its ``templates/`` and
   ``files/`` (an include, import or extends reads only its own service's templates, so all of
-  them stand in for "the templates it includes", however the name is computed);
+  them stand in for "the templates it includes", however the name is computed), with the
+  override files its ``merge`` entries may read and the variables their paths name;
 - the variables its templates and inline strings name (``jinja2.meta``: exactly the names the
   compiled code resolves from the context), each with its value for the node: the node's
   variables over the service's defaults; ``release``; of ``hostvars``, the keys read as
@@ -222,7 +223,8 @@ def names_read(svc: ServiceDef) -> Reads | None:
     of hostvars and groups; None when one does not parse (then it is rendered, and the render
     reports the error as it always did)."""
     texts = [*svc.templates.values(), *(s for s in _strings(
-        [svc.command, svc.env, svc.health, svc.container, svc.drain, svc.undrain]) if "{" in s)]
+        [svc.command, svc.env, svc.health, svc.container, svc.drain, svc.undrain]) if "{" in s),
+             *(s for f in svc.files if f.merge for s in f.merge.sources if "{" in s)]  # a merge's paths
     if any(_LOOKUP_VARS.search(text) for text in texts):
         return None
     try:

@@ -25,7 +25,19 @@ from reconciler.repo.sops import Opened, SopsFile
 from reconciler.repo.steps import PostStep, Stage, Step
 from reconciler.repo.windows import Window
 
-__all__ = ["DeploymentRepo", "FileDecl", "GroupDef", "NodeDef", "ServiceDef"]
+__all__ = ["DeploymentRepo", "FileDecl", "GroupDef", "Merge", "NodeDef", "ServiceDef"]
+
+
+@dataclass(frozen=True)
+class Merge:
+    """A file's ``merge``: override files of the repo (``sources``, repo paths that may hold
+    variables) rendered and merged over its template (``render.merge``). ``format``: "ini" or
+    "yaml"; "" with ``first_found`` (the first override found replaces the template)."""
+
+    format: str
+    sources: tuple[str, ...]
+    first_found: bool = False
+    extend_lists: bool = False
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,7 @@ class FileDecl:
     template: str | None
     source: str | None
     line: int | None
+    merge: Merge | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,9 @@ class ServiceDef:
     files: tuple[FileDecl, ...]
     health: Mapping[str, Any]
     defaults: Mapping[str, Any]
-    templates: Mapping[str, str]  # repo path -> text, every file under services/<name>/templates/
+    # repo path -> text, every file under services/<name>/templates/, and the override files
+    # its files' ``merge`` may read (``repo.overrides``)
+    templates: Mapping[str, str]
     sources: Mapping[str, bytes]  # repo path -> bytes
     lines: Mapping[str, int | None] = field(default_factory=dict)
     version: str = ""  # the release of the service's software: a change runs ``upgrade``
