@@ -324,6 +324,9 @@ def main() -> None:
 
         print(f"issue 40, the no-op paths: medians of {args.runs} runs taken in turns (load {load()} at the start)")
         rows = targets(args.runs, args.batch, args.idle)
+        from change import change_rows  # one template change, beside ansible-pull doing the same
+
+        rows += change_rows(max(3, args.runs // 2))
         print(f"{'measure':40s} {'reconciler':34s} {'peer or floor':28s} {'ratio':8s} target")
         for row in rows:
             print(f"{row[0]:40s} {row[1]:34s} {row[2]:28s} {row[3]:8s} {row[4]}")

@@ -22,7 +22,7 @@ from reconciler.node.context import Memory, NodeContext
 from reconciler.node.desired import Resolver
 from reconciler.node.keeper import TrustKeeper
 from reconciler.node.localfiles import check_local
-from reconciler.node.peers import fleet_view
+from reconciler.node.peers import fleet_view, notes_moved
 from reconciler.node.reconcile import head, reconcile
 from reconciler.node.report import Reporter, key_loader, notes_ref
 from reconciler.node.run import Request, RunResult
@@ -90,6 +90,7 @@ class Agent:
         """One pass. ``instantiate``: an operator's `reconciler apply`, which also applies what
         ``apply: manual`` staged (``only``: just these services)."""
         ask = Request(fetch, rev, frozenset(only) if only is not None else None, instantiate)
+        self.ctx.memory.watch = ()  # what this pass waits on, if it does, it says itself
         try:
             return reconcile(self.ctx, ask)
         except CorruptMirror as exc:  # the mirror is a cache: cloned again, and the pass once more
@@ -146,4 +147,13 @@ class Agent:
 
     def fleet_view(self, nodes: Iterable[str] | None = None, trusted: str | None = None) -> FleetView:
         return fleet_view(self.ctx, nodes, trusted)
+
+    def waiting_on(self) -> tuple[str, ...]:
+        """The few nodes whose next note may end the last pass's wait in the rollout (none when
+        it did not wait on one): what the daemon's wait-polls look at."""
+        return self.ctx.memory.watch
+
+    def notes_moved(self, nodes: Iterable[str]) -> tuple[str, ...]:
+        """A wait-poll (``node.peers.notes_moved``): those of ``nodes`` whose notes tip moved."""
+        return notes_moved(self.ctx, nodes)
 

@@ -12,22 +12,102 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from reconciler.core.errors import NoCABundle
 
 
 def main() -> None:
+    plain = plain_agent(sys.argv[1:])
     try:
         if no_ca_paths():
             import pygit2  # noqa: F401  # fails here, in its own words (``ca_bundle_error``)
-        from reconciler.cli import main as cli_main
+        if plain is None:
+            from reconciler.cli import main as cli_main
+        else:
+            from reconciler.cli.run import run_agent
     except Exception as exc:  # pygit2.GitError cannot be named: pygit2 is what failed to import
         problem = ca_bundle_error(exc)
         if problem is None:
             raise
         _fail(problem, sys.argv[1:])
-    cli_main()
+    if plain is None:
+        cli_main()
+        return
+    from reconciler.daemon.logformat import configure
+
+    configure(0, plain.log_format)  # what the group's own options do: none were given
+    try:
+        run_agent(plain.agent_opts, plain.once, plain.settings, plain.output)
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        from reconciler.cli.group import handled  # a failure is said as every command says it
+
+        failure = exc
+        handled(lambda: _reraise(failure), plain.output == "json")
+
+
+def _reraise(exc: BaseException) -> None:
+    raise exc
+
+
+@dataclass(frozen=True)
+class PlainAgent:
+    """A plain `reconciler agent` command line, as click would have read it."""
+
+    agent_opts: dict[str, Any]
+    once: bool
+    settings: dict[str, Any]
+    output: str
+    log_format: str
+
+
+# `agent`'s options as `reconciler agent --help` lists them (cli.common.agent_options, cli.node):
+# option -> its key. A command line made of these alone, each with a plain value (the systemd
+# unit's, a timer's), runs without click and the other commands (issue 40: 0.03 s and 3.5 MB);
+# any other word (help, a group option, a mistake) goes through click, which says what is wrong.
+_VALUES = {"--config": "config_file", "--node": "node", "--remote": "remote", "--branch": "branch",
+           "--state-dir": "state_dir", "--allowed-signers": "trust_allowed_signers", "--gpg-home": "trust_gpg_home",
+           "--revoked": "trust_revoked", "--trust-policy": "trust_policy", "--age-identity": "secrets_age_identity",
+           "--note-key": "note_key", "--interval": "interval", "--jitter": "jitter",
+           "--metrics-textfile": "metrics_textfile", "--output": "output", "-o": "output"}
+_PATHS = frozenset({"config_file", "state_dir", "trust_allowed_signers", "trust_gpg_home", "trust_revoked",
+                    "secrets_age_identity", "note_key", "metrics_textfile"})
+_CHOICES = {"trust_policy": ("every-commit", "first-parent", "head"), "output": ("human", "json")}
+_SETTINGS = ("interval", "jitter", "metrics_textfile")
+_NUMBER = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")
+
+
+def plain_agent(args: list[str]) -> PlainAgent | None:
+    """``args`` as a plain `agent` command line, or None: click reads it (see ``_VALUES``)."""
+    log_format = os.environ.get("RECONCILER_LOG_FORMAT") or "auto"
+    if (not args or args[0] != "agent" or log_format not in ("auto", "text", "journal", "json")
+            or any(k.startswith("_RECONCILER_COMPLETE") for k in os.environ)):
+        return None
+    given: dict[str, str] = {}
+    once = False
+    words = iter(args[1:])
+    for word in words:
+        if word == "--once":
+            once = True
+            continue
+        name, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        key = _VALUES.get(name)
+        value = value if eq else next(words, "")
+        if key is None or not value or value.startswith("-") or (key in _CHOICES and value not in _CHOICES[key]) or (
+                key in ("interval", "jitter") and not _NUMBER.fullmatch(value)):
+            return None
+        given[key] = value
+    given.setdefault("config_file", os.environ.get("RECONCILER_CONFIG") or "")
+    values: dict[str, Any] = {k: (Path(v) if k in _PATHS else float(v) if k in ("interval", "jitter") else v)
+                              for k, v in given.items() if v}
+    return PlainAgent({k: values.get(k) for k in _VALUES.values() if k not in (*_SETTINGS, "output")}, once,
+                      {k: values.get(k) for k in _SETTINGS}, values.get("output", "human"), log_format)
 
 
 def no_ca_paths() -> bool:

@@ -78,8 +78,11 @@ try:
     runpy.run_module("reconciler", run_name="__main__")
 except SystemExit as exc:
     print("exit", exc.code)
-print(" ".join(sorted(m for m in sys.modules if m.partition(".")[0] in ("pygit2", "jinja2", "jsonschema", "rich")
-                      or m in ("http.server", "ssl", "reconciler.daemon.loop"))))
+print(" ".join(sorted(m for m in sys.modules if m.partition(".")[0] in ("pygit2", "jinja2", "jsonschema", "rich", "click")
+                      or m in ("http.server", "ssl", "reconciler.daemon.loop", "reconciler.daemon.notify",
+                               "reconciler.daemon.shed", "reconciler.cli.group", "reconciler.cli.node",
+                               "reconciler.node.converge", "reconciler.node.gate", "reconciler.node.upgrader",
+                               "reconciler.plan.planner"))))
 """
 
 
@@ -87,7 +90,8 @@ def test_a_no_op_agent_once_imports_only_what_a_no_op_needs(tmp_path: Path, merg
                                                             agents: Callable[..., Agent]) -> None:
     """`agent --once` from a systemd timer or cron: a no-op is the interpreter, the pass and
     its imports (issue 40); none of the signature, template or schema code, nor the daemon's
-    webhook server, nor rich for a one-line answer."""
+    webhook server, nor rich for a one-line answer, nor click and the other commands (a plain
+    `agent` command line is read without them), nor the change path (gate, converge, planner)."""
     files = {"reconciler.yaml": "format: 1\nname: once\n",
              "inventory.yaml": "groups:\n  all:\n    services: [idle]\nnodes:\n  o1:\n    groups: [all]\n",
              "services/idle/service.yaml": "runtime:\n  command: [python3, idle.py]\n"
@@ -102,3 +106,49 @@ def test_a_no_op_agent_once_imports_only_what_a_no_op_needs(tmp_path: Path, merg
     said, _, loaded = done.stdout.partition("exit 0\n")
     assert said.strip().endswith("unchanged, nothing to do"), done
     assert loaded.split() == [], done.stderr
+
+
+@pytest.mark.parametrize("words", [
+    ["agent", "--config", "/etc/reconciler/agent.yaml"],
+    ["agent", "--once", "--node", "n1", "--remote", "file:///srv/cloud.git", "--state-dir", "/var/lib/r",
+     "--allowed-signers=/etc/a", "--trust-policy", "head", "--interval", "2.5", "--jitter=0", "-o", "json",
+     "--metrics-textfile", "/tmp/m.prom", "--note-key", "k", "--node", "n2", "--once"],
+    ["agent", "--gpg-home", "g", "--revoked", "r", "--age-identity", "a", "--branch", "b", "--output=human"],
+])
+def test_a_plain_agent_command_line_is_read_as_click_reads_it(words: list[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reconciler agent ...` runs without click (issue 40): what it reads is what click would
+    have handed the command, the config's variable included."""
+    from reconciler.cli.node import agent_command
+    from reconciler.entry import plain_agent
+
+    monkeypatch.setenv("RECONCILER_CONFIG", "/etc/other.yaml")
+    plain = plain_agent(words)
+    assert plain is not None
+    params = agent_command.make_context("agent", words[1:]).params
+    assert {**plain.agent_opts, **plain.settings, "once": plain.once, "output": plain.output} == params
+
+
+@pytest.mark.parametrize("words", [
+    ["agent", "--help"], ["-v", "agent"], ["agent", "--interval", "soon"], ["agent", "--trust-policy", "any"],
+    ["agent", "--node"], ["agent", "--node", "--once"], ["agent", "--nod", "n1"], ["agent", "extra"],
+    ["agent", "--", "--once"], ["status"], ["agent", "--node="], ["agent", "-onope"],
+])
+def test_any_other_command_line_is_left_to_click(words: list[str]) -> None:
+    from reconciler.entry import plain_agent
+
+    assert plain_agent(words) is None
+
+
+def test_a_plain_agent_command_line_fails_as_click_s_does(tmp_path: Path) -> None:
+    """A refused start is said the same with or without click: one line, or one JSON object,
+    and the exit code (a settings file that is missing)."""
+    said = []
+    for words in (["agent", "--once", "--config", str(tmp_path / "none.yaml")],
+                  ["--log-format", "text", "agent", "--once", "--config", str(tmp_path / "none.yaml")]):
+        for output in ([], ["-o", "json"]):
+            done = subprocess.run([sys.executable, "-m", "reconciler", *words, *output], capture_output=True,
+                                  text=True)
+            said.append((done.returncode, done.stdout, done.stderr))
+    assert said[0] == said[2] and said[1] == said[3], said
+    assert said[0][0] == 2 and said[0][2].startswith("error: ") and said[1][1].startswith("{"), said

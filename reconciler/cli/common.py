@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import click
-
 from reconciler.agent import Agent
 from reconciler.core.atomic import atomic_write
 from reconciler.core.errors import BadInput, DiskFull, ReconcilerError
@@ -89,7 +87,11 @@ class Failed(Exception):
         self.partial = partial
 
 
+# click is imported where an option is declared or JSON written, not with this module: `agent`
+# from ``entry`` uses the rest without it (issue 40).
 def output_option(f: F) -> F:
+    import click
+
     return click.option("-o", "--output", type=click.Choice(["human", "json"]), default="human",
                         show_default=True, help="Output format; json for scripts (errors too).")(f)
 
@@ -97,6 +99,8 @@ def output_option(f: F) -> F:
 def forge_options(f: F) -> F:
     """Where a change is reviewed, as ``review-post`` and ``merge`` both take it: the forge, and
     the pull request (GitHub) or the change (Gerrit), from the options or a CI job's variables."""
+    import click
+
     for option in reversed((
         click.option("--forge", type=click.Choice(["github", "gerrit"]), required=True),
         click.option("--pr", type=int, help="GitHub: the pull request's number."),
@@ -111,6 +115,8 @@ def forge_options(f: F) -> F:
 
 
 def emit_json(data: Any) -> None:
+    import click
+
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
@@ -163,6 +169,8 @@ def agent_options(f: F) -> F:
     @functools.wraps(f)
     def wrapper(**kw: Any) -> Any:
         return f({k: kw.pop(k) for k in AGENT_KEYS}, **kw)
+
+    import click
 
     path = click.Path(path_type=Path)
     for opt in reversed([

@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
 
 from reconciler.core.errors import BadInput, YamlLimit
 from reconciler.core.limits import LIMITS
@@ -75,7 +76,31 @@ class _CountingLoader(yaml.SafeLoader):
         if self.composed > self.max_nodes:
             raise YamlLimit(f"YAML has more than {self.max_nodes} nodes", file=self.file,
                             line=self.peek_event().start_mark.line + 1)  # type: ignore[no-untyped-call]
-        return super().compose_node(parent, index)  # type: ignore[no-untyped-call,no-any-return]
+        return Composer.compose_node(self, parent, index)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _counting_c_loader() -> type | None:
+    """``_CountingLoader`` over libyaml's scanner and parser (most of the time a big file takes:
+    a 10,000-node inventory's), composing in Python as it counts; None without libyaml."""
+    if not getattr(yaml, "__with_libyaml__", False):
+        return None
+    from yaml._yaml import CParser  # type: ignore[import-not-found,unused-ignore]
+    from yaml.constructor import SafeConstructor
+    from yaml.resolver import Resolver
+
+    class _CCountingLoader(CParser, Composer, SafeConstructor, Resolver):  # type: ignore[misc]
+        def __init__(self, text: str, file: str, max_nodes: int) -> None:
+            CParser.__init__(self, text)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+            self.file, self.max_nodes, self.composed = file, max_nodes, 0
+
+        # The composer's own, in Python: libyaml's would compose the whole document uncounted.
+        get_single_node, check_node, get_node = Composer.get_single_node, Composer.check_node, Composer.get_node
+        compose_node = _CountingLoader.compose_node
+
+    return _CCountingLoader
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -188,9 +213,10 @@ def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | N
         # A YAML node takes at least one character ("{a,b}": five nodes in five), so a text of
         # fewer than max_nodes / 2 characters cannot compose past the bound: libyaml's composer
         # (ten times faster) is safe for it; a bigger text is counted as it is composed.
+        counting = _COUNTING_C or _CountingLoader
         loader: yaml.SafeLoader | yaml.CSafeLoader = (
             yaml.CSafeLoader(decoded) if getattr(yaml, "__with_libyaml__", False) and len(decoded) * 2 < max_nodes
-            else _CountingLoader(decoded, file, max_nodes))
+            else counting(decoded, file, max_nodes))
         try:
             node = loader.get_single_node()
             if node is None:
@@ -201,6 +227,9 @@ def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | N
             return _construct(loader, node, file)
         finally:
             loader.dispose()  # type: ignore[no-untyped-call]
+
+
+_COUNTING_C = _counting_c_loader()
 
 
 def _unconstructable(loader: yaml.SafeLoader | yaml.CSafeLoader, root: yaml.Node, file: str) -> BadInput | None:
@@ -269,7 +298,11 @@ def schema(name: str) -> dict[str, Any]:
 
 
 def check_schema(doc: YamlDoc, name: str) -> list[Problem]:
-    import jsonschema  # heavy; only needed when a commit is loaded, never on a no-op poll
+    from reconciler.core.schemacheck import valid  # only where a commit is loaded, as jsonschema was
+
+    if valid(doc.data, schema(name)):  # the common case, without jsonschema's 60 ms of imports (issue 40)
+        return []
+    import jsonschema  # heavy; only for a document that may be invalid: it says what is wrong
 
     validator = jsonschema.Draft202012Validator(schema(name))
     problems = []

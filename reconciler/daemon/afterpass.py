@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING
 
 from reconciler.agent import Agent
 from reconciler.core.errors import ReconcilerError
-from reconciler.daemon import shed
-from reconciler.daemon.notify import Notifier
 from reconciler.node.run import RunResult
 from reconciler.settings import AgentConfig
 
 if TYPE_CHECKING:
     from reconciler.daemon.metrics import Metrics
+    from reconciler.daemon.notify import Notifier
 
 log = logging.getLogger("reconciler.agent")
 
@@ -60,7 +59,12 @@ class Outputs:
     def __init__(self, agent: Agent) -> None:
         cfg = agent.cfg
         self.agent = agent
-        self.notifier = Notifier(cfg.notify, cfg.state_dir) if cfg.notify.enabled else None
+        # notify and shed are imported when used: `agent --once` without notifications needs neither
+        self.notifier: Notifier | None = None
+        if cfg.notify.enabled:
+            from reconciler.daemon.notify import Notifier
+
+            self.notifier = Notifier(cfg.notify, cfg.state_dir)
         self.metrics: Metrics | None = None
         if cfg.metrics.listen or cfg.metrics.textfile:
             # Imported only when asked for: prometheus-client is 12 MB of an idle agent's RSS.
@@ -110,6 +114,8 @@ class Shedding:
     polls, whatever they load: no loop of re-executions."""
 
     def __init__(self, agent: Agent, reload: Callable[[], AgentConfig] | None) -> None:
+        from reconciler.daemon import shed
+
         self.agent = agent
         self.reload = reload
         self.start_mb = shed.rss_mb()
@@ -118,6 +124,8 @@ class Shedding:
         self.code = shed.code_files()  # what this interpreter started from
 
     def after(self, result: RunResult | None) -> bool:
+        from reconciler.daemon import shed
+
         quiet = result is not None and result.error is None and result.report is None and not (
             result.waiting or result.operation or result.suspended)
         if not quiet:
@@ -148,6 +156,8 @@ class Shedding:
         """A fresh interpreter imports the code installed now: when it is not what this one
         started from (an upgrade that did not restart the unit), keep running; the operator's
         restart runs the new code, not a re-execution the operator did not ask for."""
+        from reconciler.daemon import shed
+
         if shed.code_files() == self.code:
             return True
         self.agent.say_once(("shed", "code"), logging.WARNING, "%s: not re-executing to give back memory: the "

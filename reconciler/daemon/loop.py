@@ -23,7 +23,7 @@ from reconciler.agent import Agent
 from reconciler.core.errors import Busy, ReconcilerError
 from reconciler.daemon import shed, wake
 from reconciler.daemon.afterpass import Outputs, Shedding, VerdictLog
-from reconciler.daemon.supervisor import Every, Supervisor, node_offset
+from reconciler.daemon.supervisor import Every, Supervisor, WaitPolls, node_offset
 from reconciler.node.run import RunResult
 from reconciler.settings import AgentConfig
 
@@ -104,6 +104,7 @@ class _Running:
         now = time.monotonic()
         first_poll = node_offset(self.cfg.node, self.cfg.jitter) if carry is None else max(0.0, carry.poll_due - now)
         self.polls = Every("poll", self.cfg.interval, self.poll, stopping, first=first_poll)
+        self.waits = WaitPolls(agent, self.polls, self.polling, stopping, self.cfg.wait_poll)
         # Not behind `polling`: a pass stuck on a stalled git server must not stop restarts.
         self.receiver = wake.start_receiver(self.cfg.receiver.listen, self.cfg.receiver.secret_file,
                                             self.polls.soon, self.cfg.node)
@@ -124,7 +125,9 @@ class _Running:
                      shed.rss_mb() or 0.0)
 
     def poll(self) -> None:
-        if not self.polling.acquire(blocking=False):
+        # Waits out a wait-poll in flight (it holds the lock for a look at a few notes tips),
+        # which a skipped pass would cost a whole interval; a re-execution holds it until the execv.
+        if not self.polling.acquire(timeout=WaitPolls.HELD):
             return
         shed_now = False
         try:
@@ -132,6 +135,7 @@ class _Running:
             self.failures = 0
             self.say(result)
             self.outputs(result)
+            self.waits.after(result.waiting)
             shed_now = self.shedding.after(result)
         except Busy:
             return
@@ -215,6 +219,7 @@ class _Running:
         every step of a pass is safe to cut short, and the next start finishes what it began."""
         self.polls.wake()
         self.supervising.wake()
+        self.waits.wake()
         if self.receiver is not None:
             self.receiver.close()
         if self.polling.acquire(timeout=STOP_GRACE):

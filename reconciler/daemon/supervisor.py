@@ -152,3 +152,56 @@ class Every:
                     behind = max(0.0, time.monotonic() - due)
                     self.due = due + self.seconds * (1 + int(behind // self.seconds))
                 self.due, self._asked = min(self.due, self._asked), float("inf")
+
+
+class WaitPolls:
+    """While a pass waits in the rollout on other nodes' notes: a wait-poll every ``wait_poll``
+    seconds (``Agent.notes_moved``: their tips, from the probe or a fetch of those refs alone),
+    and the pass made due at once (``polls.now()``) when one moved, so a wave starts on the note
+    of the wave before, not on the next poll. Outside a wait, its thread sleeps (made only when
+    a pass first waits). ``polling``: the daemon's one-pass-at-a-time lock (a pass in flight
+    reads the notes itself)."""
+
+    ASLEEP = 3600.0
+    HELD = 30.0  # seconds a pass waits for a wait-poll in flight (a few small GETs, or one fetch)
+
+    def __init__(self, agent: Agent, polls: Every, polling: threading.Lock, stop: threading.Event,
+                 wait_poll: float) -> None:
+        self.agent, self.polls, self.polling, self.stop, self.wait_poll = agent, polls, polling, stop, wait_poll
+        self.watch: tuple[str, ...] = ()
+        self.timer: Every | None = None
+
+    def after(self, waiting: str) -> None:
+        """A pass ended (``waiting``: why it waits, if it does): wait-poll what it waits on, if anything."""
+        self.watch = self.agent.waiting_on() if waiting and self.wait_poll > 0 else ()
+        if not self.watch:
+            return
+        if self.timer is None:
+            self.timer = Every("wait-poll", self.wait_poll, self.tick, self.stop, first=self.wait_poll)
+            self.timer.start()
+        else:
+            self.timer.soon(self.wait_poll)
+
+    def tick(self) -> None:
+        watch = self.watch
+        if not watch:
+            assert self.timer is not None
+            self.timer.later(self.ASLEEP)  # until a pass waits again (``after``)
+            return
+        if not self.polling.acquire(blocking=False):
+            return
+        try:
+            moved = self.agent.notes_moved(watch)
+        except ReconcilerError as exc:  # the remote away: the next wait-poll, or the next pass, says
+            log.debug("%s: wait-poll: %s", self.agent.cfg.node, exc)
+            return
+        finally:
+            self.polling.release()
+        if moved:
+            log.info("%s: the notes of %s moved: polling now", self.agent.cfg.node, ", ".join(moved))
+            self.watch = ()
+            self.polls.now()
+
+    def wake(self) -> None:
+        if self.timer is not None:
+            self.timer.wake()

@@ -5,7 +5,8 @@ killed half way leaves a record of what it was doing; the next run re-plans from
 observes, which makes applying twice the same as applying once.
 
 A failed service stops the run for this commit: the services after it are skipped, not
-half-applied, and the result says which service failed first. What a failure says (its error,
+half-applied (those applied together with it, in its batch, finish; see ``batches``), and the
+result says which service failed first. What a failure says (its error,
 the service's own last output, each escalation step) is cleaned of the node's secret values
 (``redact``) before it reaches a result, the history, a note or the log.
 """
@@ -17,6 +18,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,6 +41,7 @@ from reconciler.drivers import Driver, kinds
 from reconciler.drivers.base import Check, clean_env
 from reconciler.drivers.registry import PullFailed
 from reconciler.ledger import Ledger, Version
+from reconciler.node.batches import Outcome, Wait, batches, inline, together
 
 log = logging.getLogger("reconciler.apply")
 
@@ -131,68 +134,90 @@ def _exited(driver: Driver, svc: DesiredService, since: float | None) -> ApplyEr
 
 def apply_plan(
     plan: Plan, drivers: Mapping[str, Driver], ledger: Ledger, recheck: frozenset[str] = frozenset(),
-    redact: Redactor = NO_SECRETS,
+    redact: Redactor = NO_SECRETS, max_parallel: int = 1,
 ) -> list[ServiceResult]:
     """Apply in order. ``recheck``: services a killed run had started but not yet seen healthy;
     they are health-checked even when the plan leaves them alone. ``redact``: the node's secret
     values, replaced in whatever a failure says (a service may print its own password).
+    ``max_parallel``: how many services that do not depend on each other are applied together
+    (``batches``): their starts and health holds overlap, their side effects take turns in plan
+    order; a service that fails there is put back alone, and what comes after the batch is skipped.
 
     Each action is journalled before it runs and settled only after its effect (or after the
     previous version was put back), so a run killed in between leaves the entry, and the next
     run does the action again. A service's version is filed under the commit it was rendered
     from (a pinned service's is its pin's), which is what a later rollback looks for."""
-    results: list[ServiceResult] = []
+    results: dict[int, ServiceResult] = {}
     failed: str | None = None
-    for action in plan.actions:
-        svc = action.desired
-        h = svc.hash if svc else None
-        origin = (svc.origin or plan.commit) if svc else plan.commit
-        quiet = action.kind is ActionKind.NONE and not action.sync
-        if quiet and not (svc and action.service in recheck and failed is None):
-            results.append(ServiceResult(action.service, action.kind, ResultState.OK, action.reason, hash=h))
-            continue
-        if failed is not None:
-            results.append(ServiceResult(
-                action.service, action.kind, ResultState.SKIPPED, action.reason,
-                detail=failed, hash=h,
-            ))
-            continue
-        entry = ledger.intent(plan.commit, action.service, action.kind)
-        steps: list[str] = []
-        try:
-            try:
-                pid, done = _do(action, drivers[action.driver], origin, steps, redact)
-            except ReconcilerError:
-                raise
-            except Exception as exc:  # a runtime's own error (API, OS, timeout): a failed action, noted
-                raise ApplyError(f"service {action.service}: {type(exc).__name__}: {exc}") from exc
-        except ReconcilerError as exc:
-            if exc.reason == "DISK_FULL":
-                raise  # not the service's fault: the run stops, the next one finishes
-            said, output = redact(str(exc)), redact(_output(exc))
-            ledger.log(action.service, origin, h, str(action.kind), "failed", action.reason,
-                       said + (f" | output: {output}" if output else ""), head=plan.commit)
-            ledger.failed(action.service, plan.commit)
-            ledger.done(entry, ok=False)
-            log.error("%s %s failed: %s", action.kind, action.service, said)
-            results.append(ServiceResult(
-                action.service, action.kind, ResultState.FAILED, action.reason, detail=said, hash=h,
-                steps=tuple(steps),
-            ))
-            failed = f"not applied: {action.service} failed first"
-            continue
-        ledger.log(action.service, origin, h, str(done), "ok", action.reason, "; ".join(steps), head=plan.commit)
-        if action.kind is ActionKind.STOP:
-            ledger.removed(action.service)
-        elif h is not None:
-            ledger.ran(action.service, Version(origin, h), healthy=done is not ActionKind.REBOOT)
-        ledger.done(entry, ok=True)
-        log.info("%s %s: %s", done, action.service, action.reason)
-        results.append(ServiceResult(action.service, done, ResultState.OK, action.reason, pid=pid, hash=h,
-                                     steps=tuple(steps)))
-        if done is ActionKind.REBOOT:
-            failed = "not applied yet: the node reboots first"
-    return results
+
+    def busy(a: Action) -> bool:
+        return a.kind is not ActionKind.NONE or a.sync or a.service in recheck
+
+    for batch in batches(plan.actions, max_parallel, busy):
+        going: list[tuple[int, Action, int, list[str]]] = []  # index, action, journal entry, steps tried
+        for i in batch:
+            action = plan.actions[i]
+            h = action.desired.hash if action.desired else None
+            quiet = action.kind is ActionKind.NONE and not action.sync
+            if quiet and not (action.desired and action.service in recheck and failed is None):
+                results[i] = ServiceResult(action.service, action.kind, ResultState.OK, action.reason, hash=h)
+            elif failed is not None:
+                results[i] = ServiceResult(action.service, action.kind, ResultState.SKIPPED, action.reason,
+                                           detail=failed, hash=h)
+            else:
+                going.append((i, action, ledger.intent(plan.commit, action.service, action.kind), []))
+        outcomes = together([partial(_attempt, action, drivers, _origin(plan, action), steps, redact)
+                             for _, action, _, steps in going])
+        for (i, action, entry, steps), outcome in zip(going, outcomes, strict=True):
+            results[i] = _record(plan, action, entry, steps, outcome, ledger, redact)
+            if results[i].state is ResultState.FAILED:
+                failed = failed or f"not applied: {action.service} failed first"
+            elif results[i].action is ActionKind.REBOOT:
+                failed = "not applied yet: the node reboots first"
+    return [results[i] for i in range(len(plan.actions))]
+
+
+def _origin(plan: Plan, action: Action) -> str:
+    return (action.desired.origin or plan.commit) if action.desired else plan.commit
+
+
+def _attempt(action: Action, drivers: Mapping[str, Driver], origin: str, steps: list[str], redact: Redactor,
+             wait: Wait) -> tuple[int | None, ActionKind]:
+    try:
+        return _do(action, drivers[action.driver], origin, steps, redact, wait)
+    except ReconcilerError:
+        raise
+    except Exception as exc:  # a runtime's own error (API, OS, timeout): a failed action, noted
+        raise ApplyError(f"service {action.service}: {type(exc).__name__}: {exc}") from exc
+
+
+def _record(plan: Plan, action: Action, entry: int, steps: list[str],
+            outcome: Outcome[tuple[int | None, ActionKind]], ledger: Ledger, redact: Redactor) -> ServiceResult:
+    """What one action came to, into the ledger (history, version, journal entry settled)."""
+    h = action.desired.hash if action.desired else None
+    origin = _origin(plan, action)
+    exc = outcome.error
+    if exc is not None:
+        if not isinstance(exc, ReconcilerError) or exc.reason == "DISK_FULL":
+            raise exc  # not the service's fault: the run stops, the next one finishes
+        said, output = redact(str(exc)), redact(_output(exc))
+        ledger.log(action.service, origin, h, str(action.kind), "failed", action.reason,
+                   said + (f" | output: {output}" if output else ""), head=plan.commit)
+        ledger.failed(action.service, plan.commit)
+        ledger.done(entry, ok=False)
+        log.error("%s %s failed: %s", action.kind, action.service, said)
+        return ServiceResult(action.service, action.kind, ResultState.FAILED, action.reason, detail=said, hash=h,
+                             steps=tuple(steps))
+    assert outcome.value is not None
+    pid, done = outcome.value
+    ledger.log(action.service, origin, h, str(done), "ok", action.reason, "; ".join(steps), head=plan.commit)
+    if action.kind is ActionKind.STOP:
+        ledger.removed(action.service)
+    elif h is not None:
+        ledger.ran(action.service, Version(origin, h), healthy=done is not ActionKind.REBOOT)
+    ledger.done(entry, ok=True)
+    log.info("%s %s: %s", done, action.service, action.reason)
+    return ServiceResult(action.service, done, ResultState.OK, action.reason, pid=pid, hash=h, steps=tuple(steps))
 
 
 EXECUTABLE = (ActionKind.RELOAD, ActionKind.RESTART, ActionKind.RECREATE, ActionKind.DRAIN_RESTART,
@@ -234,9 +259,10 @@ def hook(svc: DesiredService, which: str, commit: str, redact: Redactor = NO_SEC
 
 
 def _do(action: Action, driver: Driver, commit: str, steps: list[str],
-        redact: Redactor = NO_SECRETS) -> tuple[int | None, ActionKind]:
+        redact: Redactor = NO_SECRETS, wait: Wait = inline) -> tuple[int | None, ActionKind]:
     """Run the action (escalating on failure); return the pid and the step that worked. Each
-    step tried goes into ``steps`` (redacted: it reaches the note)."""
+    step tried goes into ``steps`` (redacted: it reaches the note). ``wait`` runs each health
+    check: aside, in a batch, while the batch's other actions take their turns."""
     if action.kind is ActionKind.STOP:
         driver.remove(action.service)
         return None, action.kind
@@ -244,7 +270,7 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str],
     assert svc is not None
 
     def check() -> None:
-        wait_healthy(driver, svc)
+        wait(lambda: wait_healthy(driver, svc))
 
     match action.kind:
         case ActionKind.NONE:

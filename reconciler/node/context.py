@@ -52,6 +52,10 @@ class Memory:
     redact: Redactor = NO_SECRETS
     pulled_ahead: set[str] = field(default_factory=set)  # commits whose images a wait pulled
     quiet: Quiet | None = None  # a waiting node's still batch before (``fleet.rollout``)
+    # The nodes whose notes the last pass's wait hangs on (a few at most): the daemon's wait-polls
+    # look at their tips (``node.peers.notes_moved``); and each tip that sent one to a pass already.
+    watch: tuple[str, ...] = ()
+    told: dict[str, str | None] = field(default_factory=dict)
     note_trust: tuple[str | None, NoteTrust] | None = None  # the commit whose trust/nodes it is
     _said: dict[Hashable, None] = field(default_factory=dict)
 

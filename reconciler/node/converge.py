@@ -115,7 +115,7 @@ def converge(ctx: NodeContext, run: Run, rev: VerifiedRevision, *, repo: Deploym
             return stopped(ctx, run, Verdict.FAILED, exc)
         recheck = frozenset(i.service for i in run.interrupted if i.action is not ActionKind.STOP)
         before = {a.service: ran_before(ctx, a.service, run.commit) for a in the_plan.actions}
-        results = apply_plan(the_plan, drivers, ctx.ledger, recheck, ctx.redact)
+        results = apply_plan(the_plan, drivers, ctx.ledger, recheck, ctx.redact, ctx.settings.max_parallel)
         ctx.ledger.clear_interrupted()  # done again above, or moot: only now
         failed = [r for r in results if r.state is ResultState.FAILED]
         attaching = repo is not None and ctx.node in repo.nodes and repo.planes.attaches(ctx.node, run.before)
@@ -247,7 +247,7 @@ def put_back(ctx: NodeContext, commit: str, results: list[ServiceResult], before
         names = {s.name for s in old}
         back = ctx.plan(Desired(ctx.node, commit, tuple(old)), observe(ctx.node, drivers))
         back = Plan(back.node, commit, tuple(a for a in back.actions if a.service in names))
-        for r in apply_plan(back, drivers, ctx.ledger, redact=ctx.redact):
+        for r in apply_plan(back, drivers, ctx.ledger, redact=ctx.redact, max_parallel=ctx.settings.max_parallel):
             if r.action is ActionKind.NONE:
                 continue  # already back: its driver put it back
             origin = next(s.origin for s in old if s.name == r.service)

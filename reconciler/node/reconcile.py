@@ -40,16 +40,11 @@ from reconciler.core.model.facts import BadFacts, Facts, changes
 from reconciler.drivers.afterboot import after_boot
 from reconciler.drivers.observe import glance
 from reconciler.node import peers
-from reconciler.node.adopt import adopt_step
 from reconciler.node.context import NodeContext
-from reconciler.node.converge import converge_step
-from reconciler.node.decommission import decommission_step, retire_step, retired_step
-from reconciler.node.gate import gate, trust
+from reconciler.node.decommission import retired_step
 from reconciler.node.peers import cutover_watch
 from reconciler.node.run import Request, Run, RunResult
 from reconciler.node.settle import write_note
-from reconciler.node.upgrade import post_step, post_upgrade, upgrade_step
-from reconciler.node.upgrader import Upgrader
 
 if TYPE_CHECKING:
     from reconciler.ledger import Interrupted
@@ -64,7 +59,7 @@ def reconcile(ctx: NodeContext, ask: Request) -> RunResult:
     with ctx.state.lock(wait=30 if ask.rev else 0):
         run = Run("", False, (), ask=ask)
         for step in STEPS:
-            if step is adopt_step:
+            if step is adopt:
                 # Past the no-op check, this pass may act; an action that fails is caught, not
                 # raised through the lock, and may leave a temp file: the next pass sweeps.
                 ctx.state.dirty = True
@@ -165,6 +160,9 @@ def noop(ctx: NodeContext, run: Run) -> Run | RunResult:
         return replace(run, events=run.events + changed)
     pending = ctx.ledger.post_pending()
     if pending:  # this commit's post steps, or an earlier one's the branch moved past
+        from reconciler.node.upgrade import post_upgrade
+        from reconciler.node.upgrader import Upgrader
+
         upgrader = Upgrader.of(ctx, pending, ctx.resolver.load(pending))
         return post_upgrade(ctx, replace(run, commit=pending), upgrader, RunResult(ctx.node, run.commit, run.fetched))
     peers.release(ctx)  # a pass killed after its change settled, before it freed its slot
@@ -210,5 +208,56 @@ def facts_changed(ctx: NodeContext) -> tuple[str, ...]:
     return tuple(f"facts changed: {line}" for line in changes(before, now, reads))
 
 
-STEPS: tuple[Step, ...] = (start, source, retired_step, resume, noop, adopt_step, trust, gate, decommission_step,
-                          upgrade_step, converge_step, retire_step, post_step)
+# The steps past the no-op check, each imported when a pass first gets that far: a pass that
+# finds nothing new (the most of them: `agent --once` from a timer, the idle daemon) imports none
+# of the change path (the signature check, the gate, the upgrade runner, the converge).
+def adopt(ctx: NodeContext, run: Run) -> Run | RunResult:
+    from reconciler.node.adopt import adopt_step
+
+    return adopt_step(ctx, run)
+
+
+def trust(ctx: NodeContext, run: Run) -> Run | RunResult:
+    from reconciler.node.gate import trust
+
+    return trust(ctx, run)
+
+
+def gate(ctx: NodeContext, run: Run) -> Run | RunResult:
+    from reconciler.node.gate import gate
+
+    return gate(ctx, run)
+
+
+def decommission(ctx: NodeContext, run: Run) -> Run | RunResult:
+    from reconciler.node.decommission import decommission_step
+
+    return decommission_step(ctx, run)
+
+
+def upgrade(ctx: NodeContext, run: Run) -> Run | RunResult:
+    from reconciler.node.upgrade import upgrade_step
+
+    return upgrade_step(ctx, run)
+
+
+def converge(ctx: NodeContext, run: Run) -> Run | RunResult:
+    from reconciler.node.converge import converge_step
+
+    return converge_step(ctx, run)
+
+
+def retire(ctx: NodeContext, run: Run) -> Run | RunResult:
+    from reconciler.node.decommission import retire_step
+
+    return retire_step(ctx, run)
+
+
+def post(ctx: NodeContext, run: Run) -> Run | RunResult:
+    from reconciler.node.upgrade import post_step
+
+    return post_step(ctx, run)
+
+
+STEPS: tuple[Step, ...] = (start, source, retired_step, resume, noop, adopt, trust, gate, decommission, upgrade,
+                          converge, retire, post)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.core.errors import BadInput, ReconcilerError
-from reconciler.core.model import ActionKind, Desired, FileSpec, Observed, ObservedService, Plan
+from reconciler.core.memo import ByIdentity
+from reconciler.core.model import ActionKind, Desired, DesiredService, FileSpec, Observed, ObservedService, Plan
 from reconciler.core.yamlfile import Problem, RepoProblems
 from reconciler.fleet.facts import Published, for_review, said
 from reconciler.fleet.rollout import plan_rollout
@@ -200,10 +201,24 @@ def plain_text_secrets(tree: Tree, repo: DeploymentRepo, keys: Iterable[Any]) ->
 
 def as_applied(desired: Desired) -> Observed:
     """What a node observes once ``desired`` is applied and healthy."""
-    return Observed(desired.node, tuple(
-        ObservedService(s.name, s.runtime.driver, True, s.hash, desired.commit, None, "",
-                        tuple(sorted(s.fingerprint().items())), "", s.files)
-        for s in desired.services))
+    return Observed(desired.node, tuple(_applied(s, desired.commit) for s in desired.services))
+
+
+# A stand-in (``render.node.stand_in``) is one object on every node that does not render its
+# service: applied, it reads the same on each, so it is made once per commit, not per node
+# (most of a one-service change's diff is the services it does not change).
+_APPLIED: ByIdentity[ObservedService] = ByIdentity(4096)
+
+
+def _applied(s: DesiredService, commit: str) -> ObservedService:
+    key = (id(s), commit)
+    hit = _APPLIED.get(key) if not s.files else None  # a rendered service is a node's own: never met again
+    if hit is None:
+        hit = ObservedService(s.name, s.runtime.driver, True, s.hash, commit, None, "",
+                              tuple(sorted(s.fingerprint().items())), "", s.files)
+        if not s.files:
+            _APPLIED.put(key, hit, s)
+    return hit
 
 
 def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:

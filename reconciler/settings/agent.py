@@ -172,8 +172,15 @@ class AgentConfig:
     """Random extra delay per poll, plus a fixed per-node offset, so a fleet does not poll in step."""
     supervise_interval: float = 2.0
     """Seconds between liveness checks of the services (agent daemon)."""
+    wait_poll: float = 1.0
+    """Seconds between wait-polls while a pass waits for the rollout's batch before (agent
+    daemon): a look at the notes tips of the few nodes it waits on (the probe's files, else a
+    fetch of those refs), and a pass at once when one moved. 0: only the normal polls."""
     min_free_mb: float = 16.0
     """A pass stops before changing anything when the state dir's filesystem has less free (DISK_FULL)."""
+    max_parallel: int = 8
+    """How many services that do not depend on each other a pass starts, restarts and holds
+    healthy at once (Nomad's word); 1: one after another. Side effects still take turns."""
     ssh_command: str | None = None
     """GIT_SSH_COMMAND for ssh:// remotes (key, port, known hosts)."""
     note_key: Path | None = None

@@ -84,18 +84,25 @@ def load_config(path_: Path | None, overrides: dict[str, Any],
         add("node", f"node name {values['node']!r} must be letters, digits, '.', '_' or '-'")
     interval, jitter = seconds("interval", 60.0), seconds("jitter", 10.0, zero=True)
     supervise, free = seconds("supervise_interval", 2.0), seconds("min_free_mb", 16.0, zero=True, most=float(1 << 40))
+    wait_poll = seconds("wait_poll", 1.0, zero=True)
     note_key = path(values.get("note_key"), ("note_key",), p, flag="note_key" in flags)
+    parallel = values.get("max_parallel", 8)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= MOST_PARALLEL:
+        add("max_parallel", f"max_parallel: {parallel!r} must be a whole number from 1 to {MOST_PARALLEL}")
+        parallel = 1
     p.done()
     try:
         return AgentConfig(
             node=str(values["node"]), remote=str(remote), branch=str(values.get("branch", "main")),
-            state_dir=state_dir, interval=interval, jitter=jitter, supervise_interval=supervise,
-            min_free_mb=free, ssh_command=values.get("ssh_command"), note_key=note_key, trust=trust,
-            host=host, metrics=metrics_, notify=notify_, secrets=secrets, remotes=remotes_, docker=docker_,
-            receiver=receiver_)
+            state_dir=state_dir, interval=interval, jitter=jitter, supervise_interval=supervise, wait_poll=wait_poll,
+            min_free_mb=free, max_parallel=parallel, ssh_command=values.get("ssh_command"), note_key=note_key,
+            trust=trust, host=host, metrics=metrics_, notify=notify_, secrets=secrets, remotes=remotes_,
+            docker=docker_, receiver=receiver_)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad setting: {exc}", file=p.file) from exc
 
+
+MOST_PARALLEL = 256  # a thread each while they hold: more would be a typo, not a node
 
 TRUST_FLAGS = ("allowed_signers", "gpg_home", "revoked", "policy", "sealers", "require_branch_binding")
 

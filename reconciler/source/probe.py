@@ -33,6 +33,10 @@ MAX_BYTES = 64 * 1024  # a tips file lists branches; one this big is not one
 class ProbeFailed(Exception):
     """The probe could not say (no answer, an HTTP error, a file that is not a tips file)."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status, when the server answered one
+
 
 def read_tips(url: str, timeout: float = TIMEOUT) -> dict[str, str]:
     """GET the tips file at ``url``: ref name -> commit id."""
@@ -52,7 +56,7 @@ def read_tips(url: str, timeout: float = TIMEOUT) -> dict[str, str]:
         resp = conn.getresponse()
         body = resp.read(MAX_BYTES + 1)
         if resp.status != 200:
-            raise ProbeFailed(f"HTTP {resp.status} {resp.reason}")
+            raise ProbeFailed(f"HTTP {resp.status} {resp.reason}", resp.status)
     except (OSError, http.client.HTTPException) as exc:
         raise ProbeFailed(str(exc) or type(exc).__name__) from None
     finally:
@@ -124,13 +128,23 @@ class TipProbe:
         nothing, no answer). Only a hint, as the tips file: a waiting node uses it to skip the
         git read of its sentinel when that names the note it already has (``node.peers``), and reads
         the batch before whole with git every 300 s however still the hint."""
+        try:
+            return self.notes_tip(node)
+        except ProbeFailed as exc:
+            log.debug("notes tip of %s from %s: %s", node, self.shown, exc)
+            return None
+
+    def notes_tip(self, node: str) -> str | None:
+        """``note_tip``, which tells a node with no notes ref (no file: None) from a probe that
+        cannot say (``ProbeFailed``): a waiting node's wait-poll (``node.peers.notes_moved``)."""
         parts = urlsplit(self.url)
         url = urlunsplit(parts._replace(path=f"{parts.path}.notes/{quote(node, safe='')}"))
         try:
             return read_tips(url).get(NOTES_PREFIX + node)
         except ProbeFailed as exc:
-            log.debug("notes tip of %s from %s: %s", node, self.shown, exc)
-            return None
+            if exc.status == 404:
+                return None
+            raise
 
     def checked(self, ref: str, head: str, local: str | None) -> None:
         """Git answered ``head`` for ``ref``. A probe that named the node's own head while git has

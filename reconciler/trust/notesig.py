@@ -196,7 +196,7 @@ class NoteTrust:
     def _authorities(self) -> tuple[sshsig.AllowedSigner, ...]:
         return tuple(s for s in self.signers if s.cert_authority)
 
-    @property
+    @cached_property
     def timeless(self) -> bool:
         """No key of it has a validity window (nor a certificate's): a note's verdict holds for
         good, and a reader need not judge it again as time passes."""

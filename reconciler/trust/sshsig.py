@@ -36,6 +36,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from reconciler.core.errors import BadInput
 from reconciler.trust.sshkeys import (
@@ -139,12 +140,18 @@ def _match_pattern_list(name: str, patterns: str) -> int:
         sub, i = pattern[i:end], end + 1
         if len(sub) >= 1023:
             return 0
-        regex = b"".join(b".*" if c == 42 else b"." if c == 63 else re.escape(bytes([c])) for c in sub)
-        if re.fullmatch(regex, subject, re.S):
+        # no wildcard: the pattern matches itself only (a fleet's trust/nodes has one such per node,
+        # too many for the regex cache)
+        if sub == subject if b"*" not in sub and b"?" not in sub else _wildcard(sub).fullmatch(subject):
             if negated:
                 return -1
             result = 1
     return result
+
+
+@lru_cache(maxsize=256)
+def _wildcard(sub: bytes) -> re.Pattern[bytes]:
+    return re.compile(b"".join(b".*" if c == 42 else b"." if c == 63 else re.escape(bytes([c])) for c in sub), re.S)
 
 
 @dataclass(frozen=True)
