@@ -99,7 +99,8 @@ class Resolver:
         from reconciler.repo.load import load_repo
         from reconciler.repo.tree import GitTree
 
-        repo = checked(load_repo(GitTree(self._git(), commit)))
+        # as this node reads it: its own services in full, of the others what it reads of them
+        repo = checked(load_repo(GitTree(self._git(), commit), node=self.node))
         if aborted:
             repo = replace(repo, cutover_aborted=True)
         if repo.secret_files:

@@ -27,6 +27,7 @@ from reconciler.core.model import Desired, DesiredService, FileSpec, Runtime
 from reconciler.drivers.kinds import ACCOUNTS, find
 from reconciler.render.environment import render_template, service_environment
 from reconciler.render.facts import NodeFacts
+from reconciler.render.merge import render_merged
 from reconciler.render.runtime import Run, render_runtime
 from reconciler.render.sandbox import Budget, Sandbox
 from reconciler.render.variables import (
@@ -103,7 +104,8 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
         if decl.template is not None:
             tpl = svc.template_path(decl.template)
             text = render_template(env, ctx, name=tpl, text=None, file=svc.file, line=decl.line, node=node,
-                           service=svc.name, what=decl.path, budget=budget)
+                           service=svc.name, what=decl.path, budget=budget) if decl.merge is None else \
+                render_merged(env, ctx, svc, decl, node, budget)  # overrides of the repo merged over it
             try:
                 content = text.encode("utf-8")
             except UnicodeEncodeError as exc:
@@ -200,9 +202,27 @@ def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts
     budget = Budget(limits or repo.limits)
     names = repo.services_of(node)
     share = node_share(repo, node, facts) if only is None or any(s in only for s in names) else None
-    mine = frozenset(names)
+    standing = {} if only is None else _stand_ins(repo, node, names, only)
     services = tuple(render_service(repo, node, repo.services[s], accounts, budget=budget,
                                     pinned=(pinned or {}).get(s), share=share)
-                     if only is None or s in only else stand_in(repo, node, repo.services[s], mine)
+                     if only is None or s in only else standing[s]
                      for s in names)
     return Desired(node=node, commit=commit, services=services)
+
+
+_STAND_INS: ByIdentity[Mapping[str, DesiredService]] = ByIdentity(1024)
+
+
+def _stand_ins(repo: DeploymentRepo, node: str, names: tuple[str, ...],
+               only: Container[str]) -> Mapping[str, DesiredService]:
+    """The stand-ins of the node's services not in ``only``. A stand-in reads the node's
+    services, driver and ``manual`` only: the nodes of a group share them, made once for all."""
+    nd = repo.node(node)
+    key = (id(repo), names, nd.driver, nd.manual, only) if isinstance(only, frozenset) else None
+    hit = _STAND_INS.get(key) if key is not None else None
+    if hit is None:
+        mine = frozenset(names)
+        hit = {s: stand_in(repo, node, repo.services[s], mine) for s in names if s not in only}
+        if key is not None:
+            _STAND_INS.put(key, hit, repo)
+    return hit

@@ -16,8 +16,10 @@ bounded by ``Limits`` (file size, YAML nodes) and never goes through a symlink (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from fnmatch import fnmatchcase
+from typing import Any
 
 from reconciler.core.errors import BadInput, InvalidRepo
 from reconciler.core.limits import LIMITS, Limits
@@ -35,6 +37,8 @@ from reconciler.repo.checks import (
     selected,
 )
 from reconciler.repo.definitions import DeploymentRepo, FileDecl, GroupDef, NodeDef, ServiceDef
+from reconciler.repo.nodeslice import other_service, read_of_others, slice_of
+from reconciler.repo.overrides import load_merge
 from reconciler.repo.sops import SopsFile
 from reconciler.repo.sops import parse_documents as parse_sops
 from reconciler.repo.steps import Stage, check_steps, parse_post, parse_steps
@@ -59,7 +63,10 @@ def _read(tree: Tree, path: str, limits: Limits, problems: list[Problem]) -> byt
         return None
 
 
-def _doc(tree: Tree, path: str, schema_name: str, problems: list[Problem], limits: Limits) -> YamlDoc | None:
+def _doc(tree: Tree, path: str, schema_name: str, problems: list[Problem], limits: Limits,
+         read: Callable[[Any], Any] | None = None) -> YamlDoc | None:
+    """The file checked against its schema; ``read``: only the part of it that function takes
+    out of it is checked, and kept (what a node reads of a service it does not run)."""
     try:
         raw = _read(tree, path, limits, problems)
     except FileNotFoundError:
@@ -72,7 +79,11 @@ def _doc(tree: Tree, path: str, schema_name: str, problems: list[Problem], limit
     except BadInput as exc:
         problems.append(_problem(exc, path))
         return None
-    found = check_schema(doc, schema_name) + check_driver_names(doc, schema_name)
+    if read is not None:
+        doc = replace(doc, data=read(doc.data))
+        found = check_schema(doc, schema_name)
+    else:
+        found = check_schema(doc, schema_name) + check_driver_names(doc, schema_name)
     problems.extend(found)
     return None if found else doc
 
@@ -104,12 +115,17 @@ def _templates(tree: Tree, base: str, limits: Limits, problems: list[Problem]) -
     return templates
 
 
-def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits) -> ServiceDef | None:
+def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits,
+                  full: bool = True) -> ServiceDef | None:
+    """The service, checked and read in full (``full``), or as far as a node that does not run
+    it reads it (``read_of_others``: no file, template or check of its own read)."""
     base = f"services/{name}"
     file = f"{base}/service.yaml"
-    doc = _doc(tree, file, "service", problems, limits)
+    doc = _doc(tree, file, "service", problems, limits, None if full else read_of_others)
     if doc is None:
         return None
+    if not full:
+        return other_service(name, file, doc)
     data = doc.data
     files: list[FileDecl] = []
     templates = _templates(tree, base, limits, problems)
@@ -142,7 +158,8 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
             except FileNotFoundError:
                 problems.append(Problem(file, line, f"source {src!r} not found at {rel}"))
         default_mode = 0o755 if src is not None and src.endswith((".py", ".sh")) else 0o644
-        files.append(FileDecl(f["path"], _mode(f.get("mode"), default_mode), tpl, src, line))
+        merge = load_merge(tree, f, i, tpl, templates, limits, file, line, problems)
+        files.append(FileDecl(f["path"], _mode(f.get("mode"), default_mode), tpl, src, line, merge))
     for i, rule in enumerate(data.get("on_change", [])):
         # A rule for no file is a typo that never applies: the change it meant takes the default.
         if isinstance(rule, dict) and "file" in rule and files and not any(
@@ -191,9 +208,13 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
     )
 
 
-def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
+def load_repo(tree: Tree, limits: Limits = LIMITS, node: str | None = None) -> DeploymentRepo:
     """Read and check the whole repo; raise ``RepoProblems`` listing everything wrong.
-    ``limits`` bound what is read here and travel with the repo to ``render``."""
+    ``limits`` bound what is read here and travel with the repo to ``render``. ``node``: the
+    repo as that node reads it (issue 40): the settings, the inventory, the secrets and its own
+    services (and what they depend on) checked in full; of another node's service only what it
+    reads of it (``read_of_others``), its files and templates neither read nor checked. The
+    nodes that run it refuse it; ``validate`` and the review, which give no node, check all."""
     problems: list[Problem] = []
     settings = _doc(tree, "reconciler.yaml", "reconciler", problems, limits)
     inventory = _doc(tree, "inventory.yaml", "inventory", problems, limits)
@@ -205,9 +226,20 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
     except BadInput as exc:
         names, unreadable = [], True
         problems.append(_problem(exc, "services"))
+    mine = slice_of(node, settings, inventory)
+    full = set(names) if mine is None else set()
+    loaded: dict[str, ServiceDef | None] = {}
+    wanted = sorted(mine or ())
+    while wanted:  # a node's own services, and what they depend on, in full
+        name = wanted.pop(0)
+        if name in full or name not in names or not tree.exists(f"services/{name}/service.yaml"):
+            continue
+        full.add(name)
+        svc = loaded[name] = _load_service(tree, name, problems, limits)
+        wanted += svc.depends_on if svc is not None else ()
     for name in names:
         if tree.exists(f"services/{name}/service.yaml"):
-            svc = _load_service(tree, name, problems, limits)
+            svc = loaded[name] if name in loaded else _load_service(tree, name, problems, limits, name in full)
             if svc is not None:
                 services[name] = svc
         else:
@@ -280,7 +312,9 @@ def load_repo(tree: Tree, limits: Limits = LIMITS) -> DeploymentRepo:
         == "templated",
         inventory_lines=inventory.lines,
     )
-    problems = check_drivers(repo)
+    # A node reads only its own services in full: what another's driver needs of another's is theirs.
+    others = {svc.file for name, svc in services.items() if name not in full}
+    problems = [p for p in check_drivers(repo) if p.file not in others]
     if not problems:
         problems = check_planes(repo, {n: d.line for n, d in nodes.items()})
     if problems:
