@@ -8,7 +8,7 @@ left out of [network] and [compute] (Open vSwitch, libvirt and the Neutron agent
 modules, /dev/kvm and privileged host mounts), `network_interface: lo` so every service listens on
 127.0.0.1, haproxy, keepalived and proxysql off (one node, no VIP: keepalived needs NET_ADMIN, and
 proxysql would listen on the database's own address and port), fluentd off (it needs the host's
-log directories and kolla's customise_fluentd filter).
+log directories, and the inputs kolla's find_custom_fluentd_inputs task finds there).
 """
 
 from __future__ import annotations
@@ -145,11 +145,12 @@ def build_standin(client: docker.DockerClient, base: str, owners: set[str], name
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:
         for name, data, mode in (
-            ("Dockerfile", (f"FROM {base}\nCOPY kolla_standin.py /usr/local/lib/kolla_standin.py\n"
+            ("Dockerfile", (f"FROM {base}\nCOPY kolla_standin.py kolla_standin_health.py /usr/local/lib/\n"
                             f"RUN [\"python3\", \"/usr/local/lib/kolla_standin.py\", \"install\", "
                             + ", ".join(json.dumps(u) for u in sorted(owners)) + "]\n"
                             "CMD [\"kolla_start\"]\n").encode(), 0o644),
             ("kolla_standin.py", STANDIN.read_bytes(), 0o755),
+            ("kolla_standin_health.py", (STANDIN.parent / "kolla_standin_health.py").read_bytes(), 0o644),
         ):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), mode

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.importers.kolla_services import KollaFile, KollaService
-from reconciler.repo.overrides import part_pattern, path_parts, templated
+from reconciler.repo.overrides import part_matches, path_parts, templated
 
 CUSTOM = re.compile(r"\{\{\s*node_custom_config\s*\}\}/(.+)")
 CONFIG = "kolla-config"
@@ -52,7 +52,7 @@ def reads(f: KollaFile, rel: Path) -> bool:
     for source in sources or ():
         parts = path_parts(source)
         if len(parts) == len(target) and all(
-                (part_pattern(p).fullmatch(t) is not None) if templated(p) else p == t
+                part_matches(p, t) if templated(p) else p == t
                 for p, t in zip(parts, target, strict=True)):
             return True
     return False

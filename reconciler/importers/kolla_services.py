@@ -242,7 +242,8 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
         # The role's project_name names the config dir in some roles' tasks (rabbitmq, mariadb).
         given = {**({"project_name": project} if isinstance(project, str) else {}), **(task.get("vars") or {})}
         sources = args.get("sources") if "merge" in module else [args.get("src")]
-        if not isinstance(sources, list) or not sources or not isinstance(sources[0], str):
+        listed = isinstance(sources, list) and bool(sources) and isinstance(sources[0], str)
+        if not listed and not ("merge" in module and isinstance(sources, str)):
             continue
         loop = str(task.get("with_dict", ""))
         chosen = str((task.get("vars") or {}).get("service", ""))
@@ -254,6 +255,11 @@ def _files(release: KollaRelease, resolver: Resolver, role: str, name: str, spec
                 continue
         elif f"/{name}/" not in _dest(str(args.get("dest", "")), given, name):
             continue
+        if not listed:  # prometheus.yml: its sources are the files an ansible find task found
+            notes.append(f"roles/{role}/tasks/{file}: {task.get('name', module)!r}: {module} of sources {sources!r}, "
+                         "a list made at run time; not carried over")
+            continue
+        assert isinstance(sources, list)
         src = ITEM_KEY.sub(name, sources[0]).replace("{{ role_path }}/templates/", "")
         dest = _dest(ITEM_KEY.sub(name, str(args.get("dest", ""))), given, name)
         owner = str(task.get("_role", role))

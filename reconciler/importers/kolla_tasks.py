@@ -19,6 +19,10 @@ TASK_RESULTS: dict[str, dict[str, str]] = {"keystone": {
         "{%- set total = (fernet_key_rotation_interval | int) // 60 -%}"
         "{%- set per = total * (groups['keystone'] | length) -%}"
         "{%- set off = total * groups['keystone'].index(inventory_hostname) -%}"
+        # kolla's RotationIntervalTooLong: a node with no job would never rotate its keys.
+        "{%- if total > 10080 -%}{{ fernet_rotation_interval_too_long | mandatory('fernet_key_rotation_interval: "
+        "unable to schedule fernet key rotation with an interval greater than 1 week divided by the number of "
+        "hosts (kolla-ansible refuses it too)') }}{%- endif -%}"
         "{%- set ns = namespace(jobs=[]) -%}"
         "{%- if per > 1440 -%}{%- for t in range(off, 10080 - total + 1, per) -%}"
         "{%- set ns.jobs = ns.jobs + [{'min': t % 60, 'hour': t % 60, 'day': t // 1440}] -%}{%- endfor -%}"

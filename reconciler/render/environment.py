@@ -31,8 +31,10 @@ from reconciler.render.secrets import SecretUnreadable
 class _RepoLoader(jinja2.BaseLoader):
     """Templates by their repo path, so errors name ``services/x/templates/y.j2``. An include or
     import names a template relative to the service's templates/ (or by its repo path); a name
-    with ``..`` or a leading ``/`` is not found: a template reads only its own service's
-    templates, already loaded (no symlink among them, see ``repo.tree``), never the disk."""
+    with ``..`` or a leading ``/`` is not found: a template reads only the files its service
+    already loaded (no symlink among them, see ``repo.tree``), never the disk: its own service's
+    templates and, by their repo path, the override files its ``merge`` entries may read
+    (``repo.overrides``), which the service's files read anyway."""
 
     def __init__(self, sources: Mapping[str, str], base: str) -> None:
         self.sources = sources

@@ -96,7 +96,9 @@ def render_merged(env: Sandbox, ctx: Mapping[str, Any], svc: ServiceDef, decl: F
         line = exc.line
         if exc.index is not None:  # yaml_merge: the document it could not merge
             at, line = exc.index, None
-        raise _error(node, svc, decl, names[at], at == 0, str(exc), line) from exc
+        # A line of the rendered text is the file's own only when rendering changed nothing.
+        own = texts[at] == env.sources.get(names[at])
+        raise _error(node, svc, decl, names[at], at == 0, str(exc), line, own) from exc
 
 
 def _yaml(text: str, name: str, max_nodes: int) -> Any:
@@ -108,15 +110,18 @@ def _yaml(text: str, name: str, max_nodes: int) -> Any:
 
 
 def _error(node: str, svc: ServiceDef, decl: FileDecl, name: str, template: bool, why: str,
-           line: int | None) -> RenderError:
-    """One line naming the file that would not merge; for the template, its rendered text's line
-    (its own lines may differ)."""
+           line: int | None, own: bool) -> RenderError:
+    """One line naming the file that would not merge, at its own line when its rendered text is
+    its text (``own``), else at its rendered text's line (a template's lines are not its
+    output's: a block tag's line goes, a value may span lines)."""
+    fmt = decl.merge.format.upper() if decl.merge else ""
+    at = f" (line {line} of its rendered text)" if line and not own else ""
+    line = line if own else None
     if template:
-        at = f" (line {line} of its rendered text)" if line else ""
         return RenderError(f"node {node}, service {svc.name}: {decl.path}: the rendered template is not "
-                           f"{decl.merge.format.upper() if decl.merge else ''}{at}: {why}", file=name)
-    return RenderError(f"node {node}, service {svc.name}: merged into {decl.path}: not "
-                       f"{decl.merge.format.upper() if decl.merge else ''}: {why}", file=name, line=line)
+                           f"{fmt}{at}: {why}", file=name, line=line)
+    return RenderError(f"node {node}, service {svc.name}: merged into {decl.path}: not {fmt}{at}: {why}",
+                       file=name, line=line)
 
 
 def _path(env: Sandbox, ctx: Mapping[str, Any], svc: ServiceDef, decl: FileDecl, text: str, node: str,

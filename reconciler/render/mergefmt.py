@@ -10,9 +10,13 @@ make them, so a repo imported from kolla renders the very bytes kolla writes. Pu
   come first, without a header.
 - ``yaml_merge``: kolla's ``merge_yaml``: each document a mapping (empty: none), merged
   recursively (a later value wins; a later list extends the earlier one with ``extend_lists``),
-  dumped by PyYAML with its defaults (keys sorted, block style).
+  dumped as kolla dumps it: ``yaml.dump`` with its default ``Dumper`` (keys sorted, block
+  style; a ``!!omap`` or ``!!pairs`` entry written as ``!!python/tuple``, as kolla writes it).
+  A document nested deeper than ``MAX_DEPTH`` is refused (the merge and the dump recurse).
 
-Errors are ``MergeError`` with the line of the file being read, where there is one.
+Errors are ``MergeError`` with the line of the file being read, where there is one; they never
+quote the file's text (an override may hold a password, and a quoted piece of one is a piece
+the node's redactor no longer recognises).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import yaml
 # kolla's name for the section of keys written before any section header.
 ORPHAN = "TEMPORARY_ORPHAN_VARIABLE_SECTION"
 
+MAX_DEPTH = 100  # mappings and lists in one YAML document, one inside the other
 Values = list[list[str]]  # a key's values in one file: each a first line and its continuations
 
 
@@ -82,7 +87,8 @@ class IniMerge:
                 continue
             if line.startswith((" ", "\t")):
                 if key is None:
-                    raise MergeError(f"unexpected continuation line {line[:60]!r}", number)
+                    raise MergeError("unexpected continuation line (it starts with a space or a tab, no key above it)",
+                                     number)
                 value.append(line.lstrip())
                 continue
             if key:
@@ -90,7 +96,7 @@ class IniMerge:
                 key, value = None, []
             if line.startswith("["):
                 if not line.endswith("]"):
-                    raise MergeError(f"invalid section (must end with ]): {line[:60]!r}", number)
+                    raise MergeError("invalid section (must end with ])", number)
                 if len(line) <= 2:
                     raise MergeError("empty section name", number)
                 current = section(line[1:-1])
@@ -123,13 +129,13 @@ class IniMerge:
 def _key_value(line: str, number: int) -> tuple[str, list[str]]:
     colon, equal = line.find(":"), line.find("=")
     if colon < 0 and equal < 0:
-        raise MergeError(f"no ':' or '=' in {line[:60]!r}", number)
+        raise MergeError("no ':' or '=' in the line", number)
     at = equal if colon < 0 or 0 <= equal < colon else colon
     key, value = line[:at].strip(), line[at + 1:].strip()
     if value and value[0] == value[-1] and value.startswith(('"', "'")):
         value = value[1:-1]
     if not key:
-        raise MergeError(f"empty key in {line[:60]!r}", number)
+        raise MergeError("empty key before its ':' or '='", number)
     return key, [value]
 
 
@@ -142,11 +148,27 @@ def yaml_merge(docs: list[Any], extend_lists: bool, tick: Callable[[], None] = l
         doc = doc or {}
         if not isinstance(doc, dict):
             raise MergeError(f"a YAML {type(doc).__name__}, not a mapping", index=i)
+        if _deeper(doc, MAX_DEPTH, tick):
+            raise MergeError(f"nested deeper than {MAX_DEPTH} levels", index=i)
         try:
             _update(output, doc, extend_lists, tick)
         except (TypeError, AttributeError, IndexError, KeyError) as exc:
             raise MergeError(f"cannot merge it over the files before ({type(exc).__name__}: {exc})", index=i) from exc
-    return yaml.dump(output, Dumper=yaml.SafeDumper, default_flow_style=False)
+    return yaml.dump(output, Dumper=yaml.Dumper, default_flow_style=False)  # kolla's: the values are safe_load's
+
+
+def _deeper(doc: Any, limit: int, tick: Callable[[], None]) -> bool:
+    """Whether ``doc`` nests mappings and lists more than ``limit`` deep (a document whose
+    aliases make it hold itself is endless: deeper), walked without recursion."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > limit:
+                return True
+            tick()
+            stack += [(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)]
+    return False
 
 
 def _update(conf: Any, update: Any, extend_lists: bool, tick: Callable[[], None]) -> Any:

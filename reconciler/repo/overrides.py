@@ -9,6 +9,11 @@ rendered, and no part that renders with a ``/``. The files a path may name are r
 load, from the ``Tree`` (which never follows a symlink: one on the way is an error naming it):
 each templated part matches the names of its directory by the part's literal text, so the
 render reads only what the loader read, and never the disk.
+
+Bounds, since this runs at load, before any render budget: at most ``MAX_SOURCES`` paths in a
+``from``, at most ``MAX_BLOCKS`` templated blocks in a part, a part matched against a name in
+linear time (``part_matches``, never a backtracking regex), each directory listed and each file
+read once per service however many paths name it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from reconciler.repo.tree import Tree
 _OPEN = ("{{", "{%", "{#")
 _CLOSE = ("}}", "%}", "#}")
 _BLOCK = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.S)
+MAX_SOURCES = 16  # kolla's longest merge names 5; the schema's maxItems says the same
+MAX_BLOCKS = 4  # templated blocks in one path part (kolla's have one: {{ inventory_hostname }})
 
 
 def path_parts(text: str) -> list[str]:
@@ -66,17 +73,31 @@ def bad_part(part: str) -> str | None:
     return None
 
 
-def part_pattern(part: str) -> re.Pattern[str]:
-    """The names a templated part may render to: its literal text around anything. With
-    whitespace control (``{{-``) the literal text next to it may go too: any name."""
+def part_matches(part: str, name: str) -> bool:
+    """Whether a templated part may render to ``name``: its literal text around anything, as a
+    glob of ``*`` only, matched left to right, each literal piece at its first place after the
+    one before (the earliest place leaves the most room for the rest, so no other needs trying):
+    linear in the name. With whitespace control (``{{-``) the literal text next to it may go
+    too: any name."""
     if any(m in part for m in ("{{-", "-}}", "{%-", "-%}")):
-        return re.compile(r".*", re.S)
+        return True
     pieces, at = [], 0
     for m in _BLOCK.finditer(part):
-        pieces += [re.escape(part[at:m.start()]), ".*"]
+        pieces.append(part[at:m.start()])
         at = m.end()
-    pieces.append(re.escape(part[at:]))
-    return re.compile("".join(pieces), re.S)
+    pieces.append(part[at:])
+    if len(pieces) == 1:
+        return name == pieces[0]
+    head, tail = pieces[0], pieces[-1]
+    if len(name) < len(head) + len(tail) or not name.startswith(head) or not name.endswith(tail):
+        return False
+    at, end = len(head), len(name) - len(tail)
+    for piece in pieces[1:-1]:
+        found = name.find(piece, at, end)
+        if found < 0:
+            return False
+        at = found + len(piece)
+    return True
 
 
 def parse_merge(spec: Mapping[str, Any], where: str) -> Merge | str:
@@ -89,10 +110,14 @@ def parse_merge(spec: Mapping[str, Any], where: str) -> Merge | str:
     if spec.get("extend_lists") and fmt != "yaml":
         return f"{where}: merge: extend_lists is for format: yaml"
     sources = tuple(str(s) for s in spec["from"])
+    if len(sources) > MAX_SOURCES:
+        return f"{where}: merge: more than {MAX_SOURCES} paths in `from` ({len(sources)})"
     for text in sources:
         parts = path_parts(text)
         if text.startswith("/"):
             return f"{where}: merge: {text!r} is absolute: a path of the repo is relative to its top"
+        if any(len(_BLOCK.findall(p)) > MAX_BLOCKS for p in parts):
+            return f"{where}: merge: {text!r} has a part with more than {MAX_BLOCKS} templated blocks"
         wrong = next((w for p in parts if not templated(p) and (w := bad_part(p))), None)
         if wrong:
             return f"{where}: merge: {text!r} has {wrong}"
@@ -111,17 +136,19 @@ def load_merge(tree: Tree, f: Mapping[str, Any], i: int, tpl: str | None, templa
         problems.append(Problem(file, line, merge if isinstance(merge, str) else
                                 f"files/{i}: merge: only a file rendered from a template merges overrides"))
         return None
-    templates.update(read_overrides(tree, merge, limits, file, line, problems))
+    read_overrides(tree, merge, limits, file, line, problems, templates)
     return merge
 
 
 def read_overrides(tree: Tree, merge: Merge, limits: Limits, file: str, line: int | None,
-                   problems: list[Problem]) -> dict[str, str]:
-    """Every file of the repo a path of ``merge`` may name on some node, repo path -> text. A
-    file not there is none (a missing override is skipped at render); one that cannot be read
-    (a symlink on the way, too large, not UTF-8) is a problem naming it."""
-    out: dict[str, str] = {}
-    for text in merge.sources:
+                   problems: list[Problem], out: dict[str, str]) -> None:
+    """Every file of the repo a path of ``merge`` may name on some node, into ``out`` (repo path
+    -> text; a path already there is not read again). A file not there is none (a missing
+    override is skipped at render); one that cannot be read (a symlink on the way, too large,
+    not UTF-8) is a problem naming it."""
+    listed: dict[str, list[str] | None] = {}
+    seen: set[str] = set()
+    for text in dict.fromkeys(merge.sources):  # the same path twice is read once
         parts = path_parts(text)
         dirs = [""]
         for i, part in enumerate(parts):
@@ -131,21 +158,31 @@ def read_overrides(tree: Tree, merge: Merge, limits: Limits, file: str, line: in
                 if not templated(part):
                     found.append(f"{d}{part}")
                     continue
-                try:
-                    names = tree.listdir(d.rstrip("/") or ".")
-                except BadInput as exc:  # a symlinked directory: refused, named
-                    where = exc.file or d
-                    problems.append(Problem(where, exc.line, f"{str(exc).removeprefix(f'{where}: ')} "
-                                            f"(a directory the merge of {file}:{line or '?'} reads)"))
-                    continue
-                pattern = part_pattern(part)
-                found += [f"{d}{n}" for n in names if pattern.fullmatch(n) and bad_part(n) is None]
+                names = _listdir(tree, d, listed, file, line, problems)
+                found += [f"{d}{n}" for n in names or () if part_matches(part, n) and bad_part(n) is None]
             dirs = found if last else [f"{d}/" for d in found]
         for path in dirs:
+            if path in out or path in seen:
+                continue
+            seen.add(path)
             body = _read(tree, path, limits, problems, exact=not any(templated(p) for p in parts))
             if body is not None:
                 out[path] = body
-    return out
+
+
+def _listdir(tree: Tree, d: str, listed: dict[str, list[str] | None], file: str, line: int | None,
+             problems: list[Problem]) -> list[str] | None:
+    """The names in directory ``d`` (``""``: the top), listed once per merge."""
+    if d in listed:
+        return listed[d]
+    listed[d] = None
+    try:
+        listed[d] = tree.listdir(d.rstrip("/") or ".")
+    except BadInput as exc:  # a symlinked directory: refused, named
+        where = exc.file or d
+        problems.append(Problem(where, exc.line, f"{str(exc).removeprefix(f'{where}: ')} "
+                                f"(a directory the merge of {file}:{line or '?'} reads)"))
+    return listed[d]
 
 
 def _read(tree: Tree, path: str, limits: Limits, problems: list[Problem], exact: bool) -> str | None:
