@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from reconciler.core.errors import CorruptMirror
 from reconciler.drivers.process import check_account
@@ -22,10 +22,11 @@ from reconciler.node.context import Memory, NodeContext
 from reconciler.node.desired import Resolver
 from reconciler.node.keeper import TrustKeeper
 from reconciler.node.localfiles import check_local
-from reconciler.node.peers import fleet_view, notes_moved
+from reconciler.node.peers import fleet_view
 from reconciler.node.reconcile import head, reconcile
 from reconciler.node.report import Reporter, key_loader, notes_ref
 from reconciler.node.run import Request, RunResult
+from reconciler.node.waitpoll import Tips, notes_moved, notes_tips, passed
 from reconciler.source.gitrun import safe_url
 from reconciler.source.mirror import Source
 from reconciler.source.probe import TipProbe
@@ -92,11 +93,13 @@ class Agent:
         ask = Request(fetch, rev, frozenset(only) if only is not None else None, instantiate)
         self.ctx.memory.watch = ()  # what this pass waits on, if it does, it says itself
         try:
-            return reconcile(self.ctx, ask)
+            result = reconcile(self.ctx, ask)
         except CorruptMirror as exc:  # the mirror is a cache: cloned again, and the pass once more
             with self.ctx.state.lock(wait=30):
                 self.ctx.source.repair(exc)
-            return reconcile(self.ctx, ask)
+            result = reconcile(self.ctx, ask)
+        passed(self.ctx)  # the notes tips a wait-poll saw move: read by this pass
+        return result
 
     # the parts, for the command line and the daemon ------------------------------------------
     @property
@@ -153,7 +156,14 @@ class Agent:
         it did not wait on one): what the daemon's wait-polls look at."""
         return self.ctx.memory.watch
 
-    def notes_moved(self, nodes: Iterable[str]) -> tuple[str, ...]:
-        """A wait-poll (``node.peers.notes_moved``): those of ``nodes`` whose notes tip moved."""
-        return notes_moved(self.ctx, nodes)
+    def notes_tips(self, nodes: Iterable[str]) -> dict[str, str | None] | None:
+        """A wait-poll's first step (``node.waitpoll.notes_tips``): the probe's word, no lock needed."""
+        return notes_tips(self.ctx, nodes)
+
+    def notes_moved(self, nodes: Iterable[str], tips: Tips | None | Literal["ask"] = "ask",
+                    may_fetch: Callable[[], bool] | None = None) -> tuple[str, ...] | None:
+        """A wait-poll (``node.waitpoll.notes_moved``): those of ``nodes`` whose notes tip moved.
+        ``tips``: what ``notes_tips`` read ("ask": read them now)."""
+        nodes = tuple(nodes)
+        return notes_moved(self.ctx, nodes, notes_tips(self.ctx, nodes) if isinstance(tips, str) else tips, may_fetch)
 

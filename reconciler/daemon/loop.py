@@ -129,6 +129,9 @@ class _Running:
         # which a skipped pass would cost a whole interval; a re-execution holds it until the execv.
         if not self.polling.acquire(timeout=WaitPolls.HELD):
             return
+        if self.stopping.is_set():  # stopped while it waited: no pass begins now
+            self.polling.release()
+            return
         shed_now = False
         try:
             result = self.agent.reconcile_once()
@@ -138,8 +141,10 @@ class _Running:
             self.waits.after(result.waiting)
             shed_now = self.shedding.after(result)
         except Busy:
+            self.waits.busy()
             return
         except ReconcilerError as exc:
+            self.waits.after("")  # no wait-poll cuts its back-off short
             self.shedding.after(None)
             self.outputs(None, exc)
             node = self.cfg.node

@@ -156,23 +156,33 @@ class Every:
 
 class WaitPolls:
     """While a pass waits in the rollout on other nodes' notes: a wait-poll every ``wait_poll``
-    seconds (``Agent.notes_moved``: their tips, from the probe or a fetch of those refs alone),
-    and the pass made due at once (``polls.now()``) when one moved, so a wave starts on the note
-    of the wave before, not on the next poll. Outside a wait, its thread sleeps (made only when
-    a pass first waits). ``polling``: the daemon's one-pass-at-a-time lock (a pass in flight
-    reads the notes itself)."""
+    seconds (``Agent.notes_tips``, then ``Agent.notes_moved``: their tips, from the probe or a
+    fetch of those refs alone), and the pass made due at once (``polls.now()``) when one moved,
+    so a wave starts on the note of the wave before, not on the next poll. Outside a wait, its
+    thread sleeps (made only when a pass first waits). ``polling``: the daemon's
+    one-pass-at-a-time lock, held for the mirror's part only (the probe's GETs are not behind
+    it; a pass in flight reads the notes itself)."""
 
     ASLEEP = 3600.0
-    HELD = 30.0  # seconds a pass waits for a wait-poll in flight (a few small GETs, or one fetch)
+    HELD = 30.0  # seconds a pass waits for a wait-poll in flight (its one fetch, if it fetches)
+    # A wait-poll that fetches (no probe, or one down or doubted) is a git request to the git
+    # server: at most this often, or a waiting fleet would ask it once a second a node.
+    FETCH_EVERY = 10.0
+    BUSY_PAUSE = 5.0  # after a pass found the node's lock held: the next try of what it was for
 
     def __init__(self, agent: Agent, polls: Every, polling: threading.Lock, stop: threading.Event,
-                 wait_poll: float) -> None:
+                 wait_poll: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.agent, self.polls, self.polling, self.stop, self.wait_poll = agent, polls, polling, stop, wait_poll
+        self.clock = clock
         self.watch: tuple[str, ...] = ()
         self.timer: Every | None = None
+        self.fetch_due = float("-inf")
+        self.passes = 0  # passes ended (``after``): a probe's word read before one is stale
 
     def after(self, waiting: str) -> None:
-        """A pass ended (``waiting``: why it waits, if it does): wait-poll what it waits on, if anything."""
+        """A pass ended (``waiting``: why it waits, if it does; "" as well for a pass that
+        failed, whose back-off a wait-poll must not cut short): wait-poll what it waits on."""
+        self.passes += 1
         self.watch = self.agent.waiting_on() if waiting and self.wait_poll > 0 else ()
         if not self.watch:
             return
@@ -182,25 +192,41 @@ class WaitPolls:
         else:
             self.timer.soon(self.wait_poll)
 
+    def busy(self) -> None:
+        """The pass found the node's lock held: the watch stays (what a wait-poll saw is said
+        again), a little later."""
+        if self.timer is not None and self.watch:
+            self.timer.later(max(self.wait_poll, self.BUSY_PAUSE))
+
     def tick(self) -> None:
         watch = self.watch
         if not watch:
             assert self.timer is not None
             self.timer.later(self.ASLEEP)  # until a pass waits again (``after``)
             return
-        if not self.polling.acquire(blocking=False):
+        passes = self.passes
+        tips = self.agent.notes_tips(watch)
+        if self.stop.is_set() or not self.polling.acquire(blocking=False):
             return
         try:
-            moved = self.agent.notes_moved(watch)
+            if self.passes != passes:  # a pass fetched the notes since: the tips read are older
+                return
+            moved = self.agent.notes_moved(watch, tips, self._may_fetch)
         except ReconcilerError as exc:  # the remote away: the next wait-poll, or the next pass, says
             log.debug("%s: wait-poll: %s", self.agent.cfg.node, exc)
             return
         finally:
             self.polling.release()
-        if moved:
+        if moved and self.watch:  # (a pass that failed meanwhile: its back-off holds)
             log.info("%s: the notes of %s moved: polling now", self.agent.cfg.node, ", ".join(moved))
-            self.watch = ()
             self.polls.now()
+
+    def _may_fetch(self) -> bool:
+        now = self.clock()
+        if now < self.fetch_due:
+            return False
+        self.fetch_due = now + max(self.wait_poll, self.FETCH_EVERY)
+        return True
 
     def wake(self) -> None:
         if self.timer is not None:

@@ -53,9 +53,13 @@ class Memory:
     pulled_ahead: set[str] = field(default_factory=set)  # commits whose images a wait pulled
     quiet: Quiet | None = None  # a waiting node's still batch before (``fleet.rollout``)
     # The nodes whose notes the last pass's wait hangs on (a few at most): the daemon's wait-polls
-    # look at their tips (``node.peers.notes_moved``); and each tip that sent one to a pass already.
+    # look at their tips (``node.waitpoll.notes_moved``). ``told``: tips a wait-poll said moved, no
+    # pass run since (said again until one ran); ``handled``: those a pass ran after; a notes probe
+    # whose tip a pass found git not to have is ``notes_doubted`` until it names git's tips again.
     watch: tuple[str, ...] = ()
     told: dict[str, str | None] = field(default_factory=dict)
+    handled: dict[str, str | None] = field(default_factory=dict)
+    notes_doubted: bool = False
     note_trust: tuple[str | None, NoteTrust] | None = None  # the commit whose trust/nodes it is
     _said: dict[Hashable, None] = field(default_factory=dict)
 

@@ -52,14 +52,16 @@ def fleet_view(ctx: NodeContext, nodes: Iterable[str] | None = None, trusted: st
     from reconciler.fleet.view import FLEET_PREFIX  # pygit2: only once the fleet is read
     from reconciler.fleet.view import fleet_view as read_fleet
 
-    _fetch_notes(ctx, nodes)
+    fetch_notes(ctx, nodes)
     # its own ref is fresher than what it fetched back, once it has one (a state dir that has
     # noted nothing, a view from another state dir, reads the remote's)
     own = {ctx.node: ctx.reporter.ref} if ctx.reporter.ref in ctx.source.repo.references else {}
     return read_fleet(ctx.source.repo, FLEET_PREFIX, own, note_trust_of(ctx, trusted), ctx.clock())
 
 
-def _fetch_notes(ctx: NodeContext, nodes: Iterable[str] | None) -> None:
+def fetch_notes(ctx: NodeContext, nodes: Iterable[str] | None) -> None:
+    """Fetch the notes of ``nodes`` (None: every node's) from the read remote (``fleet_view``,
+    a wait-poll without a probe)."""
     from reconciler.fleet.view import FLEET_PREFIX
 
     if nodes is None:
@@ -123,42 +125,6 @@ def rollout_gate(ctx: NodeContext, repo: DeploymentRepo, commit: str, *, barrier
 # A waiting node's wait-poll reads at most this many notes tips: the batch before a node of a
 # large wave can be hundreds. Each note that ends a wait is seen once it is among the few left.
 WATCH_AT_MOST = 4
-
-
-def notes_moved(ctx: NodeContext, nodes: Iterable[str]) -> tuple[str, ...]:
-    """A wait-poll: which of ``nodes`` have a notes tip other than the one this node fetched
-    last, by the read remote's probe (a few hundred bytes a node, no git), else by a fetch of
-    those refs alone (one git request; nothing moved, nothing transferred). A hint to look,
-    nothing more: the pass it starts fetches and judges the notes as always. A tip that sent
-    this node to a pass once does not again (a probe that names a tip git does not have would
-    otherwise cost a fetch every wait-poll)."""
-    from reconciler.fleet.view import FLEET_PREFIX
-    from reconciler.source.probe import ProbeFailed
-
-    nodes = tuple(n for n in nodes if n != ctx.node)
-    mine = {n: _local(ctx, f"{FLEET_PREFIX}{n}") for n in nodes}
-    probe = ctx.source.probes.get(ctx.source.url)
-    tips: dict[str, str | None] | None = None
-    if probe is not None:
-        try:
-            tips = {n: probe.notes_tip(n) for n in nodes}
-        except ProbeFailed as exc:
-            log.debug("%s: wait-poll: the probe cannot say (%s): fetching the notes", ctx.node, exc)
-    if tips is None:
-        _fetch_notes(ctx, nodes)
-        tips = {n: _local(ctx, f"{FLEET_PREFIX}{n}") for n in nodes}
-    told = ctx.memory.told
-    moved = tuple(n for n in nodes if tips[n] != mine[n] and told.get(n, "") != tips[n])
-    ctx.memory.told = {n: tips[n] for n in moved} | {n: t for n, t in told.items() if n in nodes and n not in moved}
-    return moved
-
-
-def _local(ctx: NodeContext, ref: str) -> str | None:
-    try:
-        return read_ref(ctx.source.path, ref)
-    except NotPlain:
-        ref_ = ctx.source.repo.references.get(ref)
-        return None if ref_ is None else str(ref_.target)
 
 
 def _rollout_gate(ctx: NodeContext, repo: DeploymentRepo, commit: str, *, barriers: bool = False,

@@ -28,6 +28,11 @@ log = logging.getLogger("reconciler.probe")
 
 TIMEOUT = 10.0
 MAX_BYTES = 64 * 1024  # a tips file lists branches; one this big is not one
+# A notes file is a hundred bytes on the same web server, read by a waiting node every second:
+# one that does not come at once is not waited for long, and a probe that did not answer is
+# asked again only after a back-off (git reads the notes meanwhile).
+NOTES_TIMEOUT = 2.0
+NOTES_BACKOFF_MAX = 60.0
 
 
 class ProbeFailed(Exception):
@@ -96,6 +101,8 @@ class TipProbe:
     _said: str | None = field(default=None, init=False)  # the head the probe named this poll
     _doubted: bool = field(default=False, init=False)  # caught naming an old head: git until it agrees
     _down: bool = field(default=False, init=False)  # its failure was logged: once per outage
+    _notes_failed: int = field(default=0, init=False)  # notes reads failed in a row: the back-off's exponent
+    _notes_retry: float = field(default=0.0, init=False)  # not asked for notes tips again before this
 
     def unmoved(self, ref: str, local: str | None) -> bool:
         """May this poll skip git? Only when the probe, believed, names ``local`` as the head of
@@ -136,15 +143,27 @@ class TipProbe:
 
     def notes_tip(self, node: str) -> str | None:
         """``note_tip``, which tells a node with no notes ref (no file: None) from a probe that
-        cannot say (``ProbeFailed``): a waiting node's wait-poll (``node.peers.notes_moved``)."""
+        cannot say (``ProbeFailed``): a waiting node's wait-poll (``node.waitpoll.notes_moved``).
+        After a failure, not asked again for a back-off (2 s, doubling up to a minute)."""
+        now = self.clock()
+        if self._notes_failed and now < self._notes_retry:
+            raise ProbeFailed(f"no answer before: asked again in {self._notes_retry - now:.0f}s")
         parts = urlsplit(self.url)
         url = urlunsplit(parts._replace(path=f"{parts.path}.notes/{quote(node, safe='')}"))
         try:
-            return read_tips(url).get(NOTES_PREFIX + node)
+            tip = read_tips(url, NOTES_TIMEOUT).get(NOTES_PREFIX + node)
         except ProbeFailed as exc:
-            if exc.status == 404:
-                return None
-            raise
+            if exc.status != 404:  # 404: a node that noted nothing, from a probe that answers
+                if not self._notes_failed:
+                    log.warning("tip probe %s: no notes tips (%s): asking git until it answers", self.shown, exc)
+                self._notes_failed += 1
+                self._notes_retry = now + min(NOTES_BACKOFF_MAX, 2.0**self._notes_failed)
+                raise
+            tip = None
+        if self._notes_failed:
+            log.info("tip probe %s: notes tips answered again", self.shown)
+            self._notes_failed = 0
+        return tip
 
     def checked(self, ref: str, head: str, local: str | None) -> None:
         """Git answered ``head`` for ``ref``. A probe that named the node's own head while git has
