@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.core import faults
+from reconciler.core.aside import aside, pause
 from reconciler.core.errors import ApplyError
 from reconciler.drivers.base import Unrecorded
 
@@ -162,17 +163,28 @@ def stop_targets(procs: Iterable[Proc], recorded: tuple[int, str] | None = None)
 def terminate(name: str, targets: list[tuple[int, str, bool]]) -> None:
     """SIGTERM, then SIGKILL after STOP_TIMEOUT, to each (pid, start time, whole group?) until
     every one is gone."""
+    def gone() -> bool:
+        return all(start_time_of(pid) != start_time for pid, start_time, _ in targets)
+
     for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 5.0)):
+        signalled = False
         for pid, start_time, group in targets:
             if start_time_of(pid) != start_time:
                 continue
             faults.point("signal", f"{name} {sig.name}")
+            signalled = True
             with contextlib.suppress(ProcessLookupError):
                 (os.killpg if group else os.kill)(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if all(start_time_of(pid) != start_time for pid, start_time, _ in targets):
-                return
-            time.sleep(0.05)
+        if not signalled:
+            return
+
+        def exits(wait: float = wait) -> None:
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and not gone():
+                pause(0.05)
+
+        aside(exits)  # a graceful exit takes its time: a batch's other actions go on meanwhile
+        if gone():
+            return
     left = [pid for pid, start_time, _ in targets if start_time_of(pid) == start_time]
     raise ApplyError(f"service {name}: pid {', '.join(map(str, left))} did not stop")

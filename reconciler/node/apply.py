@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
+from reconciler.core.aside import pause
 from reconciler.core.errors import ApplyError, ReconcilerError
 from reconciler.core.model import (
     LADDER,
@@ -270,7 +271,7 @@ def _do(action: Action, driver: Driver, commit: str, steps: list[str],
     assert svc is not None
 
     def check() -> None:
-        wait(lambda: wait_healthy(driver, svc))
+        wait(lambda: wait_healthy(driver, svc, pause))  # cut short by a Ctrl-C in a batch
 
     match action.kind:
         case ActionKind.NONE:

@@ -10,6 +10,10 @@ a batch runs in a thread of its own, but only the thread whose turn it is may ru
 the turn until it starts waiting (its health check), then hands it to the next action in plan
 order, round and round. Side effects thus happen one at a time, in an order fixed by the plan
 and by what each service does (never by which check happened to pass first); waits overlap.
+A runtime's own wait (an old process's graceful exit) is one too (``core.aside``). The turn is
+not handed to whichever thread's wait ended first: that would number the side effects by
+timing. A Ctrl-C in the main thread stops every action at its next turn or wait step, and the
+main thread unwinds only once they are gone.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from reconciler.core.aside import carry
+from reconciler.core.aside import Stopped, carry, watch
 from reconciler.core.model import Action, ActionKind, rank
 
 T = TypeVar("T")
@@ -72,12 +76,6 @@ class Outcome(Generic[T]):
     error: BaseException | None = None
 
 
-class Stopped(BaseException):
-    """Raised in an action's thread at its next turn once its batch is told to stop: the main
-    thread is unwinding (Ctrl-C), so no side effect may follow. A ``BaseException``, so that no
-    runtime's ``except Exception`` takes it for a failed step and escalates."""
-
-
 class Turns:
     """Whose turn it is among the threads of one batch (see the module's docstring)."""
 
@@ -85,13 +83,13 @@ class Turns:
         self._cond = threading.Condition()
         self._turn = 0
         self._done = [False] * n
-        self._stopping = False
+        self.stopping = threading.Event()  # cuts the waits short (``core.aside.pause``)
 
     def take(self, i: int) -> None:
         with self._cond:
             self._cond.wait_for(lambda: self._turn == i)
-            if self._stopping:
-                raise Stopped
+            if self.stopping.is_set():
+                raise Stopped  # in its turn: what its unwinding does still comes one at a time
 
     def give(self, i: int) -> None:
         """The turn to the next action after ``i`` still under way (``i`` itself last: it may be
@@ -121,7 +119,7 @@ class Turns:
         """Each action stops at its next turn; ``unstarted`` (threads that could not start)
         never take theirs."""
         with self._cond:
-            self._stopping = True
+            self.stopping.set()
             for i in unstarted:
                 self._done[i] = True
             if self._turn >= 0 and self._done[self._turn]:
@@ -145,6 +143,7 @@ def together(tasks: Sequence[Callable[[Wait], T]]) -> list[Outcome[T]]:
     out: list[Outcome[T]] = [Outcome() for _ in tasks]
 
     def run(i: int) -> None:
+        watch(turns.stopping)
         try:
             turns.take(i)
             wait = turns.aside(i)
@@ -154,6 +153,7 @@ def together(tasks: Sequence[Callable[[Wait], T]]) -> list[Outcome[T]]:
             out[i] = Outcome(error=exc)
         finally:
             carry(None)
+            watch(None)
             turns.finish(i)
 
     # Daemon threads: an agent stopped half way (SIGTERM's exit) is not held by a hold.
@@ -166,7 +166,7 @@ def together(tasks: Sequence[Callable[[Wait], T]]) -> list[Outcome[T]]:
     except BaseException:
         # Ctrl-C (or a thread that could not start): the caller is about to unwind (its locks
         # released, its ledger closed), so the actions stop at their next turn, and are gone
-        # before it does. One in its wait stops when its wait ends.
+        # before it does. A wait stops at its next step (``pause``).
         turns.stop([i for i, t in enumerate(threads) if t.ident is None])
         for t in threads:
             if t.ident is not None:
