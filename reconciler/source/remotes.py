@@ -120,10 +120,16 @@ class Remotes:
                 remote = self._origin(repo)
                 remote.fetch(refspec, progress=progress, no_tags=True, kill_after_timeout=GIT_TIMEOUT)
         except git.GitCommandError as exc:
-            stderr = self._stderr(exc, progress)
-            if not retried and self._unlock(stderr, self.path):
-                return self._fetch_shown(refspec, retried=True)
-            raise self._failed("fetch from", stderr, exc.status) from None
+            stderr, status = self._stderr(exc, progress), exc.status
+        else:
+            return None
+        finally:
+            # GitPython keeps `git cat-file` processes per Repo until it is closed: a failed
+            # fetch's traceback would keep them alive past the command.
+            repo.close()
+        if not retried and self._unlock(stderr, self.path):
+            return self._fetch_shown(refspec, retried=True)
+        raise self._failed("fetch from", stderr, status) from None
 
     def _unlock(self, stderr: str, root: Path) -> bool:
         """Removed the stale ref lock git failed on (see ``stale_lock``): try once more."""
