@@ -83,6 +83,12 @@ def _repo(tmp_path: Path, changes: dict[str, str]) -> DirTree:
     # what a node reads of every service: its upgrade steps (a barrier waits on them), its version
     ({"services/db/service.yaml": SERVICE + "upgrade:\n  - {name: migrate}\n"}, "services/db/service.yaml:8"),
     ({"services/db/service.yaml": SERVICE.replace("version: '1'", "version: [1]")}, "services/db/service.yaml:1"),
+    # the rules of upgrade steps, not only their schema: a name twice, pin without set, once on a stop
+    ({"services/db/service.yaml": SERVICE + "upgrade:\n  - {name: m, action: command, command: 'true'}\n"
+      "  - {name: m, action: command, command: 'true'}\n"}, "services/db/service.yaml:9"),
+    ({"services/db/service.yaml": SERVICE + "upgrade:\n  - {name: p, action: pin}\n"}, "services/db/service.yaml:8"),
+    ({"services/db/service.yaml": SERVICE + "upgrade:\n  - {name: s, action: stop, scope: once}\n"},
+     "services/db/service.yaml:8"),
     # a service web depends on is read in full
     ({"services/web/service.yaml": SERVICE + "depends_on: [db]\n",
       "services/db/service.yaml": SERVICE + "health:\n  tcp: 5432\n"}, "services/db/service.yaml:8"),

@@ -125,7 +125,11 @@ def _load_service(tree: Tree, name: str, problems: list[Problem], limits: Limits
     if doc is None:
         return None
     if not full:
-        return other_service(name, file, doc)
+        # Its upgrade steps are read here (a barrier of ours may wait on them): their rules too.
+        other = other_service(name, file, doc)
+        problems.extend(Problem(file, doc.line(("upgrade", i)), f"upgrade/{i}: {message}")
+                        for i, message in check_steps(other.upgrade))
+        return other
     data = doc.data
     files: list[FileDecl] = []
     templates = _templates(tree, base, limits, problems)
