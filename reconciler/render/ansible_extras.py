@@ -7,9 +7,9 @@ kolla-ansible uses, kolla's own address filters, ``password_hash``/``bcrypt_hash
   ``cidr``, ``net``, ``size``, ``private``, ``public``, ``revdns``) with the stdlib's
   ``ipaddress``; another query is an error, never a guess.
 - ``kolla_address``: kolla's algorithm over ``hostvars``: ``<network>_interface``, then the
-  interface's address in ``ansible_facts``. This project gathers no facts yet, so a node's
-  ``ansible_facts`` is whatever its inventory variables say, and without it the address is read
-  from the stand-in variable ``<interface>_address`` (``eth0_address``), else an error says so.
+  interface's address in ``ansible_facts`` (the facts the node gathered, or for a review the
+  ones it last published, docs/facts.md); an interface they do not name is read from the
+  stand-in variable ``<interface>_address`` (``eth0_address``), else an error says so.
 - ``password_hash`` (bcrypt only) and ``bcrypt_hash`` need a salt: Ansible's random one would
   render different bytes at every run, and every run would then rewrite the file and restart.
 - ``lookup('template', NAME)``: one of this service's templates, through the sandbox's loader
@@ -143,7 +143,8 @@ def kolla_address(ctx: jinja2.runtime.Context, network: str, hostname: str | Non
     stand_in = f"{str(iface).replace('-', '_')}_address"
     if stand_in not in host:
         raise refuse("kolla_address", f"the address of {network}_interface {iface!r} on node {hostname!r} is not "
-                     f"known: node facts are not gathered yet; set the inventory variable {stand_in!r}")
+                     f"known: its facts name no such interface; set the inventory variable {stand_in!r} "
+                     "(or check the interface's name)")
     try:
         ip = ipaddress.ip_address(str(host[stand_in]))
     except ValueError:
