@@ -109,6 +109,10 @@ def test_multinode_import_makes_a_repo_with_every_enabled_service_and_no_passwor
     assert all("ENC[AES256_GCM" in p.read_text() for p in (repo / "secrets").glob("*.yaml"))  # split by readers
     report = (repo / "IMPORT.md").read_text()
     assert "`service_name`: read by" in report and "`item`: read by" in report  # task-set variables
+    # kolla's deploy does more than write configs and run containers: its databases, users and
+    # endpoints, keystone's fernet keys. Not carried over, so said, task file by task file.
+    assert re.search(r"roles/keystone/tasks/deploy\.yml: .*bootstrap\.yml.*distribute_fernet\.yml.*register\.yml", report)
+    assert "roles/memcached" not in report.split("## Deploy tasks")[1].split("##")[0]  # config and containers only
     assert "kolla-config/nova/nova-compute.conf" in (repo / "services/nova-compute/service.yaml").read_text()  # merged
 
 

@@ -6,7 +6,9 @@
 - the config merges kolla makes at deploy time that the services' ``merge`` entries do not say
   (``kolla_merges``), and the override files of config/ no merge reads;
 - the credentials and secret files not written in clear (``kolla_secrets``), by name;
-- each service's container settings, files named at run time and conditions left untested.
+- each service's container settings, files named at run time and conditions left untested;
+- the task files each role's ``deploy.yml`` runs besides writing configs and containers
+  (databases, service users, endpoints, keystone's fernet keys): kolla's one-off deploy work.
 """
 
 from __future__ import annotations
@@ -102,7 +104,42 @@ def report(release: KollaRelease, dep: KollaDeployment, services: list[KollaServ
     section("Config merges not expressed", unexpressed(services, secret))
     section("Override files of config/ (copied under kolla-config/, read by no merge)",
             [f"config/{p}" for p in copied if not any(reads(f, p) for s in services for f in s.files)])
+    section("Deploy tasks not carried over (kolla runs them at deploy: databases, service users, endpoints, "
+            "keys; run them once with kolla-ansible before the move, or as this repo's upgrade steps)",
+            _deploy_tasks(release, sorted({s.role for s in services})))
     section("Credentials and secret material (never written in clear)", withheld)
     section("Per service", [f"{s.name}: {n}" for s in services for n in s.notes])
     section("Other", lost)
     return "\n".join(lines), count
+
+
+# Written as configs and containers by the import itself (kolla_services); the rest of a deploy is not.
+_CARRIED = frozenset({"config.yml", "check-containers.yml"})
+
+
+def _deploy_tasks(release: KollaRelease, roles: list[str]) -> list[str]:
+    """Per role, the task files its ``tasks/deploy.yml`` imports or includes besides the config
+    and the containers, with their ``when`` if any: what a kolla deploy does that this repo does
+    not say. The release's files are read as data (``yaml.safe_load``), never run."""
+    import yaml
+
+    out = []
+    for role in roles:
+        path = release.role_dir(role) / "tasks" / "deploy.yml"
+        try:
+            tasks = yaml.safe_load(path.read_text(errors="replace"))
+        except (OSError, yaml.YAMLError):
+            continue
+        runs = []
+        for task in tasks if isinstance(tasks, list) else ():
+            if not isinstance(task, dict):
+                continue
+            name = next((v for k, v in task.items() if str(k).endswith(("import_tasks", "include_tasks"))), None)
+            if not isinstance(name, str) or name in _CARRIED:
+                continue
+            when = task.get("when")
+            conds = [str(w) for w in (when if isinstance(when, list) else [when] if when is not None else [])]
+            runs.append(f"{name} (when {' and '.join(conds)})" if conds else name)
+        if runs:
+            out.append(f"roles/{role}/tasks/deploy.yml: {', '.join(runs)}")
+    return out
