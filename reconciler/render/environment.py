@@ -63,12 +63,14 @@ class _ADirectory(jinja2.TemplateNotFound):
         super().__init__(template, f"{path} is a directory, not a file")
 
 
-class _CompiledOnce(jinja2.BytecodeCache):
+class CompiledOnce(jinja2.BytecodeCache):
     """Compiled templates kept in memory by name and source: the same template at both commits
     of a diff (two service definitions, two environments) is parsed and compiled once. Every
-    environment here is a ``Sandbox`` with the same options, so the code is the same."""
+    environment given one cache has the same options, so the code is the same; environments
+    whose options differ (``render.merge``'s ``lstrip_blocks``) take a cache of their own."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 4096) -> None:
+        self.keep = keep
         self.code: dict[str, tuple[str, Any]] = {}
 
     def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
@@ -77,20 +79,20 @@ class _CompiledOnce(jinja2.BytecodeCache):
             bucket.code = hit[1]
 
     def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        if len(self.code) > 4096:
+        if len(self.code) > self.keep:
             self.code.clear()
         self.code[bucket.key] = (bucket.checksum, bucket.code)
 
 
 # One per template dialect: compiled code names the filters it found (a template that uses
 # ``bool`` compiles to an error without the Ansible dialect), so it is reused only within one.
-_COMPILED = {"jinja": _CompiledOnce(), "ansible": _CompiledOnce()}
+_COMPILED = {"jinja": CompiledOnce(), "ansible": CompiledOnce()}
 
 
 def service_environment(templates: Mapping[str, str], base: str, dialect: str = "jinja",
                         templated: bool = False) -> Sandbox:
     """A service definition's sandbox: its templates by repo path, compiled once (see
-    ``_CompiledOnce``), with the filters, tests and globals of the repo's template ``dialect``
+    ``CompiledOnce``), with the filters, tests and globals of the repo's template ``dialect``
     (reconciler.yaml ``templates.dialect``: Jinja's own, or Ansible's, see ``ansible_dialect``).
     ``templated``: the repo's variables may be templates, rendered when read (``lazyvars``)."""
     env = Sandbox(

@@ -16,37 +16,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jinja2
-
 from reconciler.core.errors import BadInput, RenderError
 from reconciler.core.memo import ByIdentity
 from reconciler.core.yamlfile import safe_load
-from reconciler.render.environment import render_template
+from reconciler.render.environment import CompiledOnce, render_template
 from reconciler.render.mergefmt import IniMerge, MergeError, yaml_merge
 from reconciler.render.sandbox import Budget, Sandbox
 from reconciler.repo.definitions import FileDecl, ServiceDef
 from reconciler.repo.overrides import bad_part, path_parts, templated
 
-
-class _Code(jinja2.BytecodeCache):
-    """Compiled templates of the ``lstrip_blocks`` environments, by name and source (as
-    ``environment._CompiledOnce``, apart: the same source compiles differently there)."""
-
-    def __init__(self) -> None:
-        self.code: dict[str, tuple[str, Any]] = {}
-
-    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        hit = self.code.get(bucket.key)
-        if hit is not None and hit[0] == bucket.checksum:
-            bucket.code = hit[1]
-
-    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        if len(self.code) > 1024:
-            self.code.clear()
-        self.code[bucket.key] = (bucket.checksum, bucket.code)
-
-
-_CODE = {True: _Code(), False: _Code()}  # by trim_blocks: the Ansible dialect's or Jinja's
+# Compiled apart from the plain environments: with lstrip_blocks the same source compiles differently.
+_CODE = {True: CompiledOnce(1024), False: CompiledOnce(1024)}  # by trim_blocks: the Ansible dialect's or Jinja's
 _LSTRIPPED: ByIdentity[Sandbox] = ByIdentity(4096)
 
 
