@@ -25,13 +25,14 @@ from __future__ import annotations
 import copy
 import functools
 from collections import ChainMap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jinja2
 from jinja2 import meta, nodes
 
 from reconciler.importers.kolla_resolve import Resolver, Unresolved, to_bool
+from reconciler.render.inputs import strings_in
 from reconciler.render.lazyvars import templated
 from reconciler.repo.definitions import DeploymentRepo, ServiceDef
 
@@ -61,17 +62,6 @@ def _parse(text: str) -> tuple[nodes.Template, frozenset[str]] | None:
     except jinja2.TemplateSyntaxError:
         return None
     return ast, frozenset(n.name for n in ast.find_all(nodes.Name) if n.ctx in ("store", "param"))
-
-
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            yield from _strings(v)
 
 
 class _Decider(Resolver):
@@ -238,7 +228,7 @@ class _Reads:
             return
         self.names.add(name)
         value = self.values.get(name)
-        for text in _strings(value):
+        for text in strings_in(value):
             parsed = _parse(text) if templated(text) else None
             if parsed is not None:
                 self._walk(parsed[0], parsed[1])

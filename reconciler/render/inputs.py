@@ -71,15 +71,16 @@ def same(a: Any, b: Any) -> bool:
         return False
 
 
-def _strings(value: Any) -> Iterator[str]:
+def strings_in(value: Any) -> Iterator[str]:
+    """Every string in a variable's value, however deep (what may be a template)."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, Mapping):
         for v in value.values():
-            yield from _strings(v)
+            yield from strings_in(v)
     elif isinstance(value, list | tuple):
         for v in value:
-            yield from _strings(v)
+            yield from strings_in(v)
 
 
 class _AnyFilter(dict[str, Any]):
@@ -116,7 +117,7 @@ def _names_in(text: str) -> frozenset[str] | None:
 
 def _refs(value: Any) -> frozenset[str] | None:
     found: set[str] = set()
-    for text in _strings(value):
+    for text in strings_in(value):
         if "{{" in text or "{%" in text:
             names = _names_in(text)
             if names is None:
@@ -222,7 +223,7 @@ def names_read(svc: ServiceDef) -> Reads | None:
     """Every context name the service's templates and inline strings resolve, and what they read
     of hostvars and groups; None when one does not parse (then it is rendered, and the render
     reports the error as it always did)."""
-    texts = [*svc.templates.values(), *(s for s in _strings(
+    texts = [*svc.templates.values(), *(s for s in strings_in(
         [svc.command, svc.env, svc.health, svc.container, svc.drain, svc.undrain]) if "{" in s),
              *(s for f in svc.files if f.merge for s in f.merge.sources if "{" in s)]  # a merge's paths
     if any(_LOOKUP_VARS.search(text) for text in texts):
