@@ -33,16 +33,21 @@ def make_key(root: Path) -> tuple[Path, Path]:
     return key, allowed
 
 
-def make_remote(root: Path, refs: int, key: Path) -> Path:
-    work, bare = root / "work", root / "remote.git"
-    for rel, text in REPO.items():
+def signed_remote(work: Path, bare: Path, files: dict[str, str], key: Path, message: str) -> None:
+    """``files`` committed in ``work``, signed with ``key``, and pushed to a new bare ``bare``."""
+    for rel, text in files.items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(text)
     git("init", "-q", "-b", "main", cwd=work)
     git("add", "-A", cwd=work)
-    git("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-S", "-q", "-m", "bench", cwd=work)
+    git("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-S", "-q", "-m", message, cwd=work)
     git("init", "-q", "--bare", "-b", "main", str(bare))
     git("push", "-q", str(bare), "main", cwd=work)
+
+
+def make_remote(root: Path, refs: int, key: Path) -> Path:
+    work, bare = root / "work", root / "remote.git"
+    signed_remote(work, bare, REPO, key, "bench")
     head = git("rev-parse", "HEAD", cwd=work).strip()
     # Many refs, as a busy review system has: changes, tags, other nodes' notes.
     lines = "".join(f"create refs/changes/{i % 100:02d}/{i}/1 {head}\n" for i in range(refs))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchrepo import ENV, git, make_key  # noqa: E402
+from benchrepo import ENV, make_key, signed_remote  # noqa: E402
 from peers import ANSIBLE, _clean_env, load, venv  # noqa: E402
 
 SERVICE = """\
@@ -149,14 +149,7 @@ def repo(root: Path, names: list[str], ports: list[int]) -> tuple[str, Path]:
     for n in names:
         files[f"services/{n}/service.yaml"] = SERVICE
         files[f"services/{n}/templates/app.conf.j2"] = TEMPLATE
-    for rel, text in files.items():
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        (work / rel).write_text(text)
-    git("init", "-q", "-b", "main", cwd=work)
-    git("add", "-A", cwd=work)
-    git("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-S", "-q", "-m", "deploy", cwd=work)
-    git("init", "-q", "--bare", "-b", "main", str(bare))
-    git("push", "-q", str(bare), "main", cwd=work)
+    signed_remote(work, bare, files, key, "deploy")
     return f"file://{bare}", allowed
 
 

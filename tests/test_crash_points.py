@@ -204,14 +204,23 @@ def test_killed_at_every_side_effect_of_a_change_the_next_run_finishes_it(
     node.change(kind)
     points = count_points(node, None, tmp_path / "points.log")
     assert any(p.split()[1] == "note" for p in points) and any(p.split()[1] == "db" for p in points), points
+    recovers_from_each(points, lambda n: (node, node.change(kind)))
+
+
+def recovers_from_each(points: list[str], ready: Callable[[int], tuple[Node, str]],
+                       done: Callable[[Node], None] = lambda node: None) -> None:
+    """For each numbered side effect n: the node ``ready(n)`` gives (and the head it must end
+    at) is killed before n, run again, and must have recovered; ``done`` then cleans it."""
     for n in range(1, len(points) + 1):
-        head = node.change(kind)
+        node, head = ready(n)
         killed_at(node, None, n, points)
         node.run()
         try:
             assert_recovered(node, head)
         except AssertionError as exc:
             raise AssertionError(f"killed before side effect {n} of {len(points)} ({points[n - 1]}): {exc}") from exc
+        finally:
+            done(node)
 
 
 def test_killed_at_every_side_effect_of_a_rollback_and_an_unpin(node: Node, tmp_path: Path) -> None:

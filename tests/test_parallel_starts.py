@@ -27,7 +27,14 @@ from typing import cast
 
 import pytest
 from conftest import Deployment, SigningKey, free_port, small_deployment
-from test_crash_points import APP, SERVICE, Node, assert_recovered, count_points, inventory, killed_at
+from test_crash_points import (
+    APP,
+    SERVICE,
+    Node,
+    count_points,
+    inventory,
+    recovers_from_each,
+)
 from test_faults import processes_of
 
 from reconciler.agent import Agent
@@ -268,16 +275,7 @@ def test_killed_at_every_side_effect_of_a_parallel_first_deploy_the_next_run_fin
     spawns = [i for i, p in enumerate(points) if p.split()[1] == "spawn"]
     recorded = [i for i, p in enumerate(points) if p.split()[1:3] == ["db", "history"]]
     assert len(spawns) == 2 and len(recorded) == 2 and spawns[1] < recorded[0], points
-    for n in range(1, len(points) + 1):
-        node = fresh(tmp_path / f"s{n}")
-        killed_at(node, None, n, points)
-        node.run()
-        try:
-            assert_recovered(node, head)
-        except AssertionError as exc:
-            raise AssertionError(f"killed before side effect {n} of {len(points)} ({points[n - 1]}): {exc}") from exc
-        finally:
-            clean(node)
+    recovers_from_each(points, lambda n: (fresh(tmp_path / f"s{n}"), head), clean)
 
 
 @pytest.mark.parametrize("value", ["0", "many", "true", "2.5", "1000"])
