@@ -62,15 +62,19 @@ def commit_all(repo: Path) -> None:
 
 
 def _bounded_memory() -> None:
+    # A limit that does not hold shows as the kernel stopping the command (SIGKILL past the
+    # memory, SIGXCPU past the CPU time), never as a wall-clock bound a loaded machine breaks.
     limit = 1536 * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS))
 
 
-def validate(repo: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(repo), *extra],
-                          capture_output=True, text=True, timeout=120, preexec_fn=_bounded_memory)
-    return proc, time.monotonic() - start
+CPU_SECONDS = 20  # about 2 s here: a render limit that did not stop the loops would run for hours
+
+
+def validate(repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(repo), *extra],
+                          capture_output=True, text=True, timeout=600, preexec_fn=_bounded_memory)
 
 
 @pytest.mark.parametrize("rev", [None, "HEAD"], ids=["work-tree", "commit"])
@@ -79,14 +83,13 @@ def test_nested_loops_that_print_stop_at_the_output_limit(tmp_path: Path, rev: s
     if rev:
         commit_all(repo)
 
-    proc, took = validate(repo, *(["--rev", rev] if rev else []))
+    proc = validate(repo, *(["--rev", rev] if rev else []))
 
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         "services/api/templates/api.conf.j2:2: node n1, service api: api.conf is larger than 10 MiB "
         "(render limit)"]
-    assert took < 20, f"took {took:.1f} s"
 
 
 @pytest.mark.parametrize("rev", [None, "HEAD"], ids=["work-tree", "commit"])
@@ -95,20 +98,19 @@ def test_a_billion_laughs_inventory_is_refused_before_it_expands(tmp_path: Path,
     if rev:
         commit_all(repo)
 
-    proc, took = validate(repo, *(["--rev", rev] if rev else []))
+    proc = validate(repo, *(["--rev", rev] if rev else []))
 
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     # l7 (line 9) is the first list whose expansion passes a million nodes.
     assert proc.stderr.splitlines() == [
         "inventory.yaml:9: YAML expands to more than 1000000 nodes (aliases count at their expanded size)"]
-    assert took < 10, f"took {took:.1f} s"
 
 
 def test_the_render_command_reports_the_reason_code(tmp_path: Path) -> None:
     repo = make(tmp_path, {"services/api/templates/api.conf.j2": NESTED_LOOPS})
     proc = subprocess.run([sys.executable, "-m", "reconciler", "render", "--repo", str(repo), "--all"],
-                          capture_output=True, text=True, timeout=120, preexec_fn=_bounded_memory)
+                          capture_output=True, text=True, timeout=600, preexec_fn=_bounded_memory)
     assert proc.returncode == 2
     assert proc.stderr.strip().endswith("[RENDER_LIMIT]"), proc.stderr
 
@@ -118,11 +120,13 @@ def render(tmp_path: Path, template: str, limits: Limits, **changes: str) -> byt
     return render_node(repo, "n1", "x").services[0].files[0].content
 
 
+# The bounds below are CPU seconds of this process (time.process_time): what the render limits
+# save is CPU, and a loaded machine stretches wall time, not that.
 def test_a_loop_that_prints_nothing_stops_at_the_deadline(tmp_path: Path) -> None:
-    start = time.monotonic()
+    start = time.process_time()
     with pytest.raises(RenderLimit) as info:
         render(tmp_path, "a\n" + SILENT_LOOPS, Limits(render_seconds=0.5))
-    assert time.monotonic() - start < 5
+    assert time.process_time() - start < 5
     assert str(info.value) == ("services/api/templates/api.conf.j2:2: node n1, service api: rendering took "
                                "longer than 0.5 s (render limit)")
 
@@ -150,10 +154,10 @@ def test_a_file_over_its_limit_and_a_node_over_its_budget(tmp_path: Path) -> Non
 ], ids=["repeat", "power", "center", "percent-width", "format-width", "concat-doubling", "plus-doubling",
         "macro-doubling"])
 def test_a_value_that_would_take_gigabytes_is_refused_before_it_is_built(tmp_path: Path, template: str) -> None:
-    start = time.monotonic()
+    start = time.process_time()
     with pytest.raises(RenderLimit, match=r"^services/api/templates/api.conf.j2:1: node n1, service api: "):
         render(tmp_path, template, Limits(file_bytes=1 << 14, render_seconds=5))
-    assert time.monotonic() - start < 8
+    assert time.process_time() - start < 8
 
 
 def test_includes_nest_only_so_deep(tmp_path: Path) -> None:
@@ -169,13 +173,13 @@ def test_a_limit_hit_for_one_node_fails_the_others_at_once(tmp_path: Path) -> No
     repo = load_repo(DirTree(make(tmp_path, {"inventory.yaml": inventory,
                                              "services/api/templates/api.conf.j2": SILENT_LOOPS})),
                      Limits(render_seconds=0.5))
-    start = time.monotonic()
+    start = time.process_time()
     errors = []
     for node in sorted(repo.nodes):
         with pytest.raises(RenderLimit) as info:
             render_node(repo, node, "x")
         errors.append(str(info.value))
-    assert time.monotonic() - start < 3
+    assert time.process_time() - start < 3
     assert errors[1] == ("services/api/templates/api.conf.j2: node n2, service api: not rendered: it passed "
                          "a render limit for node n1")
 
