@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 KOLLA_VERSION = "22.2.0"
 SHARE = f"kolla_ansible-{KOLLA_VERSION}.data/data/share/kolla-ansible"
@@ -114,6 +115,16 @@ def test_multinode_import_makes_a_repo_with_every_enabled_service_and_no_passwor
     assert re.search(r"roles/keystone/tasks/deploy\.yml: .*bootstrap\.yml.*distribute_fernet\.yml.*register\.yml", report)
     assert "roles/memcached" not in report.split("## Deploy tasks")[1].split("##")[0]  # config and containers only
     assert "kolla-config/nova/nova-compute.conf" in (repo / "services/nova-compute/service.yaml").read_text()  # merged
+    # kolla deploys the database, queue, caches and keystone before the services that use them;
+    # reconciler starts independent services in parallel, so the import says what waits for what.
+    depends = {name: yaml.safe_load((repo / "services" / name / "service.yaml").read_text()).get("depends_on", [])
+               for name in ("mariadb", "rabbitmq", "keystone", "nova-api", "nova-compute", "glance-api")}
+    assert "haproxy" in depends["mariadb"] and "keystone" not in depends["mariadb"]  # the load balancer first
+    assert {"mariadb", "memcached"} <= set(depends["rabbitmq"])
+    assert {"mariadb", "memcached", "rabbitmq"} <= set(depends["keystone"]) and "keystone-ssh" not in depends["keystone"]
+    assert {"keystone", "mariadb", "rabbitmq"} <= set(depends["nova-api"]) <= {
+        s for s in services if not s.startswith(("nova", "neutron", "glance", "placement", "horizon"))}
+    assert depends["nova-compute"] == depends["nova-api"] == depends["glance-api"]
 
 
 def test_all_in_one_import_without_node_addresses_asks_for_them(kolla_wheel: Path, tmp_path: Path) -> None:

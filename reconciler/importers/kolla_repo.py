@@ -157,7 +157,7 @@ def _write(release: KollaRelease, dep: KollaDeployment, work: Path, merged: dict
             lost.append(f"service {svc.name}: environment {key} carries a password; secrets go in files here "
                         "(a process's environment reaches process tables and logs): not carried over")
             svc.env.pop(key)
-        files.update(_service_files(release, svc, {**own, **svc.defaults}))
+        files.update(_service_files(release, svc, {**own, **svc.defaults}, after(release, svc, services)))
     config = config_files(dep)
     for override, body in config.clear:
         files[f"kolla-config/{override}"] = body
@@ -254,7 +254,26 @@ def _sops_encrypt(repo: Path, path: str) -> None:
         raise ReconcilerError(f"sops --encrypt on {path} failed: {last[:200]}")
 
 
-def _service_files(release: KollaRelease, svc: KollaService, defaults: dict[str, Any]) -> dict[str, str]:
+# The roles the rest of a deployment needs up before it starts (the database, the message queue,
+# the caches, the load balancer in front of them, and keystone for the API services). kolla
+# deploys role by role in site.yml's order; reconciler starts independent services in parallel
+# (``max_parallel``), so on a first deploy keystone would start, fail its health check against a
+# database not yet up, and be rolled back. Only these roles order the others: the rest of
+# site.yml's order is kolla's way of running one play at a time, not a dependency.
+FOUNDATION = frozenset({"loadbalancer", "valkey", "mariadb", "memcached", "rabbitmq", "etcd", "keystone"})
+
+
+def after(release: KollaRelease, svc: KollaService, services: list[KollaService]) -> list[str]:
+    """``svc``'s ``depends_on``: the services of the foundation roles site.yml deploys before
+    its role (each node keeps those it runs)."""
+    rank = {role: i for i, role in enumerate(release.role_order)}
+    mine = rank.get(svc.role, len(rank))
+    return sorted(o.name for o in services
+                  if o.role in FOUNDATION and o.role != svc.role and rank.get(o.role, len(rank)) < mine)
+
+
+def _service_files(release: KollaRelease, svc: KollaService, defaults: dict[str, Any],
+                   depends_on: list[str]) -> dict[str, str]:
     templates = release.role_dir(svc.role) / "templates"
     runtime: dict[str, Any] = {"image": svc.image, "network_mode": "host", "env": svc.env,
                                "config_dir": CONFIG_DIR}
@@ -268,6 +287,7 @@ def _service_files(release: KollaRelease, svc: KollaService, defaults: dict[str,
         "files": [{"path": f.path, "template": f.template, **({"merge": m} if (m := merge_entry(f)) else {})}
                   for f in svc.files],
         "health": {"command": svc.healthcheck["test"]} if svc.healthcheck else {},
+        **({"depends_on": depends_on} if depends_on else {}),
     }
     if not spec["health"]:
         del spec["health"]

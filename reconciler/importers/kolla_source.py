@@ -29,6 +29,7 @@ class KollaRelease:
     role_enable: dict[str, str] = field(repr=False)  # role -> the enable_* variable site.yml gates it on
     # role -> the vars its play passes it (site.yml's playbooks: rabbitmq.yml's role_rabbitmq_*)
     play_vars: dict[str, dict[str, Any]] = field(repr=False, default_factory=dict)
+    role_order: tuple[str, ...] = ()  # the roles in the order site.yml's plays deploy them
 
     def role_dir(self, role: str) -> Path:
         return self.ansible / "roles" / role
@@ -110,7 +111,8 @@ def _read(root: Path) -> KollaRelease:
     for path in sorted((ansible / "group_vars" / "all").glob("*.yml")) or [ansible / "group_vars" / "all.yml"]:
         if path.is_file():
             merged.update(_mapping(path))
-    return KollaRelease(version, ansible, merged, _role_enable(ansible / "site.yml"), _play_vars(ansible))
+    site = ansible / "site.yml"
+    return KollaRelease(version, ansible, merged, _role_enable(site), _play_vars(ansible), _role_order(site))
 
 
 def _play_vars(ansible: Path) -> dict[str, dict[str, Any]]:
@@ -128,6 +130,23 @@ def _play_vars(ansible: Path) -> dict[str, dict[str, Any]]:
                 if isinstance(name, str) and name not in out and all(v is not None for v in entry["vars"].values()):
                     out[name] = dict(entry["vars"])
     return out
+
+
+def _role_order(site: Path) -> tuple[str, ...]:
+    """The roles in the order ``site.yml`` deploys them: each play's ``roles``, or for a play
+    that imports a playbook of its own (mariadb.yml, rabbitmq.yml, nova.yml), its name's role
+    ("Apply role mariadb")."""
+    out: list[str] = []
+    plays = safe_load(site.read_bytes(), str(site)) if site.is_file() else []
+    for play in plays or []:
+        if not isinstance(play, dict):
+            continue
+        named = re.fullmatch(r"Apply role (\S+)", str(play.get("name", "")))
+        roles = [r.get("role") if isinstance(r, dict) else r for r in play.get("roles") or []]
+        if not roles and "import_playbook" in play and named:
+            roles = [named.group(1)]
+        out += [r for r in roles if isinstance(r, str) and r not in out]
+    return tuple(out)
 
 
 def _role_enable(site: Path) -> dict[str, str]:
