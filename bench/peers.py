@@ -184,6 +184,9 @@ def targets(runs: int, batch: int, idle_s: float) -> list[tuple[str, str, str, s
             for _ in range(runs):
                 polls.append(poll_cpu(agent.reconcile_once, batch))
                 floors.append(poll_cpu(lambda: children_cpu(ls_remote), batch)[1])
+                # A timer's run after a timer's run: the passes above (a daemon's, in process) remove
+                # what a no-op `agent --once` leaves for the next one to check (node.quiet).
+                subprocess.run(once, check=True, capture_output=True, env=_clean_env())
                 onces.append(children_cpu(once, _clean_env()))
                 pulls.append(pull.once())
                 bares.append(children_cpu([str(bin_dir / "python"), "-c", "pass"], _clean_env()))

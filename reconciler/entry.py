@@ -14,21 +14,32 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from reconciler.core.errors import NoCABundle
 
 
 def main() -> None:
     plain = plain_agent(sys.argv[1:])
+    # The daemon, run plain or through click (`reconciler -v agent`, which must not load OpenSSL
+    # either): a word "agent" without "--once" (a value spelt so costs only the child's 17 ms).
+    args = sys.argv[1:]
+    daemon = not plain.once if plain is not None else "agent" in args and "--once" not in args
     try:
-        if no_ca_paths():
+        if no_ca_paths(daemon=daemon):
             import pygit2  # noqa: F401  # fails here, in its own words (``ca_bundle_error``)
         if plain is None:
             from reconciler.cli import main as cli_main
         else:
+            if plain.once:
+                # A no-op proven by what the last one left (``node.quiet``): no pass, and none
+                # of its imports; any doubt, and the full pass below runs.
+                from reconciler.node.quiet import answer
+
+                code = answer(plain.agent_opts, plain.settings, plain.output)
+                if code is not None:
+                    sys.exit(code)
             from reconciler.cli.run import run_agent
     except Exception as exc:  # pygit2.GitError cannot be named: pygit2 is what failed to import
         problem = ca_bundle_error(exc)
@@ -41,6 +52,10 @@ def main() -> None:
     from reconciler.daemon.logformat import configure
 
     configure(0, plain.log_format)  # what the group's own options do: none were given
+    if plain.once:
+        from reconciler.node.quietmark import watch_logs
+
+        watch_logs()  # a pass that warns of anything leaves no marker: the next one says it too
     try:
         run_agent(plain.agent_opts, plain.once, plain.settings, plain.output)
     except BaseException as exc:
@@ -56,9 +71,10 @@ def _reraise(exc: BaseException) -> None:
     raise exc
 
 
-@dataclass(frozen=True)
-class PlainAgent:
-    """A plain `reconciler agent` command line, as click would have read it."""
+class PlainAgent(NamedTuple):
+    """A plain `reconciler agent` command line, as click would have read it. (A named tuple,
+    frozen as a dataclass is: ``dataclasses`` and the ``inspect`` it imports were a sixth of a
+    no-op `agent --once` answered by ``node.quiet``, issue 40.)"""
 
     agent_opts: dict[str, Any]
     once: bool
@@ -110,19 +126,46 @@ def plain_agent(args: list[str]) -> PlainAgent | None:
                       {k: values.get(k) for k in _SETTINGS}, values.get("output", "human"), log_format)
 
 
-def no_ca_paths() -> bool:
+def no_ca_paths(daemon: bool = False) -> bool:
     """Neither a CA file nor a CA directory where OpenSSL looks: then pygit2's import fails, as
     it hands libgit2 what ``ssl`` finds. Commands import pygit2 only where they read commits (an
     idle agent never does, issue 17): without this, a node lacking ca-certificates would run
     until its first change and fail there; with it, every command stops at once, in one line,
     as when the command line imported pygit2 up front. What ``ssl.get_default_verify_paths``
     says, read from ``_ssl``: the ``ssl`` module (and its socket) is about 5 % of a no-op
-    ``agent --once``'s imports."""
-    import _ssl
+    ``agent --once``'s imports.
 
-    cafile_env, cafile, capath_env, capath = _ssl.get_default_verify_paths()
+    ``daemon``: asked by the daemon (`reconciler agent` without ``--once``), which runs for
+    months: ``_ssl`` loads OpenSSL's libssl and libcrypto, about 4 MB of its RSS that an idle
+    daemon has no other use for (issue 40), so the paths are read by a child interpreter (about
+    17 ms of CPU, once a start). A daemon that re-executed itself to give back memory
+    (``daemon.shed``) is checked again: its hand-over variable can be set by anyone writing the
+    unit's environment, and the certificates may have gone since."""
+    paths = _verify_paths_in_child() if daemon else None
+    if paths is None:
+        import _ssl
+
+        paths = _ssl.get_default_verify_paths()
+    cafile_env, cafile, capath_env, capath = paths
     return (not os.path.isfile(os.environ.get(cafile_env, cafile))
             and not os.path.isdir(os.environ.get(capath_env, capath)))
+
+
+def _verify_paths_in_child() -> tuple[str, str, str, str] | None:
+    """``_ssl.get_default_verify_paths()`` as a child interpreter says it (isolated, without
+    ``site``: the paths are compiled into OpenSSL); None if it cannot (then asked in process)."""
+    import subprocess
+
+    code = "import _ssl; print('\\0'.join(_ssl.get_default_verify_paths()))"
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):  # the last: a wrapper's bytes, not paths
+        return None
+    said = done.stdout.rstrip("\n").split("\0")
+    if done.returncode != 0 or len(said) != 4:
+        return None
+    return said[0], said[1], said[2], said[3]
 
 
 def ca_bundle_error(exc: BaseException) -> NoCABundle | None:

@@ -5,6 +5,8 @@ Layout of ``state_dir``::
     lock                    flock: one pass at a time (poll, verify, apply, note)
     services.lock           flock: whoever changes services (a pass's apply, the supervisor)
     agent.lock              flock held by a running daemon: one daemon per state dir
+    noop.json               what the last pass, a pure no-op, proved (``node.quiet``): removed by
+                            every other pass and command before it does anything
     state.db                the ledger (reconciler.ledger): SQLite, WAL
     mirror.git/             bare mirror of the deployment repo (source)
     trust/                  a trust root rotated through the repo
@@ -52,6 +54,7 @@ class State:
             # files by path. What is private (records, the ledger, logs) is 0600 inside.
             root.mkdir(parents=True, exist_ok=True, mode=0o711)
             root.chmod(0o711)
+            forget_noop(root)  # every command that may change the node builds its State so
         except OSError as exc:
             raise ConfigError(f"state dir {root}: {exc.strerror or exc}") from exc
 
@@ -89,6 +92,8 @@ class State:
                     if time.monotonic() >= deadline:
                         raise Busy(f"{self.root}: {what} holds the lock") from None
                     time.sleep(0.1)
+            if name == "lock":
+                forget_noop(self.root)  # before this pass or command changes anything
             # The pid and a token of this process: two processes in different pid namespaces
             # (a daemon container, a `docker run ... reconciler apply` on the same volume) may
             # both be pid 1, and the other's leftovers must still be swept.
@@ -215,6 +220,18 @@ class State:
                            f"{need / 2**20:.0f} MiB; nothing was changed")
 
 
+NOOP_MARKER = "noop.json"
+"""What the last pass proved when it ended as a pure no-op, for the next `agent --once` to check
+instead of a full pass (``node.quiet``). Only that pass writes it, under the pass lock; every
+pass and every command that may change the node removes it first (``State``: made, locked), so
+a pass killed half way, a `stop`, a `retry`, a suspension leave none behind."""
+
+
+def forget_noop(root: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(root / NOOP_MARKER)
+
+
 _TOKEN = os.urandom(6).hex()  # this process's, beside its pid in the lock files it holds
 
 
@@ -279,4 +296,4 @@ def require_agent_state(root: Path, *, empty_ok: bool = False) -> None:
     raise StateMissing(f"no state dir at {root}: the agent has not run there")
 
 
-__all__ = ["MIN_FREE_BYTES", "State", "atomic_write", "fsync_dir", "require_agent_state"]
+__all__ = ["MIN_FREE_BYTES", "NOOP_MARKER", "State", "forget_noop", "atomic_write", "fsync_dir", "require_agent_state"]

@@ -39,7 +39,7 @@ from reconciler.core.model import Verdict
 from reconciler.core.model.facts import BadFacts, Facts, changes
 from reconciler.drivers.afterboot import after_boot
 from reconciler.drivers.observe import glance
-from reconciler.node import peers
+from reconciler.node import peers, quiet, quietlook
 from reconciler.node.context import NodeContext
 from reconciler.node.decommission import retired_step
 from reconciler.node.peers import cutover_watch
@@ -152,7 +152,12 @@ def resume_after_reboot(ctx: NodeContext, events: list[str]) -> str | None:
 def noop(ctx: NodeContext, run: Run) -> Run | RunResult:
     """Nothing new and nothing changed: the pass ends here (the post steps of an upgrade that
     wait on the fleet looked at again; a disruption slot a killed pass kept, freed)."""
-    if run.interrupted or run.events or run.ask.only is not None or not unchanged(ctx, run.commit):
+    if run.interrupted or run.events or run.ask.only is not None:
+        return run
+    # A plain `agent --once` leaves a marker when this ends as nothing at all (``node.quiet``):
+    # the services as they were before they are looked at, for it.
+    before = quietlook.observed(ctx.settings.state_dir) if quiet.ARMED is not None else None
+    if not unchanged(ctx, run.commit):
         return run
     changed = facts_changed(ctx)
     if changed:  # a change of facts the slice reads: rendered, planned and noted like any other
@@ -166,7 +171,12 @@ def noop(ctx: NodeContext, run: Run) -> Run | RunResult:
         upgrader = Upgrader.of(ctx, pending, ctx.resolver.load(pending))
         return post_upgrade(ctx, replace(run, commit=pending), upgrader, RunResult(ctx.node, run.commit, run.fetched))
     peers.release(ctx)  # a pass killed after its change settled, before it freed its slot
-    return RunResult(ctx.node, run.commit, run.fetched, pushed=ctx.reporter.push())
+    result = RunResult(ctx.node, run.commit, run.fetched, pushed=ctx.reporter.push())
+    if quiet.ARMED is not None:
+        from reconciler.node.quietmark import remember
+
+        remember(ctx, run, result, before)
+    return result
 
 
 def unchanged(ctx: NodeContext, commit: str) -> bool:
