@@ -3,14 +3,17 @@ files and git, never pygit2; the ref reader behind that says what git says, or s
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Deployment, SigningKey, git, small_deployment
+from conftest import Deployment, SigningKey, git, small_deployment, wait_for
 
 from reconciler.agent import Agent
 from reconciler.source.refs import NotPlain, read_ref
@@ -152,3 +155,90 @@ def test_a_plain_agent_command_line_fails_as_click_s_does(tmp_path: Path) -> Non
             said.append((done.returncode, done.stdout, done.stderr))
     assert said[0] == said[2] and said[1] == said[3], said
     assert said[0][0] == 2 and said[0][2].startswith("error: ") and said[1][1].startswith("{"), said
+
+
+# The daemon as the console script starts it, with a SIGUSR2 handler that lists its modules
+# (bench/poll.py's): what an idle daemon holds, from the daemon itself.
+DAEMON = """
+import os, signal, sys
+out = sys.argv.pop(1)
+def listed(*_):
+    with open(out + ".part", "w") as f:
+        f.write("\\n".join(sys.modules))
+    os.replace(out + ".part", out)
+signal.signal(signal.SIGUSR2, listed)
+sys.argv[0] = "reconciler"
+from reconciler.entry import main
+main()
+"""
+
+# What an idle daemon needs none of (issue 40): OpenSSL, hashlib's and the CA check's (3.5 MB of
+# its RSS; it hashes its node's name and its live files with the interpreter's own SHA-256), nor
+# hmac and secrets, which load it too.
+NOT_IDLE = ("_hashlib", "_ssl", "hashlib", "hmac", "secrets")
+
+
+@pytest.mark.parametrize("group", [[], ["-v"]], ids=["plain", "through-click"])
+def test_an_idle_daemon_holds_no_openssl(group: list[str], tmp_path: Path, merge_key: SigningKey,
+                                         agents: Callable[..., Agent]) -> None:
+    files = {"reconciler.yaml": "format: 1\nname: idle\n",
+             "inventory.yaml": "groups:\n  all:\n    services: [idle]\nnodes:\n  d1:\n    groups: [all]\n",
+             "services/idle/service.yaml": "runtime:\n  command: [python3, idle.py]\n"
+                                           "files:\n  - {path: idle.py, source: idle.py}\n",
+             "services/idle/files/idle.py": "import time\nwhile True:\n    time.sleep(3600)\n"}
+    dep = small_deployment(tmp_path, merge_key, files)
+    node = agents("d1", dep.url)
+    assert node.reconcile_once().exit_code == 0
+    node.close()
+    listed, log = tmp_path / "modules", tmp_path / "daemon.log"
+    args = [*group, "agent", "--node", "d1", "--remote", dep.url, "--state-dir", str(node.cfg.state_dir),
+            "--allowed-signers", str(merge_key.allowed_signers), "--note-key", str(node.cfg.note_key),
+            "--interval", "0.5", "--jitter", "0"]
+    with log.open("w") as out:
+        daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(listed), *args], stdout=out, stderr=out)
+    try:
+        wait_for(lambda: "unchanged" in log.read_text(), 30, "the first quiet poll")
+        time.sleep(1.5)  # three more
+        maps = Path(f"/proc/{daemon.pid}/maps").read_text()
+        daemon.send_signal(signal.SIGUSR2)
+        wait_for(listed.exists, 10, "the daemon to list its modules")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0, log.read_text()
+    mapped = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if ".so" in line}
+    assert sorted(lib for lib in mapped if lib.startswith(("libcrypto", "libssl"))) == [], mapped
+    loaded = set(listed.read_text().split())
+    assert "reconciler.daemon.loop" in loaded  # it is the daemon
+    assert sorted(loaded & set(NOT_IDLE)) == [], log.read_text()
+
+
+@pytest.mark.parametrize("key", [b"", b"k", b"\x00" * 31, bytes(range(64)), bytes(range(65)), b"long key " * 20])
+def test_the_interpreter_s_own_sha256_hashes_as_openssl_s(key: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's digests (``core.digest`` without OpenSSL) are the ones hashlib and hmac
+    give: a secret file's keyed hash recorded by one is checked by the other."""
+    import hashlib
+    import hmac
+
+    from reconciler.core import digest
+    from reconciler.core.model import FileSpec
+
+    data = b"password: hunter2\n" * 100
+    expected = (hashlib.sha256(data).hexdigest(), hmac.new(key, data, hashlib.sha256).hexdigest())
+    assert (digest.sha256_hex(data), digest.hmac_sha256_hex(key, data)) == expected
+    assert digest._BUILTIN is not None
+    monkeypatch.setattr(digest, "_sha256", digest._BUILTIN)  # what ``without_openssl`` does, for this test
+    assert (digest.sha256_hex(data), digest.hmac_sha256_hex(key, data)) == expected
+    assert FileSpec("f", 0o600, data, secret=True, key=key).sha256 == expected[1 if key else 0]
+    assert digest.sha256(b"n1") == hashlib.sha256(b"n1").digest()
+
+
+def test_a_daemon_on_a_node_without_ca_certificates_stops_at_its_start_in_one_line(tmp_path: Path) -> None:
+    """The daemon asks a child interpreter where OpenSSL looks (``entry.no_ca_paths``), and
+    stops as every command does where nothing is there."""
+    env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "no-bundle.pem"), "SSL_CERT_DIR": str(tmp_path / "no-dir")}
+    done = subprocess.run([sys.executable, "-m", "reconciler", "agent", "--node", "n1", "--remote", "file:///nowhere",
+                           "--state-dir", str(tmp_path / "state")], env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (2, ""), done
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"error: no usable CA certificates in {tmp_path}/no-bundle.pem or {tmp_path}/no-dir/ "), line
+    assert line.endswith("[NO_CA_BUNDLE]"), line

@@ -15,8 +15,6 @@ file, log or note this module writes.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -29,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from reconciler.core.atomic import atomic_write
+from reconciler.core.digest import hmac_sha256_hex
 from reconciler.core.errors import ConfigError
 from reconciler.core.model import ResultState, Verdict
 from reconciler.node.run import RunResult
@@ -136,7 +135,7 @@ class Notifier:
         headers = {"Content-Type": "application/json", "User-Agent": "reconciler"}
         if hook.secret_env:
             secret = os.environ.get(hook.secret_env, "")
-            digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+            digest = hmac_sha256_hex(secret.encode(), body)  # not hmac's: it loads OpenSSL into an idle daemon
             headers[SIGNATURE_HEADER] = f"sha256={digest}"
         import urllib.error  # here, where a webhook is configured: http, email and ssl are heavy to import
         import urllib.request

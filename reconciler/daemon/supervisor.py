@@ -5,13 +5,13 @@ passes.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 
 from reconciler.agent import Agent
+from reconciler.core import digest
 from reconciler.core.errors import Busy, ReconcilerError
 from reconciler.drivers import Driver, kinds
 
@@ -77,7 +77,7 @@ def node_offset(node: str, jitter: float) -> float:
     """A fixed offset per node in [0, jitter): nodes spread out even with identical clocks."""
     if jitter <= 0:
         return 0.0
-    h = int.from_bytes(hashlib.sha256(node.encode()).digest()[:8], "big")
+    h = int.from_bytes(digest.sha256(node.encode())[:8], "big")
     return (h / 2**64) * jitter
 
 

@@ -13,7 +13,6 @@ import functools
 import grp
 import os
 import pwd
-import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +94,8 @@ def systemd_scopes() -> bool:
 def scope_words(name: str, node: str, acct: Account) -> list[str]:
     """The words before a service's command that start it in a scope of its own, as its user.
     A fresh scope name each time: the one of a stopped process may not be gone yet."""
+    import secrets  # here: it imports hmac, and with it OpenSSL (3.5 MB of an idle daemon's RSS, issue 40)
+
     unit = f"reconciler-{name}-{secrets.token_hex(4)}.scope"
     words = [shutil.which("systemd-run") or "systemd-run", "--scope", "--quiet", "--collect",
              f"--unit={unit}", "--slice=reconciler.slice", f"--description=reconciler {node}: {name}", "--"]

@@ -7,7 +7,6 @@ it reads and writes the ledger's mark and the ``trust/`` files of the state dir.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -91,6 +90,8 @@ class TrustKeeper:
 
     def root_id(self) -> str:
         """Names the root and policy a refusal was judged under: a new root judges again."""
+        import hashlib  # a refusal's: hashlib loads OpenSSL, 3.5 MB of an idle daemon (issue 40)
+
         r = self.gate.root
         return hashlib.sha256(repr((r.signers, sorted(r.revoked), str(r.gpg_home), r.origin, sorted(r.sealers),
                                     str(self.gate.policy), self.gate.require_branch_binding)).encode()).hexdigest()[:16]

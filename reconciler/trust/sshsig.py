@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import logging
 import re
 from collections.abc import Sequence
@@ -121,6 +120,8 @@ def verify(armored: bytes, payload: bytes, namespace: str = "git") -> Signature:
     sig, raw = _parse(armored)
     if sig.namespace != namespace:
         raise SignatureError(f"signature is for namespace {sig.namespace!r}, not {namespace!r}", "WRONG_NAMESPACE")
+    import hashlib  # when a signature is checked: it loads OpenSSL, 3.5 MB of an idle daemon (issue 40)
+
     digest = hashlib.new(sig.hash_alg, payload).digest()
     signed = b"SSHSIG" + wire_string(namespace) + wire_string(b"") + wire_string(sig.hash_alg) + wire_string(digest)
     check_signature(parse_key(sig.key_blob), raw, signed)

@@ -6,19 +6,18 @@ whether it must change. Hashed as canonical JSON: same object, same bytes, same 
 from __future__ import annotations
 
 import functools
-import hashlib
-import hmac
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, cast
 
+from reconciler.core import digest
 from reconciler.core.memo import ByIdentity
 
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+# OpenSSL's, or in the daemon the interpreter's own (``core.digest``): not hashlib imported here,
+# which would load OpenSSL into every idle daemon (issue 40).
+sha256_hex = digest.sha256_hex
 
 
 # One encoder for every call: ``json.dumps`` with options builds a new one each time, a third of
@@ -76,7 +75,7 @@ class FileSpec:
     def sha256(self) -> str:
         """The content's hash: SHA-256, or HMAC-SHA256 under ``key`` for a keyed secret file."""
         if self.key:
-            return hmac.new(self.key, self.content, hashlib.sha256).hexdigest()
+            return digest.hmac_sha256_hex(self.key, self.content)
         return sha256_hex(self.content)
 
     def to_dict(self) -> dict[str, Any]:
