@@ -39,6 +39,10 @@ GIT_ENV = {
     "GIT_COMMITTER_NAME": "Merge Bot", "GIT_COMMITTER_EMAIL": "merge@example.org",
     "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
 }
+# The user's cache (fleet.known: the notes `status --fleet --repo` verified before) is this test
+# process's own, never the developer's ~/.cache; the commands the tests start inherit it.
+os.environ["XDG_CACHE_HOME"] = _CACHE = tempfile.mkdtemp(prefix="reconciler-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, True)
 
 
 # What shares the one Docker engine: its test nodes (t-...) and a cleanup that removes any run's.

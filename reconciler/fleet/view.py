@@ -21,6 +21,7 @@ import pygit2
 from reconciler.core.errors import BadInput, RemoteError
 from reconciler.core.memo import Bounded
 from reconciler.fleet import notes
+from reconciler.fleet.known import KnownNotes
 from reconciler.fleet.notejson import MAX_NOTE
 from reconciler.fleet.notes import CLAIM_OBJECT, Claim, Note
 from reconciler.fleet.rollout import FleetView
@@ -36,11 +37,13 @@ BRANCH_PREFIX = "refs/reconciler/branch/"  # where a clone's fetch puts the bran
 
 def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
                own: Mapping[str, str] | None = None, trust: NoteTrust | None = None,
-               at: datetime | None = None) -> FleetView:
+               at: datetime | None = None, known: KnownNotes | None = None) -> FleetView:
     """The notes under ``prefix`` (one ref per node, named after it); ``own``: node -> ref for
     notes kept elsewhere (a node's own, fresher than what it fetched back). Only notes that
     ``trust`` accepts (signed by their node's key in ``trust/nodes``) count; None: no note
-    counts, since nothing says whose key speaks for whom."""
+    counts, since nothing says whose key speaks for whom. ``known``: the notes that counted
+    under this same trust before (``fleet.known``, the user's cache), decoded as any note is
+    but their signatures not checked again; the notes that count now are added to it."""
     refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
     refs.update(own or {})
     trust = trust if trust is not None else NoteTrust(problem="no trust/nodes to check notes against")
@@ -55,23 +58,29 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
             entries = []
         parsed = []
         for entry in entries:
-            data = _read(repo, node, entry)
+            obj, blob = str(entry.annotated_id), str(entry.id)
+            kept = known is not None and known.holds(node, obj, blob)
+            data = _read(repo, node, entry, kept)
             if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
                 continue
             if isinstance(data, notes.Malformed):
                 rejected.setdefault(node, []).append((data.obj, str(data)))
                 continue
-            why = _judged(trust, node, str(entry.annotated_id), str(entry.id), data, at)
+            why = None if kept else _judged(trust, node, obj, blob, data, at)
             if why is not None:
-                rejected.setdefault(node, []).append((str(entry.annotated_id), why))
+                rejected.setdefault(node, []).append((obj, why))
                 continue
-            if str(entry.annotated_id) == CLAIM_OBJECT:
+            if known is not None and not kept:
+                known.add(node, obj, blob)
+            if obj == CLAIM_OBJECT:
                 claim = Claim.parse(node, data)
                 if claim is not None:
                     claims[node] = claim
             else:
-                parsed.append(Note.parse(node, str(entry.annotated_id), data))
+                parsed.append(Note.parse(node, obj, data))
         found[node] = tuple(parsed)
+    if known is not None:
+        known.save()
 
     def descends(a: str, b: str) -> bool:
         from reconciler.trust.verify import is_descendant
@@ -81,17 +90,19 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
     return FleetView(found, descends, claims, {n: tuple(r) for n, r in rejected.items()})
 
 
-def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note) -> dict[str, Any] | notes.Malformed | None:
+def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note,
+          kept: bool = False) -> dict[str, Any] | notes.Malformed | None:
     """``node``'s note ``entry`` through the one bounded decoder (``fleet.notejson``): its body,
     why it is malformed (said once per note), or None for a note on an object that is neither
     a commit nor the claim object (a tree's would otherwise reach the commit graph, which
-    would read it as damage and re-clone the mirror on every poll)."""
+    would read it as damage and re-clone the mirror on every poll). ``kept``: a note that
+    counted before (``fleet.known``), on a commit then (an id names its type too)."""
     from reconciler.repo.tree import reading
 
     obj = str(entry.annotated_id)
     odb = repo.odb
     with reading(repo):
-        if obj != CLAIM_OBJECT:
+        if obj != CLAIM_OBJECT and not kept:  # kept: on a commit when it counted (an id names its type too)
             try:
                 if odb.read_header(entry.annotated_id)[0] != pygit2.enums.ObjectType.COMMIT:
                     return None
@@ -104,6 +115,9 @@ def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note) -> dict[str, A
             if size > MAX_NOTE:
                 read = f"{size} bytes, more than {MAX_NOTE // 1024} KiB"
             else:
+                # Kept or not, through the decoder: the cache vouches for a signature, never
+                # for a parse (plain json.loads takes what the bounds refuse: 1e999, a lone
+                # surrogate, a 5,000-digit number, a text of megabytes).
                 body = notes.body(node, obj, odb.read(entry.id)[1])
                 read = body.why if isinstance(body, notes.Malformed) else body
             _DECODED.put(blob, read, size if isinstance(read, dict) else len(read))
