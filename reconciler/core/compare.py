@@ -127,6 +127,20 @@ def _read(line: str) -> _Line:
 _READ: dict[str, _Line] = {}
 
 
+def _reading(line: str) -> _Line:
+    seen = _read(line)
+    # A long line (a certificate, a key, a blob on one line) is a node's own: kept, a review or a
+    # daemon would hold a copy of each, three times over, until the table starts over.
+    if len(line) <= _LONGEST_KEPT:
+        if len(_READ) >= 1 << 15:
+            _READ.clear()
+        _READ[line] = seen
+    return seen
+
+
+_LONGEST_KEPT = 512
+
+
 def _ini(text: str) -> dict[str, tuple[str, ...]]:
     """``section.key`` -> every value it has, in order, the way oslo.config reads a
     file: a key may repeat (multi-valued options such as ``transport_url``) and so may a section
@@ -177,12 +191,7 @@ def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
     prefix, key, key_indent = "", "", 0
     for a, b in zip(la, lb, strict=True):
         if a == b:  # most lines: read once per text, moving the parser along, nothing kept
-            seen = _READ.get(a)
-            if seen is None:
-                if len(_READ) >= 1 << 15:
-                    _READ.clear()
-                seen = _READ[a] = _read(a)
-            kind, indent, word, _, _ = seen
+            kind, indent, word, _, _ = _READ.get(a) or _reading(a)
             if kind == _BLANK:
                 key = ""  # a blank line ends a value
             elif kind == _COMMENT or (key and indent > key_indent):
@@ -194,9 +203,10 @@ def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
             else:
                 return None  # not an option: ``_ini`` says which file does not parse
             continue
-        # Neither read kept: a line that differs is often this node's own.
-        kind, indent, word, value, text = _read(a)
-        other_kind, other_indent, other_word, other_value, other_text = _read(b)
+        # Kept too: a line a change rewrites alike on every node ("region = RegionTwo") is read
+        # once in a fleet diff; one that is this node's own costs a table entry until it starts over.
+        kind, indent, word, value, text = _READ.get(a) or _reading(a)
+        other_kind, other_indent, other_word, other_value, other_text = _READ.get(b) or _reading(b)
         if kind in (_BLANK, _COMMENT) or other_kind in (_BLANK, _COMMENT):
             if kind != other_kind:
                 return None  # a blank line (the end of a value) or a comment against a line that is not
@@ -314,11 +324,24 @@ def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[
            rules: Iterable[Rule], default: ActionKind = DEFAULT) -> tuple[ActionKind, str]:
     """The action for a service whose ``changed_parts`` (runtime, networks, health, file) differ.
     ``default``: what a file change no rule explains needs (restart; reboot for host files)."""
-    parts = set(changed_parts)
+    parts = frozenset(changed_parts)
     rules = tuple(rules)
+    found = tuple(domains(old, new)) if "file" in parts else ()
+    # A service's rules are one tuple on every node, and a change mostly changes the same keys of
+    # its files on each: the action and its reason are worked out once per such change.
+    key = (id(rules), found, default, parts)
+    said = _DECIDED.get(key)
+    return said if said is not None else _DECIDED.put(key, _decide(parts, found, rules, default), rules)
+
+
+_DECIDED: ByIdentity[tuple[ActionKind, str]] = ByIdentity(1 << 12)
+
+
+def _decide(parts: frozenset[str], found: tuple[Domain, ...], rules: tuple[Rule, ...],
+            default: ActionKind) -> tuple[ActionKind, str]:
     judged: list[tuple[Domain, ActionKind, bool]] = []
     if "file" in parts:
-        judged = [(d, *_judged(d, rules, default)) for d in domains(old, new)]
+        judged = [(d, *_judged(d, rules, default)) for d in found]
     if "runtime" in parts:
         files = ", ".join(f"{d.label} {d.what}" + (f" in {d.file}" if d.key else "") for d, _, _ in judged)
         return ActionKind.RECREATE, "runtime changed (image, command, ports...)" + (f"; {files}" if files else "")

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from reconciler.core.compare import decide
+from reconciler.core.memo import ByIdentity
 from reconciler.core.model import Action, ActionKind, Desired, DesiredService, Observed, ObservedService, Plan
 from reconciler.drivers.kinds import config_change
 from reconciler.repo.windows import Window, closed
@@ -31,7 +32,18 @@ from reconciler.repo.windows import Window, closed
 def dependency_order(services: Iterable[DesiredService]) -> list[DesiredService]:
     """Dependencies first, deterministic (``order_of``)."""
     by_name = {s.name: s for s in services}
-    return [by_name[n] for n in order_of({n: s.depends_on for n, s in by_name.items()})]
+    shape = tuple([(n, s.depends_on) for n, s in by_name.items()])
+    order = _ORDERS.get(shape)
+    if order is None:
+        if len(_ORDERS) >= 1024:
+            _ORDERS.clear()
+        order = _ORDERS[shape] = tuple(order_of(dict(shape)))
+    return [by_name[n] for n in order]
+
+
+# The order of a node's services by their names and dependencies: the nodes of a group run the
+# same services, so a fleet's diff orders each set once, not once per node.
+_ORDERS: dict[tuple[tuple[str, tuple[str, ...]], ...], tuple[str, ...]] = {}
 
 
 def order_of(depends_on: Mapping[str, Iterable[str]]) -> list[str]:
@@ -74,9 +86,14 @@ def _short(commit: str | None) -> str:
     return commit[:12] if commit else "unknown commit"
 
 
-def plan(desired: Desired, observed: Observed, held: Mapping[str, str] | None = None) -> Plan:
+def plan(desired: Desired, observed: Observed, held: Mapping[str, str] | None = None, *,
+         shared: ByIdentity[Action] | None = None) -> Plan:
     """``held``: services an operator holds stopped (`reconciler stop`), left out of ``desired``
-    on purpose: service -> who holds it, said as the reason of its stop."""
+    on purpose: service -> who holds it, said as the reason of its stop. ``shared``: a review's
+    table of the actions of (desired, observed) pairs that hold no files, by the pair's identity
+    (a stand-in and its record applied are one pair on every node that does not render it). A
+    node passes none: its observation is new objects every pass, and a table keyed by them would
+    only grow in its daemon."""
     seen = observed.by_name()
     wanted = desired.by_name()
     held = held or {}
@@ -94,7 +111,14 @@ def plan(desired: Desired, observed: Observed, held: Mapping[str, str] | None = 
             ))
 
     for svc in dependency_order(desired.services):
-        actions.append(_action_for(svc, seen.get(svc.name)))
+        was = seen.get(svc.name)
+        if shared is None or svc.files or was is None or was.files:
+            actions.append(_action_for(svc, was))
+            continue
+        # Both frozen: the same pair, the same action, wherever it is met.
+        key = (id(svc), id(was))
+        hit = shared.get(key)
+        actions.append(hit if hit is not None else shared.put(key, _action_for(svc, was), svc, was))
 
     return Plan(node=desired.node, commit=desired.commit, actions=tuple(actions))
 

@@ -43,6 +43,7 @@ import jinja2
 from jinja2 import meta, nodes
 
 from reconciler.core.errors import ReconcilerError
+from reconciler.core.memo import ByIdentity
 from reconciler.render.lazyvars import templated
 from reconciler.render.variables import secret_view
 from reconciler.repo.definitions import DeploymentRepo, ServiceDef
@@ -51,6 +52,7 @@ from reconciler.repo.definitions import DeploymentRepo, ServiceDef
 _OWN = frozenset({"node", "service", "service_version", "release", "pending_release", "groups", "hostvars",
                   "secrets"})
 _MISSING = object()
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def same(a: Any, b: Any) -> bool:
@@ -59,6 +61,8 @@ def same(a: Any, b: Any) -> bool:
         return True
     if type(a) is not type(b):
         return False
+    if type(a) in _SCALARS:  # most values: no ABC check on the way to ==
+        return bool(a == b)
     if isinstance(a, Mapping):
         return len(a) == len(b) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple):
@@ -222,7 +226,17 @@ def _groups(asts: list[nodes.Template]) -> frozenset[str] | None:
 def names_read(svc: ServiceDef) -> Reads | None:
     """Every context name the service's templates and inline strings resolve, and what they read
     of hostvars and groups; None when one does not parse (then it is rendered, and the render
-    reports the error as it always did)."""
+    reports the error as it always did). Parsed once per service definition (by identity)."""
+    hit = _READS.get(id(svc))
+    if hit is None:
+        hit = _READS.put(id(svc), (_names_read(svc),), svc)
+    return hit[0]
+
+
+_READS: ByIdentity[tuple[Reads | None]] = ByIdentity(4096)
+
+
+def _names_read(svc: ServiceDef) -> Reads | None:
     texts = [*svc.templates.values(), *(s for s in strings_in(
         [svc.command, svc.env, svc.health, svc.container, svc.drain, svc.undrain]) if "{" in s),
              *(s for f in svc.files if f.merge for s in f.merge.sources if "{" in s)]  # a merge's paths
@@ -244,6 +258,7 @@ class Inputs:
         self._hostvar: dict[str, bool] = {}
         self._group: dict[str, bool] = {}
         self._global: dict[str, Reads | None] = {}
+        self._by_shape: dict[tuple[tuple[str, ...], frozenset[str]], frozenset[str]] = {}
         # What every render reads besides its names: the health timeout default, the driver
         # default and the limits.
         self.repo_same = same(a.settings.get("defaults"), b.settings.get("defaults")) and same(a.limits, b.limits)
@@ -327,23 +342,32 @@ class Inputs:
             # Two planes: peers and VIP networks are per node (see ``repo.planes``); rendered
             # whole while the fleet runs them side by side.
             return everything
-        vars_a, vars_b = a.node_vars(node), b.node_vars(node)
+        vars_a, vars_b = a.hostvars[node], b.hostvars[node]  # its variables, merged once per repo
         if not self._secrets_of_node_same(node, vars_a, vars_b):
             return everything
         # A name in neither is the service's default at both (the definition is the same); one
         # in only one of them is counted changed, whatever the default says.
         differ = {n for n in vars_a.keys() | vars_b.keys()
                   if not same(vars_a.get(n, _MISSING), vars_b.get(n, _MISSING))} - _OWN
-        if self.templated:
-            # What a templated value may read besides variables, where it changed.
-            own = {n for n, what in (("hostvars", "hostvars"), ("groups", "group_members"), ("release", "release"))
-                   if not self._whole_same(what)}
-            differ = _reached(differ | own, (vars_a, vars_b))
+        if not self.templated:
+            # The answer reads only the services and the names that differ: the nodes of a group
+            # whose own variables did not change share it, worked out once.
+            key = (mine_b, frozenset(differ))
+            hit = self._by_shape.get(key)
+            if hit is None:
+                hit = self._by_shape[key] = frozenset(
+                    name for name in mine_b if (reads := self._service_same(name)) is None
+                    or not differ.isdisjoint(reads.names))
+            return hit
+        # What a templated value may read besides variables, where it changed.
+        own = {n for n, what in (("hostvars", "hostvars"), ("groups", "group_members"), ("release", "release"))
+               if not self._whole_same(what)}
+        differ = _reached(differ | own, (vars_a, vars_b))
         out = set()
         for name in mine_b:
             reads = self._service_same(name)
             reached = differ
-            if reads is not None and self.templated and b.services[name].defaults:
+            if reads is not None and b.services[name].defaults:
                 reached = _reached(differ, (b.services[name].defaults,))  # its defaults are the same at both
             if reads is None or not (reached - _OWN).isdisjoint(reads.names):
                 out.add(name)

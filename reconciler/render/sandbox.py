@@ -37,6 +37,7 @@ from reconciler.core.errors import RenderLimit
 from reconciler.core.limits import Limits, size
 
 _CHECK_EVERY = 256  # steps between clock reads: cheap, and still many checks per second
+_MADE_PER_OUTPUT = 4  # the strings a render builds, against the output it may write
 
 
 class Budget:
@@ -47,6 +48,7 @@ class Budget:
         self.deadline = time.monotonic() + limits.render_seconds
         self.spent = 0  # output of the node so far (characters while streaming, then bytes)
         self.steps = 0
+        self.made = 0  # characters of the strings its filters and methods returned
 
     @property
     def too_late(self) -> str:
@@ -59,13 +61,23 @@ class Budget:
         return None
 
     def tick(self) -> None:
-        over = self.late()
-        if over is not None:
-            raise RenderLimit(over)
+        # ``late`` inlined: every lookup, call and operator of a template ticks.
+        self.steps += 1
+        if self.steps % _CHECK_EVERY == 0 and time.monotonic() > self.deadline:
+            raise RenderLimit(self.too_late)
 
     def value(self, length: int) -> None:
         if length > self.limits.file_bytes:
             raise RenderLimit(f"a value larger than {size(self.limits.file_bytes)} (render limit)")
+
+    def built(self, length: int) -> None:
+        """A string a filter or method returned: held to ``file_bytes``, and all of them to a few
+        ``node_bytes`` (a ``map`` over a long list keeps each one it builds, output or not)."""
+        self.value(length)
+        self.made += length
+        if self.made > _MADE_PER_OUTPUT * self.limits.node_bytes:
+            raise RenderLimit(f"the values built add up to more than {size(_MADE_PER_OUTPUT * self.limits.node_bytes)}"
+                              " (render limit)")
 
     def output(self, more: int, file_so_far: int, what: str) -> str | None:
         """Count ``more`` output of the node; why it must stop, if it must."""
@@ -129,11 +141,23 @@ def _format_width(fmt: str, args: Iterable[Any]) -> int:
     return max(widths)
 
 
+_NUMBERS = frozenset({int, float, bool})
 _SIZED = (str, bytes, list, tuple)  # a tuple, not ``str | bytes ...``: that builds a union per call
 
 
 def _length(value: Any) -> int:
     return len(value) if isinstance(value, _SIZED) else 0
+
+
+def _weight(value: Any) -> int:
+    """``_length``, but a list or tuple weighs its items (one level down, 1 at least each): a
+    list of one 10 MB string repeated a thousand times is short, and joins into 10 GB."""
+    if isinstance(value, (list, tuple)):
+        return sum([_length(item) or 1 for item in value])
+    return _length(value)
+
+
+_MOST_BITS = 65536  # a number past 2**65536 cannot even be printed (Python stops int -> str at 4300 digits)
 
 
 def _result_size(name: str, value: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
@@ -152,11 +176,19 @@ def _result_size(name: str, value: Any, args: Sequence[Any], kwargs: dict[str, A
         return len(value) * len(args[0])
     if name == "format" and isinstance(value, str):
         return n + _format_width(value, (*args, *kwargs.values()))
+    if name == "translate" and isinstance(value, str) and args and isinstance(args[0], Mapping):
+        return n * max([1, *(_length(v) for v in args[0].values())])  # each character to a string
     return 0
+
+
+# The filters and methods ``_result_size`` can say more than 0 of.
+_GROWING = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "batch", "slice", "indent", "replace",
+                      "join", "format", "translate"})
 
 
 def _paced_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     skip = 1 if hasattr(func, "jinja_pass_arg") else 0  # @pass_context and kin take that first
+    grows = name in _GROWING
 
     @functools.wraps(func)  # keeps jinja_pass_arg, so Jinja passes the same arguments
     def paced(*args: Any, **kwargs: Any) -> Any:
@@ -164,10 +196,11 @@ def _paced_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         if budget is None:
             return func(*args, **kwargs)
         budget.tick()
-        if len(args) > skip:
+        if grows and len(args) > skip:
             budget.value(_result_size(name, args[skip], args[skip + 1:], kwargs))
         result = func(*args, **kwargs)
-        budget.value(_length(result) if isinstance(result, str) else 0)
+        if isinstance(result, str):
+            budget.built(len(result))
         return result
 
     return paced
@@ -196,6 +229,24 @@ class _Generator(CodeGenerator):
         self.write(f"), {join})")
 
 
+@jinja2.pass_environment
+def _sum(environment: jinja2.Environment, iterable: Iterable[Any], attribute: str | int | None = None,
+         start: Any = 0) -> Any:
+    """Jinja's ``sum``, bounded: a sum of lists (``start=[]``) is one call, quadratic in their
+    number, out of reach of the deadline; so lists and tuples are weighed, then joined in one pass."""
+    if attribute is not None:
+        iterable = map(jinja2.filters.make_attrgetter(environment, attribute), iterable)
+    items = list(iterable)
+    kind = type(start)
+    if kind in (list, tuple) and all(type(item) is kind for item in items):
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.value(_weight(start) + sum([_weight(item) for item in items]))
+        joined = [*start, *(x for item in items for x in item)]
+        return joined if kind is list else tuple(joined)
+    return sum(items, start)
+
+
 @jinja2.pass_eval_context
 def _join(eval_ctx: jinja2.nodes.EvalContext, value: Iterable[Any], d: str = "",
           attribute: str | int | None = None) -> str:
@@ -220,7 +271,8 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         super().__init__(**options)
         # lipsum(n) loops n times in plain Python, out of reach of every check here.
         self.globals.pop("lipsum", None)
-        self.filters = {name: _paced_filter(name, f) for name, f in {**self.filters, "join": _join}.items()}
+        own = {**self.filters, "join": _join, "sum": _sum}
+        self.filters = {name: _paced_filter(name, f) for name, f in own.items()}
         self.over_limit: MutableMapping[str, str] = {}  # template -> first node it passed a limit for
         self._top: dict[str, jinja2.Template] = {}
 
@@ -257,7 +309,13 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         budget = _BUDGET.get()
         if budget is not None:
             budget.tick()
-            budget.value(self._binop_size(operator, left, right))
+            # Two numbers make nothing large but a power or a product of large integers (a
+            # port_base + 1 on every line of a fleet skips the rest).
+            if operator == "**" or type(left) not in _NUMBERS or type(right) not in _NUMBERS:
+                budget.value(self._binop_size(operator, left, right))
+            elif operator == "*" and type(left) is int and type(right) is int \
+                    and left.bit_length() + right.bit_length() > _MOST_BITS:
+                budget.value(sys.maxsize)  # squared in a loop, a number takes minutes to multiply
         return super().call_binop(context, operator, left, right)
 
     @staticmethod
@@ -265,14 +323,13 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
                 if isinstance(times, int) and isinstance(seq, (str, list, tuple)):
-                    return len(seq) * times
+                    return _weight(seq) * times
         if operator == "+":
-            return _length(left) + _length(right)
+            return _weight(left) + _weight(right)
         if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
-            # Bytes of the result: a number past 2**65536 cannot even be printed (Python stops
-            # int -> str at 4300 digits), and computing it first could take minutes.
+            # Bytes of the result (``_MOST_BITS``): computing a larger one first could take minutes.
             bits = right * max(left.bit_length() - 1, 0)
-            return bits // 8 if bits <= 65536 else sys.maxsize
+            return bits // 8 if bits <= _MOST_BITS else sys.maxsize
         if operator == "%" and isinstance(left, str):
             return len(left) + _format_width(left, right if isinstance(right, tuple) else (right,))
         return 0
@@ -286,7 +343,8 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if isinstance(owner, str):  # a string method: "x".center(10 ** 9)
             budget.value(_result_size(getattr(__obj, "__name__", ""), owner, args, kwargs))
         result = super().call(__context, __obj, *args, **kwargs)
-        budget.value(len(result) if isinstance(result, str) else 0)
+        if isinstance(result, str):
+            budget.built(len(result))
         return result
 
     def getattr(self, obj: Any, attribute: str) -> Any:

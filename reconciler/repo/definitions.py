@@ -151,10 +151,17 @@ class DeploymentRepo:
     def services_of(self, node: str) -> tuple[str, ...]:
         """The node's services: the union of its groups' services, sorted by name, without the
         VIP services off the live plane (``placement.off_plane``)."""
-        # The planes are computed only for a repo that has VIP services: without, nothing moves.
-        nd = self.node(node)  # an unknown node: UnknownNode, before the planes are asked about it
-        attached = not self.vip_services or self.planes[node].attached
-        return placement.services_of(nd, self.groups, self.vip_services, attached)
+        kept = self._services_by_node.get(node)  # asked of every node at both commits in a diff
+        if kept is None:
+            # The planes are computed only for a repo that has VIP services: without, nothing moves.
+            nd = self.node(node)  # an unknown node: UnknownNode, before the planes are asked about it
+            attached = not self.vip_services or self.planes[node].attached
+            kept = self._services_by_node[node] = placement.services_of(nd, self.groups, self.vip_services, attached)
+        return kept
+
+    @functools.cached_property
+    def _services_by_node(self) -> dict[str, tuple[str, ...]]:
+        return {}
 
     @functools.cached_property
     def vip_services(self) -> frozenset[str]:

@@ -19,12 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.core.errors import BadInput, ReconcilerError
-from reconciler.core.memo import ByIdentity
-from reconciler.core.model import ActionKind, Desired, DesiredService, FileSpec, Observed, ObservedService, Plan
+from reconciler.core.model import ActionKind, Desired, FileSpec, Plan
 from reconciler.core.yamlfile import Problem, RepoProblems
 from reconciler.fleet.facts import Published, for_review, said
 from reconciler.fleet.rollout import plan_rollout
-from reconciler.plan.planner import plan as make_plan
 from reconciler.render.facts import NodeFacts
 from reconciler.render.inputs import Inputs
 from reconciler.render.node import render_node
@@ -35,6 +33,7 @@ from reconciler.repo.definitions import DeploymentRepo
 from reconciler.repo.load import load_repo
 from reconciler.repo.steps import Stage
 from reconciler.repo.tree import Tree
+from reconciler.review.applied import planned
 from reconciler.review.linediff import quoted, unified, visible
 from reconciler.upgrades.rules import (
     Upgrade,
@@ -199,32 +198,12 @@ def plain_text_secrets(tree: Tree, repo: DeploymentRepo, keys: Iterable[Any]) ->
     return problems
 
 
-def as_applied(desired: Desired) -> Observed:
-    """What a node observes once ``desired`` is applied and healthy."""
-    return Observed(desired.node, tuple(_applied(s, desired.commit) for s in desired.services))
-
-
-# A stand-in (``render.node.stand_in``) is one object on every node that does not render its
-# service: applied, it reads the same on each, so it is made once per commit, not per node
-# (most of a one-service change's diff is the services it does not change).
-_APPLIED: ByIdentity[ObservedService] = ByIdentity(4096)
-
-
-def _applied(s: DesiredService, commit: str) -> ObservedService:
-    key = (id(s), commit)
-    hit = _APPLIED.get(key) if not s.files else None  # a rendered service is a node's own: never met again
-    if hit is None:
-        hit = ObservedService(s.name, s.runtime.driver, True, s.hash, commit, None, "",
-                              tuple(sorted(s.fingerprint().items())), "", s.files)
-        if not s.files:
-            _APPLIED.put(key, hit, s)
-    return hit
-
-
 def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
     out = []
     before, after = a.by_name(), b.by_name()
     for name in sorted(set(before) | set(after)):
+        if before.get(name) is after.get(name):
+            continue  # one stand-in on both sides: no file
         files_a = before[name].files if name in before else ()
         files_b = after[name].files if name in after else ()
         if len(files_a) == 1 and len(files_b) == 1 and files_a[0].path == files_b[0].path:  # most services
@@ -353,13 +332,12 @@ def _diff_node(r: _Review, node: str) -> NodeDiff:
         steps += (f"{', '.join(sorted(held))}: kept at their version (not in stage {r.stage.name})",)
     if r.upgrades and r.repo_b.post_upgrade:
         steps += describe_post(r.repo_b, node, r.upgrades, r.repo_b.members, r.holding)
-    plan = make_plan(db, as_applied(da))
-    if node in r.repo_a.nodes and node not in r.repo_b.nodes:
-        plan, steps = _leaves(r.repo_b, node, plan, steps)
     # A review keeps what it prints: not every rendered file of every action (a worker would
     # send them all back).
-    plan = Plan(plan.node, plan.commit, tuple(a.without_desired() for a in plan.actions))
-    return NodeDiff(node, plan, tuple(file_diffs(node, da, db)), steps,
+    plan, shown_a, shown_b = planned(da, db)
+    if node in r.repo_a.nodes and node not in r.repo_b.nodes:
+        plan, steps = _leaves(r.repo_b, node, plan, steps)
+    return NodeDiff(node, plan, tuple(file_diffs(node, shown_a, shown_b)), steps,
                     next((line.split(": facts: ", 1)[1] for line in said([(node, f) for f in used])), ""))
 
 
