@@ -125,7 +125,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10000)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="reconciler-bench-fleet-status-") as tmp:
+    # ignore_cleanup_errors: git may still be packing a clone's 10,000 fetched refs in the
+    # background (gc --auto) while the directory is removed; a run's figures are printed by then.
+    with tempfile.TemporaryDirectory(prefix="reconciler-bench-fleet-status-", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
         t = time.perf_counter()
         bare, head = server(root, args.nodes)

@@ -188,7 +188,7 @@ class NoteTrust:
         out: dict[bytes, tuple[sshsig.AllowedSigner, ...]] = {}
         for s in self.signers:
             if not s.cert_authority:
-                blob = parse_key(s.key_blob).plain_blob
+                blob = s.plain_blob or parse_key(s.key_blob).plain_blob
                 out[blob] = (*out.get(blob, ()), s)
         return out
 
