@@ -11,7 +11,7 @@ and says the same. At 30 services a node, hashing A was a sixth of a fleet diff.
 
 from __future__ import annotations
 
-from reconciler.core.memo import ByIdentity
+from reconciler.core.memo import Bounded, ByIdentity
 from reconciler.core.model import Action, ActionKind, Desired, DesiredService, Observed, ObservedService, Plan
 from reconciler.plan.planner import plan as make_plan
 
@@ -55,6 +55,15 @@ def _applied_against(s: DesiredService, t: DesiredService, commit: str) -> Obser
     if not (s.runtime is t.runtime or s.runtime == t.runtime) or not (s.health is t.health or s.health == t.health):
         return _applied(s, commit)  # how it runs changed (rare): A's parts hashed as they are
     theirs = t.fingerprint()
+    if len(s.files) == 1 and len(t.files) == 1 and s.files[0].path == t.files[0].path:
+        # One file on both sides (most services): B's parts, that file's value replaced if it differs.
+        was, now = s.files[0], t.files[0]
+        if now.content == was.content and now.mode == was.mode and now.key == was.key:
+            return ObservedService(s.name, s.runtime.driver, True, t.hash, commit, None, "",
+                                   tuple(sorted(theirs.items())), "", s.files)
+        theirs[f"file:{was.path}"] = _DIFFERS  # a copy: the fingerprint A's parts read as
+        return ObservedService(s.name, s.runtime.driver, True, _DIFFERS, commit, None, "",
+                               tuple(sorted(theirs.items())), "", s.files)
     mine = {key: value for key, value in theirs.items() if not key.startswith("file:")}  # the spec's parts
     other = {f.path: f for f in t.files}
     for f in s.files:
@@ -76,10 +85,19 @@ SHARED_ACTIONS: ByIdentity[Action] = ByIdentity(4096)
 _KEPT: ByIdentity[Action] = ByIdentity(4096)
 
 
+# A rendered service's action as kept, by value: a change made alike on every node ("only
+# [DEFAULT] region changed in svc.conf") keeps one object for all of them, not one per node.
+_ALIKE: Bounded[tuple[object, ...], Action] = Bounded(4096)
+
+
 def kept_of(a: Action) -> Action:
     """The action without the rendered service it carries (what a review keeps)."""
-    if a.desired is None or a.desired.files:
-        return a.without_desired()
+    if a.desired is None:
+        return a
+    if a.desired.files:
+        key = (a.kind, a.service, a.reason, a.driver, a.sync, a.staged, a.waiting, a.held_by)
+        _, alike = _ALIKE.lookup(key)
+        return alike if alike is not None else _ALIKE.put(key, a.without_desired())
     hit = _KEPT.get(id(a))
     return hit if hit is not None else _KEPT.put(id(a), a.without_desired(), a)
 
