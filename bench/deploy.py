@@ -15,7 +15,10 @@ Each run starts from nothing (its services stopped after it). Printed: wall time
 process and what it waited for; not the services' own) per tool, medians of ``--runs``, and the
 ratio of wall times.
 
-    .venv/bin/python bench/deploy.py [--services 30] [--runs 3]
+    .venv/bin/python bench/deploy.py [--services 30] [--runs 3] [--before DIR]
+
+``--before DIR``: another checkout's package (``DIR/reconciler``, e.g. the commit before a change
+to the apply) run at the default width in the same turns, printed beside this one.
 """
 
 from __future__ import annotations
@@ -158,11 +161,12 @@ def main() -> None:
     ap.add_argument("--services", type=int, default=30)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="reconciler's runs only (a quick look)")
+    ap.add_argument("--before", type=Path, help="a checkout whose reconciler/ runs at the default width beside")
     args = ap.parse_args()
     from reconciler.settings import AgentConfig
 
     widths = {"default": AgentConfig.max_parallel, "all": args.services, "seq": 1}
-    modes = [*widths, *([] if args.no_peer else ["ansible"])]
+    modes = [*widths, *(["before"] if args.before else []), *([] if args.no_peer else ["ansible"])]
     ansible = venv("ansible", ANSIBLE)
     names = [f"s{i:02d}" for i in range(args.services)]
     ports = free_ports(args.services)
@@ -173,7 +177,7 @@ def main() -> None:
         root = Path(tmp)
         url, allowed = repo(root, names, ports)
         configs = {}
-        for mode, width in widths.items():
+        for mode, width in [*widths.items(), ("before", widths["default"])]:
             configs[mode] = root / f"{mode}.yaml"
             configs[mode].write_text(f"max_parallel: {width}\n")
         play = root / "play"
@@ -193,7 +197,8 @@ def main() -> None:
                         state = root / f"state-{mode}-{k}"
                         runs[mode].append(timed([*reconciler, "agent", "--once", "--config", str(configs[mode]),
                                                  "--node", "bench1", "--remote", url, "--state-dir", str(state),
-                                                 "--allowed-signers", str(allowed)], {**ENV, **_clean_env()}))
+                                                 "--allowed-signers", str(allowed)], {**ENV, **_clean_env()},
+                                                cwd=args.before if mode == "before" else None))
                     stop_listeners(ports)
         finally:
             stop_listeners(ports)
@@ -206,6 +211,9 @@ def main() -> None:
           f"medians of {args.runs}, load {load()}")
     for mode, width in widths.items():
         print(f"  reconciler, max_parallel {width:<3} {med(mode, 0):7.2f} s wall, {med(mode, 1):5.2f} s CPU")
+    if args.before:
+        print(f"  {args.before}, max_parallel {widths['default']}: {med('before', 0):7.2f} s wall, "
+              f"{med('before', 1):5.2f} s CPU")
     bound = 3 + start + HOLD
     print(f"  target: at most 3 s + the slowest start ({start:.2f} s) and hold ({HOLD:g} s) = {bound:.2f} s: "
           f"max_parallel {widths['all']} {'met' if med('all', 0) <= bound else 'not met'}, "

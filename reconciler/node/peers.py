@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from reconciler.core.errors import ReconcilerError, RemoteError
 from reconciler.core.model import Plan, Verdict
 from reconciler.core.text import printable
-from reconciler.fleet.budget import DISRUPTIVE, budgets_of, next_ticket, wait
 from reconciler.fleet.notes import Claim
 from reconciler.fleet.rollout import WHOLE_READ_EVERY, FleetView, Quiet, begun, decide, early, plan_rollout, sentinel
 from reconciler.fleet.rollout import Verdict as Go
@@ -116,15 +115,22 @@ def rollout_gate(ctx: NodeContext, repo: DeploymentRepo, commit: str, *, barrier
         ctx.memory.watch = ()
     elif quiet is not None and quiet.commit == commit and verdict is quiet.verdict:
         ctx.memory.watch = (quiet.sentinel,)  # the batch before has not begun: its sentinel tells
-    else:  # a few of those it waits for, each waiting node its own few (no one file read by all)
-        ctx.memory.watch = tuple(sorted(verdict.waiting_for,
-                                        key=lambda n: zlib.crc32(f"{ctx.node}/{n}".encode()))[:WATCH_AT_MOST])
+    else:
+        watch(ctx, verdict.waiting_for)
     return verdict
 
 
 # A waiting node's wait-poll reads at most this many notes tips: the batch before a node of a
 # large wave can be hundreds. Each note that ends a wait is seen once it is among the few left.
 WATCH_AT_MOST = 4
+
+
+def watch(ctx: NodeContext, nodes: Iterable[str]) -> None:
+    """The daemon's wait-polls look at the notes of a few of ``nodes`` (the pass waits for them:
+    the wave before, the holders of a disruption slot, an upgrade barrier's laggards), each
+    waiting node its own few (no one file read by all)."""
+    ctx.memory.watch = tuple(sorted(set(nodes) - {ctx.node},
+                                    key=lambda n: zlib.crc32(f"{ctx.node}/{n}".encode()))[:WATCH_AT_MOST])
 
 
 def _rollout_gate(ctx: NodeContext, repo: DeploymentRepo, commit: str, *, barriers: bool = False,
@@ -220,12 +226,15 @@ def cutover_watch(ctx: NodeContext, commit: str) -> list[str]:
 def take(ctx: NodeContext, repo: DeploymentRepo, plan: Plan) -> str | None:
     """None when this node may make the plan's disruptive changes now (it holds its slot in
     every budget it is in); otherwise why it waits, and for whom."""
+    from reconciler.fleet.budget import DISRUPTIVE, budgets_of  # repo.windows, cronsim: not for the idle daemon
+
     node = ctx.node
     mine = budgets_of(repo.budgets, node)
     needs = [a for a in plan.actions if a.kind in DISRUPTIVE]
     if not mine or not needs:
         return None
     what = ", ".join(f"{a.kind} {a.service}" for a in needs)
+    ctx.memory.watch = ()  # unless it waits for the holders of the slot (``_take``)
     try:
         return _take(ctx, mine, what)
     except RemoteError as exc:  # the others' claims unread: a wait, never a go (nor a failed commit)
@@ -233,6 +242,8 @@ def take(ctx: NodeContext, repo: DeploymentRepo, plan: Plan) -> str | None:
 
 
 def _take(ctx: NodeContext, mine: tuple[Budget, ...], what: str) -> str | None:
+    from reconciler.fleet.budget import next_ticket, wait
+
     node = ctx.node
     if ctx.reporter.key is not None and (why := note_trust_of(ctx).refuses(node, ctx.reporter.key(), ctx.clock())):
         # the others would not count our claim: a slot taken unseen is no slot (a key not yet
@@ -258,6 +269,9 @@ def _take(ctx: NodeContext, mine: tuple[Budget, ...], what: str) -> str | None:
         ctx.reporter.push()
     held = wait(claim, observed(ctx, fleet_view(ctx, group).claims), mine, ctx.clock().timestamp())
     if held is not None:
+        # Their next note (a ticket chosen, a slot freed) may end the wait: the daemon wait-polls
+        # them, so the slot is taken within a wait-poll of its release, not at the next poll.
+        watch(ctx, held.nodes)
         return str(held)
     log.info("%s: disruption slot taken (ticket %d): %s", node, claim.ticket, what)
     return None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from reconciler.core.errors import ReconcilerError
 from reconciler.core.model import ActionKind, Report, ResultState, ServiceResult, Verdict
-from reconciler.node.peers import fleet_view
+from reconciler.node.peers import fleet_view, watch
 from reconciler.node.poststeps import post
 from reconciler.node.run import Run, RunResult, now_iso
 from reconciler.node.settle import settle, write_note
@@ -64,6 +64,9 @@ def upgrade(ctx: NodeContext, run: Run, upgrader: Upgrader, fleet: FleetView) ->
     outcome = upgrader.run(fleet, note)
     node, commit = ctx.node, run.commit
     if outcome.waiting:
+        # The daemon wait-polls those it waits for: the step starts within a wait-poll of the
+        # last one's note, not at the next poll.
+        watch(ctx, outcome.waiting_for)
         ctx.say_once(("barrier", commit, outcome.waiting), logging.INFO, "%s: %s: %s", node, commit[:12],
                        outcome.waiting)
         if ctx.ledger.may_become(commit, Verdict.WAITING):

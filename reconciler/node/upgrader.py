@@ -66,6 +66,7 @@ class Outcome:
     waiting: str = ""
     failed: str = ""
     detail: str = ""
+    waiting_for: tuple[str, ...] = ()  # the nodes a barrier waits for: their next note may pass it
 
 
 @dataclass
@@ -183,7 +184,7 @@ class Upgrader:
                 continue
             gate = barrier(up, k, self.progress(fleet), others)
             if not gate.go:
-                return Outcome(waiting=gate.reason)
+                return Outcome(waiting=gate.reason, waiting_for=gate.waiting_for)
             if step.scope is Scope.ONCE and up.once_node != self.node:
                 now = time.time()
                 ledger.step(self.commit, k, StepRecord(up.service, step.name, step.scope, StepStatus.SKIPPED, now, now,
