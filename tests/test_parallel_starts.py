@@ -20,7 +20,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -49,7 +49,7 @@ from reconciler.settings.load import load_config
 # when it ran, under its own name.
 SLEEPER = """\
 runtime:
-  command: [sh, -c, "{command}"]
+  command: {command}
 files:
   - {{path: app.conf, template: app.conf.j2}}
 health:
@@ -59,9 +59,12 @@ health:
 {extra}"""
 
 
-def sleepers(tmp_path: Path, key: SigningKey, names: list[str], hold: float = 0.5,
+def sleepers(tmp_path: Path, key: SigningKey, names: list[str], hold: float | Mapping[str, float] = 0.5,
              depends: dict[str, list[str]] | None = None,
-             command: str = "grep -q 'ok = yes' app.conf && exec sleep 1000") -> tuple[Deployment, Path]:
+             command: str | Mapping[str, str] = "grep -q 'ok = yes' app.conf && exec sleep 1000"
+             ) -> tuple[Deployment, Path]:
+    """One node running ``names``, each held healthy for ``hold`` (or its own), its process a
+    shell ``command`` (or its own; one in brackets is the argv itself)."""
     checks = tmp_path / "checks.log"
     files = {
         "reconciler.yaml": "format: 1\nname: parallel\n",
@@ -70,8 +73,11 @@ def sleepers(tmp_path: Path, key: SigningKey, names: list[str], hold: float = 0.
     }
     for name in names:
         after = (depends or {}).get(name)
+        run = command if isinstance(command, str) else command[name]
         files[f"services/{name}/service.yaml"] = SLEEPER.format(
-            command=command, hold=hold, extra=f"depends_on: [{', '.join(after)}]\n" if after else "")
+            command=run if run.startswith("[") else f'[sh, -c, "{run}"]',
+            hold=hold if isinstance(hold, float | int) else hold[name],
+            extra=f"depends_on: [{', '.join(after)}]\n" if after else "")
         files[f"services/{name}/templates/app.conf.j2"] = \
             "ok = {{ 'no' if bad == service else 'yes' }}\nversion = {{ version }}\n"
     return small_deployment(tmp_path, key, files), checks

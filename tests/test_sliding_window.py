@@ -17,42 +17,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import Deployment, SigningKey, small_deployment
+from conftest import Deployment, SigningKey
 from test_faults import processes_of
-from test_parallel_starts import holds, most_at_once
+from test_parallel_starts import holds, most_at_once, sleepers
 
 from reconciler.agent import Agent
-
-# Starts only when its config says ok (a version that is not exits at once).
-SERVICE = """\
-runtime:
-  command: [sh, -c, "grep -q 'ok = yes' app.conf && exec sleep 1000"]
-files:
-  - {{path: app.conf, template: app.conf.j2}}
-health:
-  command: 'echo "$RECONCILER_SERVICE $(date +%s.%N)" >> {{{{ checks }}}}'
-  min_healthy: {hold}
-  timeout: 10
-{extra}"""
 
 
 def services(tmp_path: Path, key: SigningKey, held: dict[str, float],
              depends: dict[str, list[str]] | None = None) -> tuple[Deployment, Path]:
     """One node running ``held``'s services, each held healthy for its own time."""
-    checks = tmp_path / "checks.log"
-    names = list(held)
-    files = {
-        "reconciler.yaml": "format: 1\nname: window\n",
-        "inventory.yaml": f"vars: {{checks: {checks}, version: 1, bad: none}}\n"
-                          f"groups:\n  g: {{services: [{', '.join(names)}]}}\nnodes:\n  n1: {{groups: [g]}}\n",
-    }
-    for name, hold in held.items():
-        after = (depends or {}).get(name)
-        files[f"services/{name}/service.yaml"] = SERVICE.format(
-            hold=hold, extra=f"depends_on: [{', '.join(after)}]\n" if after else "")
-        files[f"services/{name}/templates/app.conf.j2"] = \
-            "ok = {{ 'no' if bad == service else 'yes' }}\nversion = {{ version }}\n"
-    return small_deployment(tmp_path, key, files), checks
+    return sleepers(tmp_path, key, list(held), hold=held, depends=depends)
 
 
 def test_a_service_starts_as_soon_as_a_slot_frees_not_when_the_slowest_of_its_batch_is_healthy(

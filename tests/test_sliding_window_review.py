@@ -32,22 +32,12 @@ from conftest import Deployment, SigningKey, free_port, small_deployment
 from test_crash_points import APP, Node, count_points, inventory, one_pass, recovers_from_each
 from test_crash_points import SERVICE as WEB
 from test_faults import processes_of
-from test_parallel_starts import holds
+from test_parallel_starts import holds, sleepers
 
 from reconciler.agent import Agent
 from reconciler.node.context import Memory
 from reconciler.node.peers import WATCH_AT_MOST, watch
 from reconciler.settings import AgentConfig, TrustConfig
-
-# A service whose check writes when it ran; ``{command}``: its process.
-SERVICE = """\
-runtime:
-  command: {command}
-health:
-  command: 'echo "$RECONCILER_SERVICE $(date +%s.%N)" >> {{{{ checks }}}}'
-  min_healthy: {hold}
-  timeout: 10
-{extra}"""
 
 SLEEPS = '[sh, -c, "exec sleep 1000"]'
 MISSING = "[no-such-command-for-this-test]"  # found on no PATH: fails before any wait
@@ -56,18 +46,8 @@ MISSING = "[no-such-command-for-this-test]"  # found on no PATH: fails before an
 def services(tmp_path: Path, key: SigningKey, held: dict[str, tuple[str, float]],
              depends: dict[str, list[str]] | None = None) -> tuple[Deployment, Path]:
     """One node running ``held``'s services: each its command and how long it is held healthy."""
-    checks = tmp_path / "checks.log"
-    names = list(held)
-    files = {
-        "reconciler.yaml": "format: 1\nname: review\n",
-        "inventory.yaml": f"vars: {{checks: {checks}}}\n"
-                          f"groups:\n  g: {{services: [{', '.join(names)}]}}\nnodes:\n  n1: {{groups: [g]}}\n",
-    }
-    for name, (command, hold) in held.items():
-        after = (depends or {}).get(name)
-        files[f"services/{name}/service.yaml"] = SERVICE.format(
-            command=command, hold=hold, extra=f"depends_on: [{', '.join(after)}]\n" if after else "")
-    return small_deployment(tmp_path, key, files), checks
+    return sleepers(tmp_path, key, list(held), hold={n: h for n, (_, h) in held.items()}, depends=depends,
+                    command={n: c for n, (c, _) in held.items()})
 
 
 def window_threads() -> list[str]:
