@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from reconciler.core.errors import NoCABundle
 
@@ -37,7 +37,10 @@ def main() -> None:
                 # of its imports; any doubt, and the full pass below runs.
                 from reconciler.node.quiet import answer
 
-                code = answer(plain.agent_opts, plain.settings, plain.output)
+                try:
+                    code = answer(plain.agent_opts, plain.settings, plain.output)
+                except KeyboardInterrupt:
+                    _aborted_before_the_pass(plain.output)
                 if code is not None:
                     sys.exit(code)
             from reconciler.cli.run import run_agent
@@ -69,6 +72,17 @@ def main() -> None:
 
 def _reraise(exc: BaseException) -> None:
     raise exc
+
+
+def _aborted_before_the_pass(output: str) -> NoReturn:
+    """Ctrl-C while the no-op check ran (its poll of the remote, say): it changes nothing, so
+    what a pass stopped before changing anything says, and its exit code (130)."""
+    from reconciler.cli.group import handled
+    from reconciler.cli.run import Interrupted
+
+    failure = Interrupted("aborted: no service was being changed; the next run starts over")
+    handled(lambda: _reraise(failure), output == "json")
+    raise AssertionError("handled exits")  # pragma: no cover
 
 
 class PlainAgent(NamedTuple):

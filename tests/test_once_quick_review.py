@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -178,3 +179,28 @@ def test_a_stray_process_of_a_service_is_stopped_by_the_full_pass(node: Node) ->
     finally:
         stray.kill()
         stray.wait()
+
+
+def test_ctrl_c_while_the_quick_poll_waits_on_the_remote_is_said_as_a_pass_says_it(node: Node) -> None:
+    # Ctrl-C at a terminal reaches the command's process group while its quick poll waits: the
+    # user is told what a pass would say (nothing was being changed), exit 130, no traceback,
+    # and the poll's git (in a session of its own) is not left behind.
+    with first_poll_hangs(node.dep.bare, node.dep.url):
+        agent = subprocess.Popen([sys.executable, "-m", "reconciler", "agent", "--once", *node.args],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+                                 start_new_session=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            deadline = time.monotonic() + 30
+            while not _polls_of(node.dep.url) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _polls_of(node.dep.url), "the quick poll never started"
+            os.killpg(agent.pid, signal.SIGINT)
+            out, err = agent.communicate(timeout=30)
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.communicate()
+        assert agent.returncode == 130, err
+        assert err.splitlines() == ["error: aborted: no service was being changed; the next run starts over [ABORTED]"]
+        assert out == "" and not _polls_of(node.dep.url)
