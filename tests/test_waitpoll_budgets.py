@@ -13,6 +13,11 @@ History (a budget: two nodes, n1 and n2, in a group with ``max_disrupted: 1``)::
 History (a barrier: the demo fleet, ``test_upgrade``'s upgrade of identity)::
 
     C1 version 1 everywhere --- C2 identity to version 2 (steps, each after a barrier)
+
+History (a post step: the same upgrade, of compute-agent too, then ``unpin-rpc`` on every node
+once all five applied it)::
+
+    C1 version 1 everywhere --- C2 both to version 2, post_upgrade unpin-rpc
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conftest import Deployment, SigningKey, small_deployment, wait_for
-from test_upgrade import fleet_at_version_1, to_version_2, upgrade_steps
+from test_upgrade import COMPUTES, CONTROLLERS, fleet_at_version_1, steps_of, to_version_2, upgrade_steps
 
 from reconciler.agent import Agent
 from reconciler.daemon.supervisor import Every, WaitPolls
@@ -139,3 +144,43 @@ def test_a_node_waiting_at_an_upgrade_barrier_polls_on_the_next_wait_poll_after_
     went = ctl1.reconcile_once()  # past the barrier (its stop done), to the next one
     assert went.waiting.startswith("waiting at barrier identity/db-sync (after stop): for ctl2"), went.waiting
     assert ctl1.waiting_on() == ("ctl2",)  # ctl3, the last to note, has stopped too
+
+
+def test_a_node_whose_post_upgrade_step_waits_on_the_fleet_polls_on_the_next_wait_poll_after_their_notes(
+    deployment: Deployment, agents: Callable[..., Agent], tmp_path: Path
+) -> None:
+    fleet = fleet_at_version_1(deployment, agents)
+    to_version_2(deployment, upgrade_steps(tmp_path / "db-sync.count"))
+    c2 = deployment.commit("upgrade identity and compute-agent to version 2, unpin after")
+    for _ in range(6):  # the controllers take their steps in turn; the computes wait for them
+        said = {n: fleet[n].reconcile_once().waiting for n in reversed(CONTROLLERS)}
+        if all(w.startswith("post_upgrade unpin-rpc waits for") for w in said.values()):
+            break
+    ctl1 = fleet["ctl1"]
+    waited = ctl1.reconcile_once()  # nothing new: the pass looks at its post step again, and waits
+    assert waited.waiting == f"post_upgrade unpin-rpc waits for cmp1, cmp2 to apply {c2[:12]}", waited.waiting
+    assert sorted(ctl1.waiting_on()) == ["cmp1", "cmp2"]
+
+    stop, now = threading.Event(), [1000.0]
+    polls = Every("poll", 60.0, lambda: None, stop, first=3600.0)
+    waits = WaitPolls(ctl1, polls, threading.Lock(), stop, 3600.0, clock=lambda: now[0])
+    try:
+        waits.after(waited.waiting)
+        waits.tick()  # nothing moved: the poll stays a minute away
+        assert polls.next_due() - time.monotonic() > 30
+        assert fleet["cmp1"].reconcile_once().report is not None  # its steps begin, noted
+        now[0] += 3600.0
+        waits.tick()  # the first wait-poll after cmp1's note: poll now
+        assert polls.next_due() - time.monotonic() < 1
+    finally:
+        stop.set()
+        if waits.timer is not None:
+            waits.timer.wake()
+    for _ in range(6):  # the computes finish; the post step runs, and nothing is watched any more
+        for node in COMPUTES:
+            fleet[node].reconcile_once()
+        went = ctl1.reconcile_once()
+        if not went.waiting:
+            break
+    assert steps_of(deployment, c2)["ctl1"][("", "unpin-rpc")]["status"] == "done", went
+    assert ctl1.waiting_on() == ()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from reconciler.core import faults
@@ -30,9 +30,18 @@ if TYPE_CHECKING:
     from reconciler.node.upgrader import Upgrader
 
 
-def post(upgrader: Upgrader, fleet: FleetView, note: Callable[[], None]) -> tuple[str, str]:
-    """Post steps due on this node: run those whose services are applied fleet-wide.
-    Returns (waiting reason, failure detail); both empty when none is left."""
+@dataclass(frozen=True)
+class Posted:
+    """Where this node's post steps stand: all done (no field set), waiting (``waiting``: why;
+    ``waiting_for``: the nodes whose next note may end the wait), or one failed (``failed``)."""
+
+    waiting: str = ""
+    failed: str = ""
+    waiting_for: tuple[str, ...] = ()
+
+
+def post(upgrader: Upgrader, fleet: FleetView, note: Callable[[], None]) -> Posted:
+    """Post steps due on this node: run those whose services are applied fleet-wide."""
     due = post_steps_due(upgrader.repo, upgrader.node, upgrader.fleet_upgrades,
                          lambda n: n == upgrader.node or fleet.reached(n, upgrader.commit) is not None,
                          upgrader.repo.members, holding(upgrader.repo, upgrader.base))
@@ -42,7 +51,8 @@ def post(upgrader: Upgrader, fleet: FleetView, note: Callable[[], None]) -> tupl
         if rec is not None and rec.status in (StepStatus.DONE, StepStatus.FAILED, StepStatus.SKIPPED):
             continue
         if waiting:
-            return f"post_upgrade {post.name} waits for {_shown(waiting)} to apply {upgrader.commit[:12]}", ""
+            return Posted(f"post_upgrade {post.name} waits for {_shown(waiting)} to apply {upgrader.commit[:12]}",
+                          waiting_for=waiting)
         if rec is None and (why := _unearned(upgrader, post, fleet)):
             # Every participant noted the commit: no step of it ran anywhere (a revert of an upgrade
             # that never landed), so neither does the post step. Noted, so the fleet sees why.
@@ -52,9 +62,9 @@ def post(upgrader: Upgrader, fleet: FleetView, note: Callable[[], None]) -> tupl
             note()
             continue
         if post.action is StepAction.REBOOT:
-            waits, failed = _reboot(upgrader, k, post, rec, fleet, note)
-            if waits or failed:
-                return waits, failed
+            turn = _reboot(upgrader, k, post, rec, fleet, note)
+            if turn.waiting or turn.failed:
+                return turn
             continue
         started = time.time()
         upgrader.ctx.ledger.step(upgrader.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started))
@@ -68,9 +78,9 @@ def post(upgrader: Upgrader, fleet: FleetView, note: Callable[[], None]) -> tupl
         upgrader.forget("", post.name)
         note()
         if not ok:
-            return "", f"post_upgrade {post.name} failed on {upgrader.node}: {detail}"
+            return Posted(failed=f"post_upgrade {post.name} failed on {upgrader.node}: {detail}")
     upgrader.forget("")  # every post step recorded: what a pass killed after a record left goes too
-    return "", ""
+    return Posted()
 
 
 def _unearned(upgrader: Upgrader, post: PostStep, fleet: FleetView) -> str:
@@ -82,11 +92,11 @@ def _unearned(upgrader: Upgrader, post: PostStep, fleet: FleetView) -> str:
 
 
 def _reboot(upgrader: Upgrader, k: int, post: PostStep, rec: StepRecord | None, fleet: FleetView,
-            note: Callable[[], None]) -> tuple[str, str]:
+            note: Callable[[], None]) -> Posted:
     """This node's reboot for a reboot post step, once every node before its batch (wave
     order) noted its own reboot done. The step is noted ``started`` with the boot id before
     the reboot command runs, and ``done`` once the node runs under another boot id (the
-    undrain hook run first). Returns (waiting reason, failure detail)."""
+    undrain hook run first)."""
     host = upgrader.ctx.settings.host.access()
     ledger, boot = upgrader.ctx.ledger, host.boot_id()
     if rec is not None and rec.status is StepStatus.STARTED:
@@ -98,7 +108,7 @@ def _reboot(upgrader: Upgrader, k: int, post: PostStep, rec: StepRecord | None, 
                 detail += "; undrain " + (f"failed: {failed}" if failed else "ok")
             ledger.step(upgrader.commit, k, replace(rec, status=StepStatus.DONE, ended=time.time(), detail=detail))
             note()
-            return "", ""
+            return Posted()
         # Same boot: the reboot has not happened (or the run that noted it died first): again.
     else:
         repo = upgrader.repo
@@ -106,11 +116,11 @@ def _reboot(upgrader: Upgrader, k: int, post: PostStep, rec: StepRecord | None, 
         before_me = reboot_turn(post, post_targets(upgrader.repo, post, upgrader.repo.members), order, upgrader.node)
         progress = upgrader.progress(fleet)
         waiting = [n for n in before_me if progress.get(n, {}).get(("", post.name)) != StepStatus.DONE]
-        if waiting:
-            return f"post_upgrade {post.name} waits for {_shown(waiting)} to reboot", ""
+        if waiting:  # their reboots noted done: this node's turn
+            return Posted(f"post_upgrade {post.name} waits for {_shown(waiting)} to reboot", waiting_for=tuple(waiting))
         shut = closed(ActionKind.REBOOT, upgrader.node, upgrader.repo.windows, upgrader.ctx.clock())
         if shut is not None:  # a maintenance window gates reboots here: its turn waits for it
-            return f"post_upgrade {post.name}: reboot {shut}", ""
+            return Posted(f"post_upgrade {post.name}: reboot {shut}")
         started = time.time()
         failed = host_command(host, post.drain, post.timeout, upgrader.ctx.redact) if post.drain else ""
         if failed:
@@ -118,7 +128,7 @@ def _reboot(upgrader: Upgrader, k: int, post: PostStep, rec: StepRecord | None, 
             ledger.step(upgrader.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED, started,
                                                    time.time(), why))
             note()
-            return "", f"post_upgrade {post.name} failed on {upgrader.node}: {why}"
+            return Posted(failed=f"post_upgrade {post.name} failed on {upgrader.node}: {why}")
         ledger.step(upgrader.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.STARTED, started,
                                                detail=f"rebooting: boot id {boot}"))
         note()  # the fleet sees this node go down for its reboot before it does
@@ -129,8 +139,8 @@ def _reboot(upgrader: Upgrader, k: int, post: PostStep, rec: StepRecord | None, 
         ledger.step(upgrader.commit, k, StepRecord("", post.name, Scope.NODE, StepStatus.FAILED,
                                                rec.started if rec else started, time.time(), why))
         note()
-        return "", f"post_upgrade {post.name} failed on {upgrader.node}: {why}"
-    return f"post_upgrade {post.name}: rebooting (boot id {boot[:8]})", ""
+        return Posted(failed=f"post_upgrade {post.name} failed on {upgrader.node}: {why}")
+    return Posted(f"post_upgrade {post.name}: rebooting (boot id {boot[:8]})")
 
 
 def _post(upgrader: Upgrader, post: PostStep) -> tuple[bool, str]:

@@ -93,8 +93,12 @@ def post_upgrade(ctx: NodeContext, run: Run, upgrader: Upgrader, result: RunResu
         write_note(ctx, run.commit)
         ctx.reporter.push()
 
-    waiting, failed = post(upgrader, fleet_view(ctx), note)
+    posted = post(upgrader, fleet_view(ctx), note)
+    waiting, failed = posted.waiting, posted.failed
     if waiting:
+        # As at a barrier: the daemon wait-polls a few of those it waits for, so the step runs
+        # (or its reboot turn comes) within a wait-poll of the last one's note, not at a poll.
+        watch(ctx, posted.waiting_for)
         ctx.ledger.set_post_pending(run.commit)
         ctx.say_once(("post", run.commit, waiting), logging.INFO, "%s: %s", ctx.node, waiting)
         return replace(result, waiting=waiting, pushed=ctx.reporter.push())
