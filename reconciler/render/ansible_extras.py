@@ -278,5 +278,5 @@ def install(env: Sandbox) -> None:
     env.trim_blocks = True
     env.add_filters({**named_filters(FILTERS, "ansible.builtin"), **named_filters(IP_FILTERS, "ansible.utils"),
                      **named_filters(EXTRA_FILTERS, None), **named_filters(KOLLA_FILTERS, None)})
-    env.tests.update(named_filters(TESTS, "ansible.builtin"))
+    env.add_tests(named_filters(TESTS, "ansible.builtin"))
     env.globals.update({"lookup": lookup, "query": query, "q": query})

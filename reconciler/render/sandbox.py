@@ -11,7 +11,8 @@ doubled in a loop asks for gigabytes in one step. So, during one node's render:
 - output: counted as it is generated (see ``render._stream``), per file and per node;
 - values: an operation whose result would pass ``file_bytes`` (repeat, concatenate, pad,
   format widths, replace, huge powers) is refused before it is built; a result that passes it
-  anyway (a macro's output) is refused once built;
+  anyway (a macro's output) is refused once built; a list or dict is measured at its printed
+  size (``sizes.printed_size``) before ``{{ }}``, ``~``, ``%``, ``format`` or a filter prints it;
 - depth: an include, import or extends nested deeper than ``include_depth`` is refused.
 
 A limit passed raises ``RenderLimit`` inside the template, so the error carries its line.
@@ -20,7 +21,6 @@ A limit passed raises ``RenderLimit`` inside the template, so the error carries 
 from __future__ import annotations
 
 import functools
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
@@ -35,6 +35,17 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 
 from reconciler.core.errors import RenderLimit
 from reconciler.core.limits import Limits, size
+from reconciler.render.sizes import (
+    CONTAINER_TYPES,
+    CONTAINERS,
+    GROWING,
+    MOST_BITS,
+    NUMBERS,
+    format_width,
+    printed_size,
+    result_size,
+    weight,
+)
 
 _CHECK_EVERY = 256  # steps between clock reads: cheap, and still many checks per second
 _MADE_PER_OUTPUT = 4  # the strings a render builds, against the output it may write
@@ -115,80 +126,30 @@ def budget_now() -> Budget | None:
     return _BUDGET.get()
 
 
-# Widths and precisions in printf-style ("%-10.3s", "%*d") and format-style ("{:>{w}}") strings.
-_PRINTF = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d*)(?:\.(\*|\d*))?")
-_FIELD_SPEC = re.compile(r"\{[^{}]*?:((?:[^{}]|\{[^{}]*\})*)\}")
+# Filters that pass a container on or look into it, never print it: not measured (``length``
+# in a loop over a long list would walk it each time).
+_STRUCTURAL = frozenset({"attr", "batch", "combine", "count", "d", "default", "dict2items", "dictsort", "difference",
+                         "first", "flatten", "groupby", "intersect", "items", "items2dict", "last", "length", "list",
+                         "map", "mandatory", "max", "min", "reject", "rejectattr", "reverse", "select", "selectattr",
+                         "slice", "sort", "sum", "symmetric_difference", "union", "unique", "zip", "zip_longest"})
 
 
-def _number(digits: str) -> int:
-    return int(digits) if len(digits) <= 12 else 10**12  # int() refuses thousands of digits
-
-
-def _format_width(fmt: str, args: Iterable[Any]) -> int:
-    """The widest padding or precision ``fmt`` asks for; with ``*`` or a nested field, the
-    width comes from the arguments, so their integers count too."""
-    widths = [0]
-    from_args = False
-    for m in _PRINTF.finditer(fmt):
-        for digits in m.groups():
-            from_args = from_args or digits == "*"
-            widths += [_number(digits)] if digits and digits != "*" else []
-    for m in _FIELD_SPEC.finditer(fmt):
-        from_args = from_args or "{" in m.group(1)
-        widths += [_number(d) for d in re.findall(r"\d+", m.group(1))]
-    if from_args:
-        widths += [a for a in args if isinstance(a, int)]
-    return max(widths)
-
-
-_NUMBERS = frozenset({int, float, bool})
-_SIZED = (str, bytes, list, tuple)  # a tuple, not ``str | bytes ...``: that builds a union per call
-
-
-def _length(value: Any) -> int:
-    return len(value) if isinstance(value, _SIZED) else 0
-
-
-def _weight(value: Any) -> int:
-    """``_length``, but a list or tuple weighs its items (one level down, 1 at least each): a
-    list of one 10 MB string repeated a thousand times is short, and joins into 10 GB."""
-    if isinstance(value, (list, tuple)):
-        return sum([_length(item) or 1 for item in value])
-    return _length(value)
-
-
-_MOST_BITS = 65536  # a number past 2**65536 cannot even be printed (Python stops int -> str at 4300 digits)
-
-
-def _result_size(name: str, value: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
-    """What a string filter or method would build, for the few that can build a lot from a
-    small input; 0 for the rest (their results are checked once built)."""
-    n = _length(value)
-    if name in ("center", "ljust", "rjust", "zfill", "expandtabs", "batch", "slice"):
-        return max([n, *(a for a in (*args, *kwargs.values()) if isinstance(a, int))])
-    if name == "indent" and isinstance(value, str):
-        width = args[0] if args else kwargs.get("width", 4)
-        return n + (value.count("\n") + 1) * (_length(width) or (width if isinstance(width, int) else 0))
-    if name == "replace" and isinstance(value, str) and len(args) >= 2:
-        old, new = str(args[0]), str(args[1])
-        return n + (value.count(old) if old else n + 1) * len(new)
-    if name == "join" and isinstance(value, str) and args and isinstance(args[0], Sequence):
-        return len(value) * len(args[0])
-    if name == "format" and isinstance(value, str):
-        return n + _format_width(value, (*args, *kwargs.values()))
-    if name == "translate" and isinstance(value, str) and args and isinstance(args[0], Mapping):
-        return n * max([1, *(_length(v) for v in args[0].values())])  # each character to a string
-    return 0
-
-
-# The filters and methods ``_result_size`` can say more than 0 of.
-_GROWING = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "batch", "slice", "indent", "replace",
-                      "join", "format", "translate"})
+def _printed(budget: Budget, *values: Any) -> None:
+    """Refuse values whose text would pass the value limit, before any of it is built."""
+    total = 0
+    for v in values:
+        if type(v) in CONTAINER_TYPES or isinstance(v, CONTAINERS):
+            total += printed_size(v, budget.limits.file_bytes)
+        elif type(v) is str:
+            total += len(v)
+    budget.value(total)
 
 
 def _paced_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     skip = 1 if hasattr(func, "jinja_pass_arg") else 0  # @pass_context and kin take that first
-    grows = name in _GROWING
+    grows = name in GROWING
+    # ansible.builtin.combine is combine; ``_join`` measures only a list that is not all strings.
+    prints = name.rsplit(".", 1)[-1] not in _STRUCTURAL and func is not _join
 
     @functools.wraps(func)  # keeps jinja_pass_arg, so Jinja passes the same arguments
     def paced(*args: Any, **kwargs: Any) -> Any:
@@ -197,13 +158,27 @@ def _paced_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         budget.tick()
         if grows and len(args) > skip:
-            budget.value(_result_size(name, args[skip], args[skip + 1:], kwargs))
+            budget.value(result_size(name, args[skip], args[skip + 1:], kwargs))
+        if prints:
+            _printed(budget, *args[skip:], *kwargs.values())
         result = func(*args, **kwargs)
         if isinstance(result, str):
             budget.built(len(result))
         return result
 
     return paced
+
+
+def _measured_test(func: Callable[..., bool]) -> Callable[..., bool]:
+    @functools.wraps(func)  # keeps jinja_pass_arg
+    def measured(*args: Any, **kwargs: Any) -> bool:
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.tick()
+            _printed(budget, *args, *kwargs.values())
+        return func(*args, **kwargs)
+
+    return measured
 
 
 class _Generator(CodeGenerator):
@@ -241,7 +216,7 @@ def _sum(environment: jinja2.Environment, iterable: Iterable[Any], attribute: st
     if kind in (list, tuple) and all(type(item) is kind for item in items):
         budget = _BUDGET.get()
         if budget is not None:
-            budget.value(_weight(start) + sum([_weight(item) for item in items]))
+            budget.value(weight(start) + sum([weight(item) for item in items]))
         joined = [*start, *(x for item in items for x in item)]
         return joined if kind is list else tuple(joined)
     return sum(items, start)
@@ -258,6 +233,10 @@ def _join(eval_ctx: jinja2.nodes.EvalContext, value: Iterable[Any], d: str = "",
             return str(d).join(value)
         except TypeError:
             pass
+    budget = _BUDGET.get()
+    if budget is not None:
+        value = value if type(value) in (list, tuple) else list(value)
+        _printed(budget, value)
     return jinja2.filters.sync_do_join(eval_ctx, value, d, attribute)
 
 
@@ -268,6 +247,8 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def __init__(self, **options: Any) -> None:
+        # ``{{ x }}`` prints through ``finalize``: a container is measured before ``str()``.
+        options.setdefault("finalize", self._printable)
         super().__init__(**options)
         # lipsum(n) loops n times in plain Python, out of reach of every check here.
         self.globals.pop("lipsum", None)
@@ -279,6 +260,11 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     def add_filters(self, filters: Mapping[str, Callable[..., Any]]) -> None:
         """More filters (a template dialect's), paced and bounded like Jinja's own."""
         self.filters.update({name: _paced_filter(name, f) for name, f in filters.items()})
+
+    def add_tests(self, tests: Mapping[str, Callable[..., bool]]) -> None:
+        """More tests (a dialect's): one that reads its value as text (``match``, ``version``)
+        has it measured first, as a filter's is."""
+        self.tests.update({name: _measured_test(t) for name, t in tests.items()})
 
     @property
     def sources(self) -> Mapping[str, str]:
@@ -298,11 +284,19 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
                 raise RenderLimit(budget.too_late)
             yield item
 
+    @staticmethod
+    def _printable(value: Any) -> Any:
+        if type(value) is not str and isinstance(value, CONTAINERS):
+            budget = _BUDGET.get()
+            if budget is not None:
+                _printed(budget, value)
+        return value
+
     def joined(self, parts: Sequence[Any], join: Callable[[Sequence[Any]], str]) -> str:
         budget = _BUDGET.get()
         if budget is not None:
             budget.tick()
-            budget.value(sum(len(p) for p in parts if isinstance(p, str)))
+            _printed(budget, *parts)
         return join(parts)
 
     def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
@@ -311,10 +305,12 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             budget.tick()
             # Two numbers make nothing large but a power or a product of large integers (a
             # port_base + 1 on every line of a fleet skips the rest).
-            if operator == "**" or type(left) not in _NUMBERS or type(right) not in _NUMBERS:
+            if operator == "**" or type(left) not in NUMBERS or type(right) not in NUMBERS:
                 budget.value(self._binop_size(operator, left, right))
+                if operator == "%" and isinstance(left, str):
+                    _printed(budget, left, *(right if type(right) is tuple else (right,)))
             elif operator == "*" and type(left) is int and type(right) is int \
-                    and left.bit_length() + right.bit_length() > _MOST_BITS:
+                    and left.bit_length() + right.bit_length() > MOST_BITS:
                 budget.value(sys.maxsize)  # squared in a loop, a number takes minutes to multiply
         return super().call_binop(context, operator, left, right)
 
@@ -323,15 +319,15 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
                 if isinstance(times, int) and isinstance(seq, (str, list, tuple)):
-                    return _weight(seq) * times
+                    return weight(seq) * times
         if operator == "+":
-            return _weight(left) + _weight(right)
+            return weight(left) + weight(right)
         if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
             # Bytes of the result (``_MOST_BITS``): computing a larger one first could take minutes.
             bits = right * max(left.bit_length() - 1, 0)
-            return bits // 8 if bits <= _MOST_BITS else sys.maxsize
+            return bits // 8 if bits <= MOST_BITS else sys.maxsize
         if operator == "%" and isinstance(left, str):
-            return len(left) + _format_width(left, right if isinstance(right, tuple) else (right,))
+            return len(left) + format_width(left, right if isinstance(right, tuple) else (right,))
         return 0
 
     def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
@@ -341,7 +337,7 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         budget.tick()
         owner = getattr(__obj, "__self__", None)
         if isinstance(owner, str):  # a string method: "x".center(10 ** 9)
-            budget.value(_result_size(getattr(__obj, "__name__", ""), owner, args, kwargs))
+            budget.value(result_size(getattr(__obj, "__name__", ""), owner, args, kwargs))
         result = super().call(__context, __obj, *args, **kwargs)
         if isinstance(result, str):
             budget.built(len(result))
@@ -369,7 +365,8 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         def bounded(*args: Any, **kwargs: Any) -> str:
             budget = _BUDGET.get()
             if budget is not None:
-                budget.value(len(spec) + _format_width(spec, (*args, *kwargs.values())))
+                budget.value(len(spec) + format_width(spec, (*args, *kwargs.values())))
+                _printed(budget, spec, *args, *kwargs.values())
             return fmt(*args, **kwargs)
 
         return bounded
