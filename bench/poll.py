@@ -44,6 +44,7 @@ from reconciler.source.mirror import Source
 from reconciler.source.probe import TipProbe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from daemon_probe import DAEMON  # noqa: E402  (the tests' own)
 from nginx import Nginx  # noqa: E402  (the tests' own nginx)
 
 HOOK = Path(__file__).resolve().parent.parent / "contrib" / "git-server" / "post-receive-tips"
@@ -125,21 +126,6 @@ def _cpu_s(pid: int, children: bool = False) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
-
-# The daemon as the console script starts it, plus a SIGUSR2 handler that writes the names of
-# its modules to a file: what an idle agent holds, from the agent itself.
-DAEMON = """
-import os, signal, sys
-out = sys.argv.pop(1)
-def listed(*_):
-    with open(out + ".part", "w") as f:
-        f.write("\\n".join(sys.modules))
-    os.replace(out + ".part", out)
-signal.signal(signal.SIGUSR2, listed)
-sys.argv[0] = "reconciler"
-from reconciler.entry import main
-main()
-"""
 
 
 def _loaded(pid: int, path: Path) -> set[str]:

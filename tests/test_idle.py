@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Deployment, SigningKey, git, small_deployment, wait_for
+from daemon_probe import DAEMON
 
 from reconciler.agent import Agent
 from reconciler.source.refs import NotPlain, read_ref
@@ -157,20 +158,6 @@ def test_a_plain_agent_command_line_fails_as_click_s_does(tmp_path: Path) -> Non
     assert said[0][0] == 2 and said[0][2].startswith("error: ") and said[1][1].startswith("{"), said
 
 
-# The daemon as the console script starts it, with a SIGUSR2 handler that lists its modules
-# (bench/poll.py's): what an idle daemon holds, from the daemon itself.
-DAEMON = """
-import os, signal, sys
-out = sys.argv.pop(1)
-def listed(*_):
-    with open(out + ".part", "w") as f:
-        f.write("\\n".join(sys.modules))
-    os.replace(out + ".part", out)
-signal.signal(signal.SIGUSR2, listed)
-sys.argv[0] = "reconciler"
-from reconciler.entry import main
-main()
-"""
 
 # What an idle daemon needs none of (issue 40): OpenSSL, hashlib's and the CA check's (3.5 MB of
 # its RSS; it hashes its node's name and its live files with the interpreter's own SHA-256), nor

@@ -49,6 +49,32 @@ health:
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # the object the claims are noted on
 
 
+class HandPolls:
+    """The daemon's wait-polls, by hand: its poll every minute, first due in an hour; ``tick``
+    is one wait-poll, ``later`` moves the wait-poll's clock an hour on (each tick a fetch of the
+    refs it waits on: no probe)."""
+
+    def __init__(self, node: Agent) -> None:
+        self.stop, self.now = threading.Event(), [1000.0]
+        self.polls = Every("poll", 60.0, lambda: None, self.stop, first=3600.0)
+        self.waits = WaitPolls(node, self.polls, threading.Lock(), self.stop, 3600.0, clock=lambda: self.now[0])
+
+    def tick(self, later: bool = False) -> float:
+        """One wait-poll; how many seconds the poll is away after it."""
+        if later:
+            self.now[0] += 3600.0
+        self.waits.tick()
+        return self.polls.next_due() - time.monotonic()
+
+    def __enter__(self) -> HandPolls:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        if self.waits.timer is not None:
+            self.waits.timer.wake()
+
+
 def budgeted(tmp_path: Path, key: SigningKey, release: Path) -> Deployment:
     return small_deployment(tmp_path, key, {
         "reconciler.yaml": "format: 1\nname: slots\ndisruption_budgets:\n  - {group: g, max_disrupted: 1}\n",
@@ -82,33 +108,24 @@ def test_a_node_waiting_for_a_disruption_slot_polls_on_the_next_wait_poll_after_
     first: list[RunResult] = []
     holder = threading.Thread(target=lambda: first.append(n1.reconcile_once()))
     holder.start()
-    # The daemon's wait-polls, by hand: its poll every minute, a wait-poll per tick (a fetch of
-    # the refs it waits on each time: no probe).
-    stop, now = threading.Event(), [1000.0]
-    polls = Every("poll", 60.0, lambda: None, stop, first=3600.0)
-    waits = WaitPolls(n2, polls, threading.Lock(), stop, 3600.0, clock=lambda: now[0])
+    hand = HandPolls(n2)
     try:
         wait_for(lambda: '"queued"' in claim_state(dep, "n1"), 30, "n1 to take its slot")
         # ... so n2's pass waits for it, and keeps watching n1 alone.
         waited = n2.reconcile_once()
         assert "waiting (budget)" in waited.waiting and "waiting for n1" in waited.waiting, waited.waiting
         assert n2.waiting_on() == ("n1",)
-        waits.after(waited.waiting)
-        waits.tick()  # n1 still restarting: nothing moved, the poll stays a minute away
-        assert polls.next_due() - time.monotonic() > 30
+        hand.waits.after(waited.waiting)
+        assert hand.tick() > 30  # n1 still restarting: nothing moved, the poll stays a minute away
         release.touch()
         holder.join()
         assert first[0].report is not None and str(first[0].report.state) == "applied", first[0]
         assert '"free"' in claim_state(dep, "n1")
-        now[0] += 3600.0
-        waits.tick()  # the first wait-poll after n1 freed its slot: n1's notes moved, poll now
-        assert polls.next_due() - time.monotonic() < 1
+        assert hand.tick(later=True) < 1  # the first wait-poll after n1 freed its slot: poll now
     finally:
         release.touch()
         holder.join()
-        stop.set()
-        if waits.timer is not None:
-            waits.timer.wake()
+        hand.__exit__()
     went = n2.reconcile_once()
     assert went.report is not None and str(went.report.state) == "applied", went.waiting
     assert went.commit == head and n2.waiting_on() == ()
@@ -125,22 +142,12 @@ def test_a_node_waiting_at_an_upgrade_barrier_polls_on_the_next_wait_poll_after_
     assert waited.waiting == "waiting at barrier identity/stop (after pin-rpc): for ctl2, ctl3", waited.waiting
     assert sorted(ctl1.waiting_on()) == ["ctl2", "ctl3"]
 
-    stop, now = threading.Event(), [1000.0]
-    polls = Every("poll", 60.0, lambda: None, stop, first=3600.0)
-    waits = WaitPolls(ctl1, polls, threading.Lock(), stop, 3600.0, clock=lambda: now[0])
-    try:
-        waits.after(waited.waiting)
-        waits.tick()  # nothing moved: the poll stays a minute away
-        assert polls.next_due() - time.monotonic() > 30
+    with HandPolls(ctl1) as hand:
+        hand.waits.after(waited.waiting)
+        assert hand.tick() > 30  # nothing moved: the poll stays a minute away
         for node in ("ctl2", "ctl3"):  # each takes its first step and notes it
             assert fleet[node].reconcile_once().waiting.startswith("waiting at barrier identity/"), node
-        now[0] += 3600.0
-        waits.tick()  # the first wait-poll after their notes: poll now
-        assert polls.next_due() - time.monotonic() < 1
-    finally:
-        stop.set()
-        if waits.timer is not None:
-            waits.timer.wake()
+        assert hand.tick(later=True) < 1  # the first wait-poll after their notes: poll now
     went = ctl1.reconcile_once()  # past the barrier (its stop done), to the next one
     assert went.waiting.startswith("waiting at barrier identity/db-sync (after stop): for ctl2"), went.waiting
     assert ctl1.waiting_on() == ("ctl2",)  # ctl3, the last to note, has stopped too
@@ -161,21 +168,11 @@ def test_a_node_whose_post_upgrade_step_waits_on_the_fleet_polls_on_the_next_wai
     assert waited.waiting == f"post_upgrade unpin-rpc waits for cmp1, cmp2 to apply {c2[:12]}", waited.waiting
     assert sorted(ctl1.waiting_on()) == ["cmp1", "cmp2"]
 
-    stop, now = threading.Event(), [1000.0]
-    polls = Every("poll", 60.0, lambda: None, stop, first=3600.0)
-    waits = WaitPolls(ctl1, polls, threading.Lock(), stop, 3600.0, clock=lambda: now[0])
-    try:
-        waits.after(waited.waiting)
-        waits.tick()  # nothing moved: the poll stays a minute away
-        assert polls.next_due() - time.monotonic() > 30
+    with HandPolls(ctl1) as hand:
+        hand.waits.after(waited.waiting)
+        assert hand.tick() > 30  # nothing moved: the poll stays a minute away
         assert fleet["cmp1"].reconcile_once().report is not None  # its steps begin, noted
-        now[0] += 3600.0
-        waits.tick()  # the first wait-poll after cmp1's note: poll now
-        assert polls.next_due() - time.monotonic() < 1
-    finally:
-        stop.set()
-        if waits.timer is not None:
-            waits.timer.wake()
+        assert hand.tick(later=True) < 1  # the first wait-poll after cmp1's note: poll now
     for _ in range(6):  # the computes finish; the post step runs, and nothing is watched any more
         for node in COMPUTES:
             fleet[node].reconcile_once()
