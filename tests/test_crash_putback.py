@@ -46,8 +46,12 @@ def node(tmp_path: Path, merge_key: SigningKey) -> Iterator[Node]:
              "inventory.yaml": inventory("a", ports, ports["web"])}
     # Short holds (dozens of passes run): api is checked once; web's broken version dies within
     # a tenth of a second of its start, inside its hold, while api answers on that port.
-    for name, hold in (("api", "0"), ("web", "0.3")):
-        files[f"services/{name}/service.yaml"] = SERVICE.replace("timeout: 10", f"timeout: 2\n  min_healthy: {hold}")
+    # web depends on api, so api is restarted, healthy and holding its port before web starts:
+    # a run that finds api's reload interrupted restarts it, and were both started together,
+    # web could take the port first and both checks pass (api's hold is 0, on one answer).
+    for name, hold, extra in (("api", "0", ""), ("web", "0.3", "depends_on: [api]\n")):
+        files[f"services/{name}/service.yaml"] = SERVICE.replace("timeout: 10", f"timeout: 2\n  min_healthy: {hold}") \
+            + extra
         files[f"services/{name}/templates/app.conf.j2"] = "[app]\nvalue = {{ values[service] }}\n" \
                                                           "level = {{ levels[service] }}\n"
         files[f"services/{name}/files/app.py"] = APP
