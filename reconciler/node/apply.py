@@ -5,10 +5,10 @@ killed half way leaves a record of what it was doing; the next run re-plans from
 observes, which makes applying twice the same as applying once.
 
 A failed service stops the run for this commit: the services after it are skipped, not
-half-applied (those applied together with it, in its batch, finish; see ``batches``), and the
-result says which service failed first. What a failure says (its error,
-the service's own last output, each escalation step) is cleaned of the node's secret values
-(``redact``) before it reaches a result, the history, a note or the log.
+half-applied (those already under way beside it finish; see ``batches``), and the result
+says which service failed first. What a failure says (its error, the service's own last
+output, each escalation step) is cleaned of the node's secret values (``redact``) before it
+reaches a result, the history, a note or the log.
 """
 
 from __future__ import annotations
@@ -42,12 +42,14 @@ from reconciler.drivers import Driver, kinds
 from reconciler.drivers.base import Check, clean_env
 from reconciler.drivers.registry import PullFailed
 from reconciler.ledger import Ledger, Version
-from reconciler.node.batches import Outcome, Wait, batches, inline, together
+from reconciler.node.batches import Outcome, Wait, Window, alone, inline, startable, together
 
 log = logging.getLogger("reconciler.apply")
 
 # A process that survives this long after start is taken as started when no probe is set.
 SETTLE = 0.5
+STEP = 0.1  # seconds between health checks
+FIRST_STEP = 0.05  # between a port's or a URL's checks until it first answers
 
 
 def _probe(health: Health, driver: Driver, name: str) -> bool:
@@ -110,7 +112,10 @@ def wait_healthy(driver: Driver, svc: DesiredService, sleep: Callable[[float], N
             raise ApplyError(f"service {svc.name} did not stay healthy for {hold:g}s in a row "
                              f"within {h.timeout + hold:g}s (its check keeps failing and passing)",
                              output=_last_output(driver, svc.name))
-        sleep(0.1)
+        # A check every step, and one right as the hold ends (not up to a step after it); a cheap
+        # probe (a port, a URL) more often until it first passes, so a start is seen soon.
+        step = STEP if passing or h.kind == "command" else FIRST_STEP
+        sleep(min(step, since + hold - now) if since is not None else step)
 
 
 def _last_output(driver: Driver, name: str) -> str:
@@ -140,9 +145,11 @@ def apply_plan(
     """Apply in order. ``recheck``: services a killed run had started but not yet seen healthy;
     they are health-checked even when the plan leaves them alone. ``redact``: the node's secret
     values, replaced in whatever a failure says (a service may print its own password).
-    ``max_parallel``: how many services that do not depend on each other are applied together
-    (``batches``): their starts and health holds overlap, their side effects take turns in plan
-    order; a service that fails there is put back alone, and what comes after the batch is skipped.
+    ``max_parallel``: how many services that do not depend on each other are under way at once
+    (``batches``: a sliding window, a service starting as soon as a slot frees and what it
+    depends on is healthy): their starts and health holds overlap, their side effects take turns;
+    a service that fails is put back alone, those under way beside it finish, and what had not
+    started is skipped. A stop, drain or reboot runs alone, in this thread.
 
     Each action is journalled before it runs and settled only after its effect (or after the
     previous version was put back), so a run killed in between leaves the entry, and the next
@@ -150,32 +157,61 @@ def apply_plan(
     from (a pinned service's is its pin's), which is what a later rollback looks for."""
     results: dict[int, ServiceResult] = {}
     failed: str | None = None
+    actions = plan.actions
+    pending = list(range(len(actions)))
+    running: dict[int, tuple[int, list[str]]] = {}  # under way: journal entry, steps tried
 
     def busy(a: Action) -> bool:
         return a.kind is not ActionKind.NONE or a.sync or a.service in recheck
 
-    for batch in batches(plan.actions, max_parallel, busy):
-        going: list[tuple[int, Action, int, list[str]]] = []  # index, action, journal entry, steps tried
-        for i in batch:
-            action = plan.actions[i]
-            h = action.desired.hash if action.desired else None
-            quiet = action.kind is ActionKind.NONE and not action.sync
-            if quiet and not (action.desired and action.service in recheck and failed is None):
-                results[i] = ServiceResult(action.service, action.kind, ResultState.OK, action.reason, hash=h)
-            elif failed is not None:
-                results[i] = ServiceResult(action.service, action.kind, ResultState.SKIPPED, action.reason,
-                                           detail=failed, hash=h)
+    def settle(i: int, entry: int, steps: list[str], outcome: Outcome[tuple[int | None, ActionKind]]) -> None:
+        nonlocal failed
+        results[i] = _record(plan, actions[i], entry, steps, outcome, ledger, redact)
+        if results[i].state is ResultState.FAILED:
+            failed = failed or f"not applied: {actions[i].service} failed first"
+        elif results[i].action is ActionKind.REBOOT:
+            failed = "not applied yet: the node reboots first"
+
+    with Window[tuple[int | None, ActionKind]]() as window:
+        while pending or running:
+            while window.finished():  # judged before anything else starts: a failure stops the rest
+                i, outcome = window.collect()
+                settle(i, *running.pop(i), outcome)
+            if failed is not None:  # nothing more starts; what is under way finishes
+                results.update((i, _left(actions[i], failed)) for i in pending)
+                pending = []
+            ready = startable(actions, pending, running, max_parallel, busy)
+            assert ready or running or not pending, "nothing under way and nothing may start"
+            for i in ready:
+                if window.finished():  # one under way completed (perhaps failed) as the last started
+                    break
+                pending.remove(i)
+                action = actions[i]
+                if action.kind is ActionKind.NONE and not action.sync and not (
+                        action.desired and action.service in recheck):
+                    results[i] = _left(action, "")  # nothing to do, nothing to check
+                    continue
+                entry, steps = ledger.intent(plan.commit, action.service, action.kind), list[str]()
+                task = partial(_attempt, action, drivers, _origin(plan, action), steps, redact)
+                if alone(action, max_parallel):  # in this thread, with nothing beside it
+                    settle(i, entry, steps, together([task])[0])
+                    break
+                window.start(i, task)
+                running[i] = (entry, steps)
             else:
-                going.append((i, action, ledger.intent(plan.commit, action.service, action.kind), []))
-        outcomes = together([partial(_attempt, action, drivers, _origin(plan, action), steps, redact)
-                             for _, action, _, steps in going])
-        for (i, action, entry, steps), outcome in zip(going, outcomes, strict=True):
-            results[i] = _record(plan, action, entry, steps, outcome, ledger, redact)
-            if results[i].state is ResultState.FAILED:
-                failed = failed or f"not applied: {action.service} failed first"
-            elif results[i].action is ActionKind.REBOOT:
-                failed = "not applied yet: the node reboots first"
-    return [results[i] for i in range(len(plan.actions))]
+                if running and not ready:  # (one with nothing to do may have let a dependent start)
+                    i, outcome = window.collect()
+                    settle(i, *running.pop(i), outcome)
+    return [results[i] for i in range(len(actions))]
+
+
+def _left(action: Action, failed: str) -> ServiceResult:
+    """An action not run: one with nothing to do is fine as it is; another, after a failure
+    (``failed`` says which), is skipped."""
+    h = action.desired.hash if action.desired else None
+    if action.kind is ActionKind.NONE and not action.sync:
+        return ServiceResult(action.service, action.kind, ResultState.OK, action.reason, hash=h)
+    return ServiceResult(action.service, action.kind, ResultState.SKIPPED, action.reason, detail=failed, hash=h)
 
 
 def _origin(plan: Plan, action: Action) -> str:

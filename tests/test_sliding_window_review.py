@@ -1,13 +1,16 @@
-"""Parallel starts (``max_parallel``), as a crash tester sees them: what depends on a failed
-service never starts, Ctrl-C while services hold is finished by the next run, a kill at every
-side effect of two services restarting together is finished by the next run, and a pass leaves
-no thread behind; and a node waiting on many slot holders watches only a few of them.
+"""The sliding window of parallel starts, as a crash tester sees it: a failure stops every start
+that comes after it, whichever way the failure arrives; what depends on a failed service never
+starts; and a pass leaves no thread of its window behind.
 
 Each service writes when its health check runs to one shared file, under its own name (its own
 records, never a wall-clock bound).
 
 The kill test reuses ``test_crash_points``'s machinery: the agent killed (SIGKILL) before each
 numbered side effect of a pass in which two services restart together, one more run must finish.
+
+History (one node)::
+
+    C1 every service deployed at once (one of them cannot start)
 
 History (the kill test: one node, ``web`` and ``api``, ``max_parallel: 2``)::
 
@@ -49,6 +52,27 @@ def services(tmp_path: Path, key: SigningKey, held: dict[str, tuple[str, float]]
 
 def window_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("apply-")]
+
+
+def test_a_service_that_fails_before_it_waits_stops_the_starts_after_it_in_the_same_window(
+    tmp_path: Path, merge_key: SigningKey, agents: Callable[..., Agent]
+) -> None:
+    # Three slots, three independent services: b cannot even be spawned (no such command), so it
+    # fails while a holds and before c would start.
+    dep, checks = services(tmp_path, merge_key, {"a": (SLEEPS, 1.0), "b": (MISSING, 0.1), "c": (SLEEPS, 0.1)})
+    node = agents("n1", dep.url, max_parallel=3)
+
+    result = node.reconcile_once()
+
+    assert result.exit_code == 1 and result.report is not None
+    by = {r.service: r for r in result.report.services}
+    assert str(by["b"].state) == "failed" and "not found" in by["b"].detail, by["b"]
+    # a was under way and finished; c came after b's failure and never started.
+    assert {n: str(by[n].state) for n in "ac"} == {"a": "ok", "c": "skipped"}, by
+    assert by["c"].detail == "not applied: b failed first"
+    assert sorted(processes_of(node.cfg.state_dir)) == ["a"]
+    assert sorted(holds(checks)) == ["a"]
+    assert window_threads() == []
 
 
 def test_what_depends_on_a_failed_service_never_starts_in_a_diamond(
