@@ -141,6 +141,14 @@ def _reading(line: str) -> _Line:
 _LONGEST_KEPT = 512
 
 
+def _name_read(line: str) -> _Line:
+    """A line both files have, read for its kind, indent and name: as its text up to its "=" or
+    ":" (when it opens no section) reads. A node's own value ("port = 1003") is not kept."""
+    cut = line.find("=") + 1 or line.find(":") + 1
+    name = line[:cut] if cut and line.lstrip()[:1] != "[" else line
+    return _READ.get(name) or _reading(name)
+
+
 def _ini(text: str) -> dict[str, tuple[str, ...]]:
     """``section.key`` -> every value it has, in order, the way oslo.config reads a
     file: a key may repeat (multi-valued options such as ``transport_url``) and so may a section
@@ -191,7 +199,7 @@ def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
     prefix, key, key_indent = "", "", 0
     for a, b in zip(la, lb, strict=True):
         if a == b:  # most lines: read once per text, moving the parser along, nothing kept
-            kind, indent, word, _, _ = _READ.get(a) or _reading(a)
+            kind, indent, word, _, _ = _READ.get(a) or _name_read(a)
             if kind == _BLANK:
                 key = ""  # a blank line ends a value
             elif kind == _COMMENT or (key and indent > key_indent):
@@ -338,6 +346,19 @@ def decide(changed_parts: Iterable[str], old: Iterable[FileSpec], new: Iterable[
 
 
 _DECIDED: ByIdentity[tuple[ActionKind, str]] = ByIdentity(1 << 12)
+_FILE_DECIDED: ByIdentity[tuple[ActionKind, str]] = ByIdentity(1 << 12)
+_PARTS = frozenset({"file"})
+
+
+def file_decision(a: FileSpec, b: FileSpec, rules: tuple[Rule, ...],
+                  default: ActionKind = DEFAULT) -> tuple[ActionKind, str]:
+    """``decide({"file"}, (a,), (b,), rules, default)`` for one file at one path at both sides,
+    kept per (rules, path, changed keys): a change alike on every node is judged once."""
+    if a.content == b.content or not (keys := _changes(a, b)):  # its mode, the whole file, comments only
+        return decide(_PARTS, (a,), (b,), rules, default)
+    key = (id(rules), b.path, tuple(keys), _format(b.path) == "ini" and _has_header(b.content), id(default))
+    said = _FILE_DECIDED.get(key)
+    return said if said is not None else _FILE_DECIDED.put(key, decide(_PARTS, (a,), (b,), rules, default), rules)
 
 
 def _decide(parts: frozenset[str], found: tuple[Domain, ...], rules: tuple[Rule, ...],

@@ -226,7 +226,11 @@ def file_diffs(node: str, a: Desired, b: Desired) -> list[FileDiff]:
             elif la is None or lb is None:
                 text = "binary content differs\n"
             else:
-                text = unified(la, lb, quoted(f"a/{node}/{name}/{path}"), quoted(f"b/{node}/{name}/{path}"))
+                where = f"{node}/{name}/{path}"
+                if quoted(where) is where:  # nothing to escape: neither with "a/" or "b/" before it
+                    text = unified(la, lb, "a/" + where, "b/" + where)
+                else:
+                    text = unified(la, lb, quoted(f"a/{where}"), quoted(f"b/{where}"))
                 if old is not None and new is not None and old.mode != new.mode:
                     text = f"mode {old.mode:04o} -> {new.mode:04o}\n" + text
             out.append(FileDiff(name, path, text))

@@ -106,10 +106,12 @@ def unified(a: Sequence[str], b: Sequence[str], fromfile: str, tofile: str, n: i
         # One changed region (most of a fleet's rendered changes): one hunk, its context the n
         # lines on either side, as the general case below would group it.
         start, stop_a, stop_b = max(0, head - n), min(len(a), a_end + n), min(len(b), b_end + n)
+        # Each run of lines as one join: its mark before the first line and between each two.
         return "".join([f"--- {fromfile}\n", f"+++ {tofile}\n",
                         f"@@ -{_span(start, stop_a)} +{_span(start, stop_b)} @@\n",
-                        *[" " + line for line in a[start:head]], *["-" + line for line in old],
-                        *["+" + line for line in new], *[" " + line for line in a[a_end:stop_a]]])
+                        " " + " ".join(a[start:head]) if head > start else "",
+                        "-" + "-".join(old) if old else "", "+" + "+".join(new) if new else "",
+                        " " + " ".join(a[a_end:stop_a]) if stop_a > a_end else ""])
     return _grouped(a, b, fromfile, tofile, n, _opcodes(a, b, ends))
 
 
