@@ -20,9 +20,9 @@ For each run a fresh ``git clone`` of the bare repo, then:
 
 Usage: .venv/bin/python bench/fleet_status.py [--nodes 10000] [--runs 3]
 
-Each figure is the best of --runs (a shared machine's noise only adds), as wall time and as CPU
-time (the process's own, or its git children's for the floor): on a loaded machine the CPU
-figure is the one that compares.
+Each figure is the best of --runs (a shared machine's noise only adds; the medians beside), as
+wall time and as CPU time (the process's own, or its git children's for the floor): on a loaded
+machine the CPU figure is the one that compares.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 import pygit2
 from plan import generate, git  # bench/plan.py: the same generated repo
@@ -129,11 +130,13 @@ def main() -> None:
     # background (gc --auto) while the directory is removed; a run's figures are printed by then.
     with tempfile.TemporaryDirectory(prefix="reconciler-bench-fleet-status-", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
+        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
         t = time.perf_counter()
         bare, head = server(root, args.nodes)
         print(f"status --fleet from a plain clone, {args.nodes} nodes x {SERVICES} services, signed notes "
               f"(made in {time.perf_counter() - t:.0f} s), best of {args.runs}")
-        fetch = rest = rest_cpu = again = again_cpu = low = low_cpu = whole = float("inf")
+        runs: list[list[float]] = [[] for _ in range(8)]
+        fetch, rest, rest_cpu, again, again_cpu, low, low_cpu, whole = runs
         for i in range(args.runs):
             os.environ["XDG_CACHE_HOME"] = str(root / f"cache{i}")  # the user's: empty at first
             clone = root / f"clone{i}"
@@ -141,26 +144,34 @@ def main() -> None:
             f, r, c, applied = after_fetch(clone, head)
             assert applied == args.nodes, f"{applied} of {args.nodes} notes counted"
             w, wc = floor(clone, head)
-            fetch, rest, rest_cpu, low, low_cpu = min(fetch, f), min(rest, r), min(rest_cpu, c), min(low, w), min(low_cpu, wc)
+            for figures, value in ((fetch, f), (rest, r), (rest_cpu, c), (low, w), (low_cpu, wc)):
+                figures.append(value)
             later = root / f"later{i}"
             git("clone", "-q", str(bare), str(later), cwd=root)
             _, r, c, applied = after_fetch(later, head)
             assert applied == args.nodes, f"{applied} of {args.nodes} notes counted"
-            again, again_cpu = min(again, r), min(again_cpu, c)
+            again.append(r)
+            again_cpu.append(c)
             other = root / f"whole{i}"
             git("clone", "-q", str(bare), str(other), cwd=root)
             t = time.perf_counter()
             subprocess.run([sys.executable, "-m", "reconciler", "status", "--fleet", "--repo", str(other), "-o",
                             "json"], check=True, stdout=subprocess.DEVNULL)
-            whole = min(whole, time.perf_counter() - t)
-        print(f"  fetch (every notes ref and the branch)       {fetch:7.2f} s")
-        print(f"  after the fetch, first run (all verified)    {rest:7.2f} s wall  {rest_cpu:7.2f} s CPU"
-              f"   {rest_cpu / args.nodes * 1e6:5.0f} us/node   {rest_cpu / low_cpu:5.1f}x the floor's CPU")
-        print(f"  after the fetch, later run (user's cache)    {again:7.2f} s wall  {again_cpu:7.2f} s CPU"
-              f"   {again_cpu / args.nodes * 1e6:5.0f} us/node   {again_cpu / low_cpu:5.1f}x the floor's CPU")
-        print(f"  floor: for-each-ref + cat-file --batch       {low:7.2f} s wall  {low_cpu:7.2f} s CPU"
+            whole.append(time.perf_counter() - t)
+        floor_cpu = min(low_cpu)
+
+        def both(wall: list[float], cpu: list[float]) -> str:
+            return (f"{min(wall):7.2f} s wall  {min(cpu):7.2f} s CPU   {min(cpu) / args.nodes * 1e6:5.0f} us/node"
+                    f"   {min(cpu) / floor_cpu:5.1f}x the floor's CPU   (medians {median(wall):.2f} wall,"
+                    f" {median(cpu):.2f} CPU)")
+
+        print(f"  fetch (every notes ref and the branch)       {min(fetch):7.2f} s")
+        print(f"  after the fetch, first run (all verified)    {both(rest, rest_cpu)}")
+        print(f"  after the fetch, later run (user's cache)    {both(again, again_cpu)}")
+        print(f"  floor: for-each-ref + cat-file --batch       {min(low):7.2f} s wall  {floor_cpu:7.2f} s CPU"
               "   (the notes' bytes only)")
-        print(f"  the whole command, fresh process             {whole:7.2f} s   (imports and fetch included)")
+        print(f"  the whole command, fresh process             {min(whole):7.2f} s   (imports and fetch included)")
+        print(f"  load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} (at the start: {load})")
 
 
 if __name__ == "__main__":

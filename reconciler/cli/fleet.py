@@ -50,8 +50,10 @@ class FleetSource:
             self.remote = agent_opts.get("remote") or "origin"
             self.branch = agent_opts.get("branch") or "main"
 
-    def read(self, rev: str | None) -> tuple[pygit2.Repository, str, FleetView]:
-        """Fetch the notes now: (the repo, the commit asked for or the branch head, the view)."""
+    def read(self, rev: str | None, history: bool = False) -> tuple[pygit2.Repository, str, FleetView]:
+        """Fetch the notes now: (the repo, the commit asked for or the branch head, the view).
+        From a clone, the view of that commit only (the notes its status shows: ``Shown``), or
+        with ``history`` of every commit."""
         from reconciler.fleet.view import fetch_from_clone, fleet_view, open_clone, resolve
 
         if self.clone is None:
@@ -73,10 +75,11 @@ class FleetSource:
         # would name the keys (the threat model).
         own = None if repo.head_is_unborn else str(repo.head.target)
         trust = note_trust(repo, own)
+        commit = head if rev is None else resolve(repo, rev)
         # The notes this user's earlier runs found counting under the same keys: not checked
         # again (a fleet's 10,000 signatures are most of a run), each new one is.
-        view = fleet_view(repo, trust=trust, known=KnownNotes.of(trust))
-        return repo, head if rev is None else resolve(repo, rev), view
+        return repo, commit, fleet_view(repo, trust=trust, known=KnownNotes.of(trust),
+                                        about=None if history else commit)
 
     def load(self, commit: str) -> DeploymentRepo:
         if self.clone is None:
@@ -176,7 +179,7 @@ def show_fleet(agent_opts: dict[str, Any], rev: str | None, html_file: Path | No
 def show_fleet_history(agent_opts: dict[str, Any], repo_dir: Path | None, limit: int, output: str) -> None:
     """The branch's commits, newest first (first parents), each with what the nodes noted on it."""
     source = FleetSource(agent_opts, repo_dir)
-    repo, head, view = source.read(None)
+    repo, head, view = source.read(None, history=True)
     rows: list[dict[str, Any]] = []
     walker = repo.walk(head)
     walker.simplify_first_parent()  # the branch's own commits, not those merged into it

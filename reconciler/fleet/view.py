@@ -35,50 +35,76 @@ FLEET_PREFIX = "refs/reconciler/fleet/"  # where a fetch puts each node's notes 
 BRANCH_PREFIX = "refs/reconciler/branch/"  # where a clone's fetch puts the branch followed
 
 
+# What became of one note: ("skip", None) for a note on no commit, ("malformed", Malformed),
+# ("refused", why), ("note", Note), ("claim", Claim or None).
+Outcome = tuple[str, Any]
+
+
 def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
                own: Mapping[str, str] | None = None, trust: NoteTrust | None = None,
-               at: datetime | None = None, known: KnownNotes | None = None) -> FleetView:
+               at: datetime | None = None, known: KnownNotes | None = None,
+               about: str | None = None) -> FleetView:
     """The notes under ``prefix`` (one ref per node, named after it); ``own``: node -> ref for
     notes kept elsewhere (a node's own, fresher than what it fetched back). Only notes that
     ``trust`` accepts (signed by their node's key in ``trust/nodes``) count; None: no note
     counts, since nothing says whose key speaks for whom. ``known``: the notes that counted
     under this same trust before (``fleet.known``, the user's cache), decoded as any note is
-    but their signatures not checked again; the notes that count now are added to it."""
+    but their signatures not checked again; the notes that count now are added to it.
+    ``about``: a view of that commit only (``status --fleet``), of the notes it shows
+    (``Shown``): the rest of each node's history is neither verified nor in the view."""
     refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
     refs.update(own or {})
     trust = trust if trust is not None else NoteTrust(problem="no trust/nodes to check notes against")
     at = at or datetime.now(UTC)
-    found: dict[str, tuple[Note, ...]] = {}
+    listed = {node: _listed(repo, node, ref, known) for node, ref in sorted(refs.items())}
+    return _finish(repo, listed, trust, at, known, about)
+
+
+Listed = tuple[str, pygit2.Oid, pygit2.Oid, bool]  # a note: its node, object, blob, kept (``fleet.known``)
+Done = list[tuple[str, str, bool, Outcome]]  # a node's notes: object, blob, kept, what became of it
+
+
+def _listed(repo: pygit2.Repository, node: str, ref: str, known: KnownNotes | None) -> list[Listed]:
+    try:
+        entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
+    except (KeyError, pygit2.GitError):
+        entries = []
+    return [(node, e.annotated_id, e.id, known is not None and known.holds(node, str(e.annotated_id), str(e.id)))
+            for e in entries]
+
+
+def _done(repo: pygit2.Repository, items: list[Listed], trust: NoteTrust, at: datetime,
+          commits: dict[pygit2.Oid, bool], shown: Shown | None) -> Done:
+    """What became of each of a node's notes."""
+    return [(str(item[1]), str(item[2]), item[3], _outcome(repo, trust, at, item, commits, shown)) for item in items]
+
+
+def _finish(repo: pygit2.Repository, listed: Mapping[str, list[Listed]], trust: NoteTrust, at: datetime,
+            known: KnownNotes | None, about: str | None) -> FleetView:
+    """Every node's notes read, decoded and judged, and the view of them."""
+    from reconciler.repo.tree import reading
+
+    commits: dict[pygit2.Oid, bool] = {}  # object -> a commit: a fleet's notes are on a few
+    shown = None if about is None else Shown(repo, about)
+    with reading(repo):
+        done = {node: _done(repo, items, trust, at, commits, shown) for node, items in listed.items()}
+    found: dict[str, list[Note]] = {node: [] for node in listed}
     claims: dict[str, Claim] = {}
     rejected: dict[str, list[tuple[str, str]]] = {}
-    for node, ref in sorted(refs.items()):
-        try:
-            entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
-        except (KeyError, pygit2.GitError):
-            entries = []
-        parsed = []
-        for entry in entries:
-            obj, blob = str(entry.annotated_id), str(entry.id)
-            kept = known is not None and known.holds(node, obj, blob)
-            data = _read(repo, node, entry, kept)
-            if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
-                continue
-            if isinstance(data, notes.Malformed):
-                rejected.setdefault(node, []).append((data.obj, str(data)))
-                continue
-            why = None if kept else _judged(trust, node, obj, blob, data, at)
-            if why is not None:
-                rejected.setdefault(node, []).append((obj, why))
-                continue
-            if known is not None and not kept:
-                known.add(node, obj, blob)
-            if obj == CLAIM_OBJECT:
-                claim = Claim.parse(node, data)
-                if claim is not None:
-                    claims[node] = claim
-            else:
-                parsed.append(Note.parse(node, obj, data))
-        found[node] = tuple(parsed)
+    for node in listed:
+        for obj, blob, kept, (kind, value) in done[node]:
+            if kind == "malformed":
+                _said(value, blob)
+                rejected.setdefault(node, []).append((value.obj, str(value)))
+            elif kind == "refused":
+                rejected.setdefault(node, []).append((obj, value))
+            elif kind in ("note", "claim"):
+                if known is not None and not kept:
+                    known.add(node, obj, blob)
+                if kind == "note":
+                    found[node].append(value)
+                elif value is not None:
+                    claims[node] = value
     if known is not None:
         known.save()
 
@@ -87,45 +113,95 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
 
         return is_descendant(repo, a, b)
 
-    return FleetView(found, descends, claims, {n: tuple(r) for n, r in rejected.items()})
+    return FleetView({n: tuple(f) for n, f in found.items()}, descends, claims,
+                     {n: tuple(r) for n, r in rejected.items()})
 
 
-def _read(repo: pygit2.Repository, node: str, entry: pygit2.Note,
-          kept: bool = False) -> dict[str, Any] | notes.Malformed | None:
-    """``node``'s note ``entry`` through the one bounded decoder (``fleet.notejson``): its body,
-    why it is malformed (said once per note), or None for a note on an object that is neither
-    a commit nor the claim object (a tree's would otherwise reach the commit graph, which
-    would read it as damage and re-clone the mirror on every poll). ``kept``: a note that
-    counted before (``fleet.known``), on a commit then (an id names its type too)."""
-    from reconciler.repo.tree import reading
+class Shown:
+    """Which notes the status of ``commit`` shows: those on it, on a commit that descends from
+    it (a node that applied a later one), and one that refused to rewind to it (on the commit
+    the node runs); not the rest of a node's history, nor its claim."""
 
-    obj = str(entry.annotated_id)
+    def __init__(self, repo: pygit2.Repository, commit: str) -> None:
+        self.repo, self.commit = repo, commit
+        self._below: dict[str, bool] = {}  # object -> descends from the commit
+
+    def __call__(self, note: Note) -> bool:
+        if note.commit == self.commit or note.refused_head == self.commit:
+            return True
+        below = self._below.get(note.commit)
+        if below is None:
+            from reconciler.trust.verify import is_descendant
+
+            below = self._below[note.commit] = is_descendant(self.repo, note.commit, self.commit)
+        return below
+
+
+def _outcome(repo: pygit2.Repository, trust: NoteTrust, at: datetime, item: Listed,
+             commits: dict[pygit2.Oid, bool], shown: Shown | None = None) -> Outcome:
+    """What becomes of one note: read, decoded within bounds, parsed, and judged (unless
+    ``kept``, or not ``shown``: then not in the view)."""
+    node, oid, bid, kept = item
+    obj = str(oid)
+    data = _read(repo, node, oid, bid, kept, commits)
+    if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
+        return "skip", None
+    if isinstance(data, notes.Malformed):
+        return "malformed", data
+    if obj == CLAIM_OBJECT:
+        if shown is not None:
+            return "skip", None
+        why = None if kept else _judged(trust, node, obj, str(bid), data, at)
+        return ("refused", why) if why is not None else ("claim", Claim.parse(node, data))
+    note = Note.parse(node, obj, data)  # what it says, not yet that it counts
+    if shown is not None and not shown(note):
+        return "skip", None
+    why = None if kept else _judged(trust, node, obj, str(bid), data, at)
+    return ("refused", why) if why is not None else ("note", note)
+
+
+def _read(repo: pygit2.Repository, node: str, obj_id: pygit2.Oid, blob_id: pygit2.Oid, kept: bool = False,
+          commits: dict[pygit2.Oid, bool] | None = None) -> dict[str, Any] | notes.Malformed | None:
+    """``node``'s note (``blob_id``) on ``obj_id`` through the one bounded decoder
+    (``fleet.notejson``): its body, why it is malformed, or None for a note on an object that
+    is neither a commit nor the claim object (a tree's would otherwise reach the commit graph,
+    which would read it as damage and re-clone the mirror on every poll). ``kept``: a note
+    that counted before (``fleet.known``), on a commit then (an id names its type too).
+    ``commits``: what the object ids asked before are, a commit or not. Within ``reading``."""
+    obj = str(obj_id)
     odb = repo.odb
-    with reading(repo):
-        if obj != CLAIM_OBJECT and not kept:  # kept: on a commit when it counted (an id names its type too)
+    if obj != CLAIM_OBJECT and not kept:  # kept: on a commit when it counted (an id names its type too)
+        is_commit = commits.get(obj_id) if commits is not None else None
+        if is_commit is None:
             try:
-                if odb.read_header(entry.annotated_id)[0] != pygit2.enums.ObjectType.COMMIT:
-                    return None
+                is_commit = odb.read_header(obj_id)[0] == pygit2.enums.ObjectType.COMMIT
             except KeyError:
-                pass  # not here (another branch's commit): no commit this reader asks about
-        blob = str(entry.id)
-        read = _DECODED.lookup(blob)[1]  # a body or a reason, never None once kept
-        if read is None:
-            size = odb.read_header(entry.id)[1]  # the size first: a 20 MB note is never read
-            if size > MAX_NOTE:
-                read = f"{size} bytes, more than {MAX_NOTE // 1024} KiB"
-            else:
-                # Kept or not, through the decoder: the cache vouches for a signature, never
-                # for a parse (plain json.loads takes what the bounds refuse: 1e999, a lone
-                # surrogate, a 5,000-digit number, a text of megabytes).
-                body = notes.body(node, obj, odb.read(entry.id)[1])
-                read = body.why if isinstance(body, notes.Malformed) else body
-            _DECODED.put(blob, read, size if isinstance(read, dict) else len(read))
-    data = read if isinstance(read, dict) else notes.Malformed(node, obj, read)
-    if isinstance(data, notes.Malformed) and (key := (node, obj, blob)) not in _SAID:
+                is_commit = True  # not here (another branch's commit): no commit this reader asks about
+            if commits is not None:
+                commits[obj_id] = is_commit
+        if not is_commit:
+            return None
+    blob = str(blob_id)
+    read = _DECODED.lookup(blob)[1]  # a body or a reason, never None once kept
+    if read is None:
+        size = odb.read_header(blob_id)[1]  # the size first: a 20 MB note is never read
+        if size > MAX_NOTE:
+            read = f"{size} bytes, more than {MAX_NOTE // 1024} KiB"
+        else:
+            # Kept or not, through the decoder: the cache vouches for a signature, never
+            # for a parse (plain json.loads takes what the bounds refuse: 1e999, a lone
+            # surrogate, a 5,000-digit number, a text of megabytes).
+            body = notes.body(node, obj, odb.read(blob_id)[1])
+            read = body.why if isinstance(body, notes.Malformed) else body
+        _DECODED.put(blob, read, size if isinstance(read, dict) else len(read))
+    return read if isinstance(read, dict) else notes.Malformed(node, obj, read)
+
+
+def _said(data: notes.Malformed, blob: str) -> None:
+    """A malformed note said once per note (node, object, blob), not on every read."""
+    if (key := (data.node, data.obj, blob)) not in _SAID:
         _SAID.put(key, True)
         log.warning("%s", data)
-    return data
 
 
 # Notes are content-addressed (``blob``): each is decoded once per process, and checked once
