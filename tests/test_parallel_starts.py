@@ -123,11 +123,13 @@ def test_a_first_deploy_of_30_independent_services_holds_them_together_up_to_max
     assert 2 <= most_at_once(spans) <= width
     first = names[:width]
     assert all(spans[y][0] <= spans[x][1] for x, y in zip(first, first[1:], strict=False)), (first, spans)
-    # Started in plan order (by name), each as soon as a slot freed: after one of the services
-    # before it ended, before the last of them did (a batch would wait for them all).
+    # Started in plan order (by name), each once a slot freed: after one of the services before
+    # it ended. (That it starts before the last of them ends, as a batch would not, is
+    # test_sliding_window.py's, with holds far apart: here all hold alike, and under load the
+    # last few of a window end within milliseconds of each other.)
     for k in range(width, 30):
         before = [spans[n][1] for n in names[k - width:k]]
-        assert min(before) < spans[names[k]][0] < max(before), (names[k], spans)
+        assert min(before) < spans[names[k]][0], (names[k], spans)
 
 
 def test_a_dependency_chain_still_starts_in_order_while_the_rest_hold_beside_it(
