@@ -187,9 +187,7 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
         if not o.running:  # nothing to reload or connect: start it with the new slice
             return Action(ActionKind.START, svc.name, f"not running ({o.detail or 'stopped'}); {reason}{over}", svc,
                           drv)
-        if kind is ActionKind.NONE:
-            return Action(kind, svc.name, f"{reason}: files updated, nothing restarted{over}", svc, drv, sync=True)
-        return Action(kind, svc.name, reason + over, svc, drv)
+        return changed(kind, reason, svc.name, drv, svc, over)
     if o.drifted or not o.running:
         stopped = f"not running ({o.detail or 'stopped'})"
         if o.drifted.startswith("files:"):  # a start writes the repo's files anyway
@@ -204,5 +202,20 @@ def _action_for(svc: DesiredService, o: ObservedService | None) -> Action:
             kind = ActionKind.CONNECT if o.drifted == "networks" else ActionKind.RECREATE
             return Action(kind, svc.name, what, svc, drv)
         return Action(ActionKind.START, svc.name, f"{what}; same slice as {_short(o.commit)}", svc, drv)
-    return Action(ActionKind.NONE, svc.name, f"unchanged since {_short(o.commit)}", svc, drv)
+    return unchanged(svc.name, drv, o.commit, svc)
+
+
+def changed(kind: ActionKind, reason: str, service: str, driver: str, svc: DesiredService | None = None,
+            over: str = "") -> Action:
+    """A running service's action for files changed as ``decide`` said (``kind``, ``reason``):
+    "none" only writes them (``sync``). ``over``: the hand edit the new version replaces. Also
+    the review's (``review.applied``), which makes it without the planner."""
+    if kind is ActionKind.NONE:
+        return Action(kind, service, f"{reason}: files updated, nothing restarted{over}", svc, driver, sync=True)
+    return Action(kind, service, reason + over, svc, driver)
+
+
+def unchanged(service: str, driver: str, commit: str | None, svc: DesiredService | None = None) -> Action:
+    """A running service whose slice is the one it runs (noted at ``commit``)."""
+    return Action(ActionKind.NONE, service, f"unchanged since {_short(commit)}", svc, driver)
 

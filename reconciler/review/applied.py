@@ -15,6 +15,7 @@ from reconciler.core.compare import file_decision
 from reconciler.core.memo import Bounded, ByIdentity
 from reconciler.core.model import Action, ActionKind, Desired, DesiredService, Observed, ObservedService, Plan
 from reconciler.drivers.kinds import config_change
+from reconciler.plan.planner import changed, unchanged
 from reconciler.plan.planner import plan as make_plan
 
 # Not hex: never equal to a part's hash, nor to a slice's.
@@ -182,17 +183,12 @@ _QUICK: ByIdentity[Action] = ByIdentity(4096)
 
 
 def _action(service: str, driver: str, said: tuple[ActionKind, str], commit_a: str) -> Action:
-    """The kept action ``planner._action_for`` makes of a running service, no hand edit, whose
-    files changed as ``said`` says, or that is as at A (``_UNCHANGED``)."""
-    kind, reason = said
-    if said is _UNCHANGED:
-        reason = f"unchanged since {commit_a[:12] if commit_a else 'unknown commit'}"
-    sync = kind is ActionKind.NONE and said is not _UNCHANGED
-    if sync:
-        reason = f"{reason}: files updated, nothing restarted"
-    key = (kind, service, reason, driver, sync, False, "", "")
+    """The kept action the planner makes of a running service, no hand edit, whose files changed
+    as ``said`` says, or that is as at A (``_UNCHANGED``): its own ``changed`` and ``unchanged``."""
+    made = unchanged(service, driver, commit_a) if said is _UNCHANGED else changed(*said, service, driver)
+    key = (made.kind, service, made.reason, driver, made.sync, False, "", "")
     _, alike = _ALIKE.lookup(key)
-    return alike if alike is not None else _ALIKE.put(key, Action(kind, service, reason, None, driver, sync))
+    return alike if alike is not None else _ALIKE.put(key, made)
 
 
 # Whether two runtimes (or health checks) are equal, by their identities: a service's at A and
