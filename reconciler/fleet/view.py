@@ -35,11 +35,6 @@ FLEET_PREFIX = "refs/reconciler/fleet/"  # where a fetch puts each node's notes 
 BRANCH_PREFIX = "refs/reconciler/branch/"  # where a clone's fetch puts the branch followed
 
 
-# What became of one note: ("skip", None) for a note on no commit, ("malformed", Malformed),
-# ("refused", why), ("note", Note), ("claim", Claim or None).
-Outcome = tuple[str, Any]
-
-
 def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
                own: Mapping[str, str] | None = None, trust: NoteTrust | None = None,
                at: datetime | None = None, known: KnownNotes | None = None,
@@ -56,55 +51,45 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
     refs.update(own or {})
     trust = trust if trust is not None else NoteTrust(problem="no trust/nodes to check notes against")
     at = at or datetime.now(UTC)
-    listed = {node: _listed(repo, node, ref, known) for node, ref in sorted(refs.items())}
-    return _finish(repo, listed, trust, at, known, about)
-
-
-Listed = tuple[str, pygit2.Oid, pygit2.Oid, bool]  # a note: its node, object, blob, kept (``fleet.known``)
-Done = list[tuple[str, str, bool, Outcome]]  # a node's notes: object, blob, kept, what became of it
-
-
-def _listed(repo: pygit2.Repository, node: str, ref: str, known: KnownNotes | None) -> list[Listed]:
-    try:
-        entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
-    except (KeyError, pygit2.GitError):
-        entries = []
-    return [(node, e.annotated_id, e.id, known is not None and known.holds(node, str(e.annotated_id), str(e.id)))
-            for e in entries]
-
-
-def _done(repo: pygit2.Repository, items: list[Listed], trust: NoteTrust, at: datetime,
-          commits: dict[pygit2.Oid, bool], shown: Shown | None) -> Done:
-    """What became of each of a node's notes."""
-    return [(str(item[1]), str(item[2]), item[3], _outcome(repo, trust, at, item, commits, shown)) for item in items]
-
-
-def _finish(repo: pygit2.Repository, listed: Mapping[str, list[Listed]], trust: NoteTrust, at: datetime,
-            known: KnownNotes | None, about: str | None) -> FleetView:
-    """Every node's notes read, decoded and judged, and the view of them."""
     from reconciler.repo.tree import reading
 
     commits: dict[pygit2.Oid, bool] = {}  # object -> a commit: a fleet's notes are on a few
     shown = None if about is None else Shown(repo, about)
-    with reading(repo):
-        done = {node: _done(repo, items, trust, at, commits, shown) for node, items in listed.items()}
-    found: dict[str, list[Note]] = {node: [] for node in listed}
+    found: dict[str, tuple[Note, ...]] = {}
     claims: dict[str, Claim] = {}
     rejected: dict[str, list[tuple[str, str]]] = {}
-    for node in listed:
-        for obj, blob, kept, (kind, value) in done[node]:
-            if kind == "malformed":
-                _said(value, blob)
-                rejected.setdefault(node, []).append((value.obj, str(value)))
-            elif kind == "refused":
-                rejected.setdefault(node, []).append((obj, value))
-            elif kind in ("note", "claim"):
+    with reading(repo):
+        for node, ref in sorted(refs.items()):
+            try:
+                entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
+            except (KeyError, pygit2.GitError):
+                entries = []
+            parsed = []
+            for entry in entries:
+                obj, blob = str(entry.annotated_id), str(entry.id)
+                kept = known is not None and known.holds(node, obj, blob)
+                data = _read(repo, node, entry.annotated_id, entry.id, kept, commits)
+                if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
+                    continue
+                if isinstance(data, notes.Malformed):
+                    _said(data, blob)
+                    rejected.setdefault(node, []).append((data.obj, str(data)))
+                    continue
+                # What it says, not yet that it counts.
+                note = None if obj == CLAIM_OBJECT else Note.parse(node, obj, data)
+                if shown is not None and (note is None or not shown(note)):
+                    continue  # not in this commit's status (a claim is in none): neither judged nor shown
+                why = None if kept else _judged(trust, node, obj, blob, data, at)
+                if why is not None:
+                    rejected.setdefault(node, []).append((obj, why))
+                    continue
                 if known is not None and not kept:
                     known.add(node, obj, blob)
-                if kind == "note":
-                    found[node].append(value)
-                elif value is not None:
-                    claims[node] = value
+                if note is not None:
+                    parsed.append(note)
+                elif (claim := Claim.parse(node, data)) is not None:
+                    claims[node] = claim
+            found[node] = tuple(parsed)
     if known is not None:
         known.save()
 
@@ -113,8 +98,7 @@ def _finish(repo: pygit2.Repository, listed: Mapping[str, list[Listed]], trust: 
 
         return is_descendant(repo, a, b)
 
-    return FleetView({n: tuple(f) for n, f in found.items()}, descends, claims,
-                     {n: tuple(r) for n, r in rejected.items()})
+    return FleetView(found, descends, claims, {n: tuple(r) for n, r in rejected.items()})
 
 
 class Shown:
@@ -135,29 +119,6 @@ class Shown:
 
             below = self._below[note.commit] = is_descendant(self.repo, note.commit, self.commit)
         return below
-
-
-def _outcome(repo: pygit2.Repository, trust: NoteTrust, at: datetime, item: Listed,
-             commits: dict[pygit2.Oid, bool], shown: Shown | None = None) -> Outcome:
-    """What becomes of one note: read, decoded within bounds, parsed, and judged (unless
-    ``kept``, or not ``shown``: then not in the view)."""
-    node, oid, bid, kept = item
-    obj = str(oid)
-    data = _read(repo, node, oid, bid, kept, commits)
-    if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
-        return "skip", None
-    if isinstance(data, notes.Malformed):
-        return "malformed", data
-    if obj == CLAIM_OBJECT:
-        if shown is not None:
-            return "skip", None
-        why = None if kept else _judged(trust, node, obj, str(bid), data, at)
-        return ("refused", why) if why is not None else ("claim", Claim.parse(node, data))
-    note = Note.parse(node, obj, data)  # what it says, not yet that it counts
-    if shown is not None and not shown(note):
-        return "skip", None
-    why = None if kept else _judged(trust, node, obj, str(bid), data, at)
-    return ("refused", why) if why is not None else ("note", note)
 
 
 def _read(repo: pygit2.Repository, node: str, obj_id: pygit2.Oid, blob_id: pygit2.Oid, kept: bool = False,
