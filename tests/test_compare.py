@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.core.compare import Domain, _changes, _has_header, _ini_changes, domains, flatten
+from reconciler.core.compare import Domain, _changes, domains, flatten
+from reconciler.core.inifile import has_header, ini_changes
 from reconciler.core.model import FileSpec
 
 
@@ -66,7 +67,7 @@ def test_a_rendered_billion_laughs_yaml_is_judged_as_a_whole_file_at_once() -> N
 def test_a_section_header_is_found_on_any_line_however_lines_end(parts: list[str]) -> None:
     text = "".join(parts)
     by_line = any(line.lstrip().startswith("[") for line in text.splitlines())
-    assert _has_header(text.encode()) is by_line
+    assert has_header(text.encode()) is by_line
 
 
 # A line of a rendered INI file as (kind, name, value), and the same line written out.
@@ -113,7 +114,7 @@ def test_two_ini_files_of_one_shape_read_in_one_pass_differ_in_the_keys_a_whole_
         (k, "added" if k not in fa else "removed" if k not in fb else "changed")
         for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
     assert _changes(FileSpec("f.conf", 0o644, old), FileSpec("f.conf", 0o644, new)) == whole
-    one_pass = _ini_changes(old.decode().splitlines(True), new.decode().splitlines(True))
+    one_pass = ini_changes(old.decode().splitlines(True), new.decode().splitlines(True))
     if one_pass is not None:  # taken, and the same answer
         assert whole is not None and one_pass == [k for k, _ in whole]
 
@@ -128,7 +129,7 @@ def test_two_ini_files_of_one_shape_read_in_one_pass_differ_in_the_keys_a_whole_
     ("k = 1\n# old\n", "k = 1\n# new\n", []),
 ])
 def test_files_of_one_shape_are_compared_in_one_pass(old: str, new: str, keys: list[str]) -> None:
-    assert _ini_changes(old.splitlines(True), new.splitlines(True)) == keys
+    assert ini_changes(old.splitlines(True), new.splitlines(True)) == keys
     assert _changes(FileSpec("f.conf", 0o644, old.encode()), FileSpec("f.conf", 0o644, new.encode())) == [
         (k, "changed") for k in keys]
 
@@ -145,5 +146,5 @@ def test_files_of_one_shape_are_compared_in_one_pass(old: str, new: str, keys: l
     (b"[s]\nk = 1\n", b"[t]\nk = 1\n", [("s.k", "removed"), ("t.k", "added")]),
 ])
 def test_files_of_another_shape_are_each_parsed_whole(old: bytes, new: bytes, keys: list[tuple[str, str]]) -> None:
-    assert _ini_changes(old.decode().splitlines(True), new.decode().splitlines(True)) is None
+    assert ini_changes(old.decode().splitlines(True), new.decode().splitlines(True)) is None
     assert _changes(FileSpec("f.conf", 0o644, old), FileSpec("f.conf", 0o644, new)) == keys

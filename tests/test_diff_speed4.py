@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from test_diff_speedups import fleet
 
-from reconciler.core.compare import _ini, _ini_changes, _name_read, _read, decide, file_decision
+from reconciler.core.compare import decide, file_decision
+from reconciler.core.inifile import _name_read, _read, ini_changes, ini_values
 from reconciler.core.model import FileSpec, Rule
 from reconciler.core.model.desired import ActionKind, _lines
 from reconciler.plan.planner import plan
@@ -101,7 +102,7 @@ LINES = ["[DEFAULT]", "[api]", " [ api ]", "[x = 1]", "[a]:b", "a = 1", "a = 2",
 
 def test_a_line_both_files_have_reads_as_its_name_does() -> None:
     """A line the two versions of an INI file share moves the parser by its kind, indent and
-    name, read off its text up to its "=" or ":" (``core.compare._name_read``): as the whole
+    name, read off its text up to its "=" or ":" (``core.inifile._name_read``): as the whole
     line reads, for sections, options, continuations, comments and lines that are not INI."""
     for line in LINES:
         for end in ("", "\n", "\r\n"):
@@ -116,9 +117,9 @@ def test_the_keys_an_ini_change_changes_are_the_keys_whose_values_differ(seed: i
     for _ in range(3000):
         la = [rng.choice(LINES) + "\n" for _ in range(rng.randint(0, 8))]
         lb = [rng.choice(LINES) + "\n" if rng.random() < 0.3 else line for line in la]
-        found = _ini_changes(la, lb)
+        found = ini_changes(la, lb)
         try:
-            va, vb = _ini("".join(la)), _ini("".join(lb))
+            va, vb = ini_values("".join(la)), ini_values("".join(lb))
         except ValueError:
             continue  # not INI: the whole file is the change
         if found is not None:

@@ -12,18 +12,17 @@ the whole file can make it less than the default.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
 from reconciler.core.errors import BadInput
+from reconciler.core.inifile import has_header, ini_changes, ini_values
 from reconciler.core.memo import ByIdentity
 from reconciler.core.model import ActionKind, FileSpec, Rule, rank
 
 DEFAULT = ActionKind.RESTART
-TOP = "\0top"  # the section of an INI-like file that has none
 FORMATS = {".ini": "ini", ".conf": "ini", ".cfg": "ini", ".yaml": "yaml", ".yml": "yaml",
            ".json": "json", ".toml": "toml"}
 
@@ -61,184 +60,6 @@ def _walk(value: Any, prefix: str, out: dict[str, str]) -> None:
         out[prefix] = json.dumps(value, sort_keys=True, default=str)
 
 
-# A "[" that only whitespace separates from the start of the text or of a line (every line
-# boundary ``str.splitlines`` knows is itself whitespace): one search, not a loop over lines.
-_HEADER = re.compile(r"(?:\A|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])\s*\[")
-
-
-def _has_header(content: bytes) -> bool:
-    """Whether a line of the file starts with "[" (after whitespace): a sectioned INI file,
-    whose keys print as "[section] key"."""
-    return _HEADER.search(content.decode(errors="replace")) is not None
-
-
-def _indent(line: str, first: str) -> int:
-    """How far ``line`` is indented: a line is indented exactly when its first character is not
-    ``first``, its first non-blank one."""
-    return len(line) - len(line.lstrip()) if line[0] != first else 0
-
-
-def _section(stripped: str) -> str | None:
-    """The section a header line opens (None: not a header)."""
-    return stripped[1:stripped.rindex("]")].strip() if stripped[0] == "[" and "]" in stripped else None
-
-
-def _option(stripped: str) -> tuple[str, str] | None:
-    """(name, value) of an option line: the first "=" or ":" ends the name (a ":" is looked for
-    only before the "="). None: not an option."""
-    eq = stripped.find("=")
-    cut = stripped.find(":", 0, eq) if eq >= 0 else stripped.find(":")
-    if cut < 0:
-        cut = eq
-    name = stripped[:cut].rstrip()
-    return (name, stripped[cut + 1:].lstrip()) if cut >= 0 and name else None
-
-
-_BLANK, _COMMENT, _SECTION, _OPTION, _OTHER = "blank", "comment", "section", "option", "other"
-
-
-# How the INI parser reads one line on its own (whether it continues a value depends on the
-# lines before it: its indent against the key's): (kind: one of the five above, _OTHER being
-# not INI unless a continuation; indent; word: a section's key prefix, "section." or "" for TOP,
-# or an option's name; value: an option's value; text: the line stripped, what a continuation
-# adds to its key's value). A plain tuple: read for every line of a fleet diff.
-_Line = tuple[str, int, str, str, str]
-
-
-def _read(line: str) -> _Line:
-    stripped = line.strip()
-    if not stripped:
-        return _BLANK, 0, "", "", ""
-    first = stripped[0]
-    if first == "#" or first == ";":
-        return _COMMENT, 0, "", "", stripped
-    indent = _indent(line, first)
-    section = _section(stripped)
-    if section is not None:
-        return _SECTION, indent, "" if section == TOP else f"{section}.", "", stripped
-    option = _option(stripped)
-    if option is None:
-        return _OTHER, indent, "", "", stripped
-    return _OPTION, indent, option[0], option[1], stripped
-
-
-# A line's text -> how it reads: the lines a template renders alike on every node are read
-# once in a fleet diff.
-_READ: dict[str, _Line] = {}
-
-
-def _reading(line: str) -> _Line:
-    seen = _read(line)
-    # A long line (a certificate, a key, a blob on one line) is a node's own: kept, a review or a
-    # daemon would hold a copy of each, three times over, until the table starts over.
-    if len(line) <= _LONGEST_KEPT:
-        if len(_READ) >= 1 << 15:
-            _READ.clear()
-        _READ[line] = seen
-    return seen
-
-
-_LONGEST_KEPT = 512
-
-
-def _name_read(line: str) -> _Line:
-    """A line both files have, read for its kind, indent and name: as its text up to its "=" or
-    ":" (when it opens no section) reads. A node's own value ("port = 1003") is not kept."""
-    cut = line.find("=") + 1 or line.find(":") + 1
-    name = line[:cut] if cut and line.lstrip()[:1] != "[" else line
-    return _READ.get(name) or _reading(name)
-
-
-def _ini(text: str) -> dict[str, tuple[str, ...]]:
-    """``section.key`` -> every value it has, in order, the way oslo.config reads a
-    file: a key may repeat (multi-valued options such as ``transport_url``) and so may a section
-    (``[filter:x]`` blocks), so nothing is collapsed into its last occurrence. Lines indented
-    below a key continue its value; ``#`` and ``;`` start comment lines; a file with no section
-    header (sysctl.d, env files) has bare keys. Raises ValueError for a line that is none of these.
-    """
-    values: dict[str, list[str]] = {}
-    prefix, key, key_indent = "", "", 0  # prefix: "section." ("" before any section header)
-    for line in text.splitlines():
-        kind, indent, word, value, stripped = _read(line)
-        if kind == _BLANK:
-            key = ""  # a blank line ends a value
-        elif kind == _COMMENT:
-            continue
-        elif key and indent > key_indent:
-            values[key][-1] += "\n" + stripped
-        elif kind == _SECTION:
-            key, prefix = "", word
-        elif kind == _OPTION:
-            key, key_indent = prefix + word, indent
-            kept = values.get(key)
-            if kept is None:
-                values[key] = [value]
-            else:
-                kept.append(value)
-        else:
-            raise ValueError(f"not an option: {stripped!r}")
-    return {k: tuple(v) for k, v in values.items()}
-
-
-def _ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
-    """The keys whose values differ between two INI files of the same shape, read in one pass
-    for both: line for line, each pair of differing lines is the same kind of line for the
-    parser (an option of the same name at the same indent, a continuation, a comment, a blank,
-    the same section), so both files have the same keys and only those lines' values differ.
-    None when the shapes differ, or a line is not INI: then each file is parsed whole (``_ini``).
-    A one-value change to a rendered config, most of a fleet diff's, is half the parsing.
-
-    A key's values are built from the same lines in both files, each value from an option line
-    and its continuations (none of which holds a line break), so they differ exactly when one of
-    those lines reads differently: an equal line only moves the parser along. ``la``, ``lb``:
-    the files' lines, with their line ends or without (a line that differs only there reads the
-    same)."""
-    if len(la) != len(lb):
-        return None
-    changed: set[str] = set()
-    prefix, key, key_indent = "", "", 0
-    for a, b in zip(la, lb, strict=True):
-        if a == b:  # most lines: read once per text, moving the parser along, nothing kept
-            kind, indent, word, _, _ = _READ.get(a) or _name_read(a)
-            if kind == _BLANK:
-                key = ""  # a blank line ends a value
-            elif kind == _COMMENT or (key and indent > key_indent):
-                continue
-            elif kind == _SECTION:
-                key, prefix = "", word
-            elif kind == _OPTION:
-                key, key_indent = prefix + word, indent
-            else:
-                return None  # not an option: ``_ini`` says which file does not parse
-            continue
-        # Kept too: a line a change rewrites alike on every node ("region = RegionTwo") is read
-        # once in a fleet diff; one that is this node's own costs a table entry until it starts over.
-        kind, indent, word, value, text = _READ.get(a) or _reading(a)
-        other_kind, other_indent, other_word, other_value, other_text = _READ.get(b) or _reading(b)
-        if kind in (_BLANK, _COMMENT) or other_kind in (_BLANK, _COMMENT):
-            if kind != other_kind:
-                return None  # a blank line (the end of a value) or a comment against a line that is not
-            if kind == _BLANK:
-                key = ""
-            continue
-        more, other_more = bool(key) and indent > key_indent, bool(key) and other_indent > key_indent
-        if more != other_more:
-            return None  # a continuation against a line that is not
-        if more:
-            if text != other_text:
-                changed.add(key)
-        elif kind != other_kind or kind == _OTHER or word != other_word:
-            return None  # another section, another option, or a line that is not INI
-        elif kind == _SECTION:
-            key, prefix = "", word
-        elif indent != other_indent:
-            return None  # the same option at another indent: what continues it differs
-        else:
-            key, key_indent = prefix + word, indent
-            if value != other_value:
-                changed.add(key)
-    return sorted(changed)
-
 
 def flatten(path: str, content: bytes) -> Mapping[str, object] | None:
     """Leaf values by key (compared, never shown), or None when the file is not a structured
@@ -248,7 +69,7 @@ def flatten(path: str, content: bytes) -> Mapping[str, object] | None:
         return None
     try:
         if kind == "ini":
-            return _ini(content.decode("utf-8"))
+            return ini_values(content.decode("utf-8"))
         import tomllib  # here: a no-op poll compares nothing (issue 40: what it needs only)
 
         from reconciler.core.yamlfile import safe_load
@@ -286,7 +107,7 @@ def _file_domains(path: str, a: FileSpec | None, b: FileSpec | None) -> list[Dom
         return [Domain(path, None, "changed")]
     if not keys:  # same keys and values: comments or layout only
         return [Domain(path, None, "changed (comments or layout only)")]
-    ini = _format(path) == "ini" and _has_header(b.content)
+    ini = _format(path) == "ini" and has_header(b.content)
     return [Domain(path, key, what, ini) for key, what in keys]
 
 
@@ -297,7 +118,7 @@ def _changes(a: FileSpec, b: FileSpec) -> list[tuple[str, str]] | None:
         la, lb = a.lines, b.lines
         if la is None or lb is None:
             return None  # not UTF-8
-        same_shape = _ini_changes(la, lb)
+        same_shape = ini_changes(la, lb)
         if same_shape is not None:
             return [(key, "changed") for key in same_shape]
     fa, fb = flatten(a.path, a.content), flatten(b.path, b.content)
@@ -356,7 +177,7 @@ def file_decision(a: FileSpec, b: FileSpec, rules: tuple[Rule, ...],
     kept per (rules, path, changed keys): a change alike on every node is judged once."""
     if a.content == b.content or not (keys := _changes(a, b)):  # its mode, the whole file, comments only
         return decide(_PARTS, (a,), (b,), rules, default)
-    key = (id(rules), b.path, tuple(keys), _format(b.path) == "ini" and _has_header(b.content), id(default))
+    key = (id(rules), b.path, tuple(keys), _format(b.path) == "ini" and has_header(b.content), id(default))
     said = _FILE_DECIDED.get(key)
     return said if said is not None else _FILE_DECIDED.put(key, decide(_PARTS, (a,), (b,), rules, default), rules)
 
