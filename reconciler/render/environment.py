@@ -150,21 +150,25 @@ def _stream(tpl: jinja2.Template, ctx: Mapping[str, Any], budget: Budget, what: 
     # and an import builds a context of its own.
     context = tpl.environment.context_class(tpl.environment, cast(dict[str, Any], ctx), tpl.name, tpl.blocks)
     chunks: list[str] = []
+    append = chunks.append
     size, counted = 0, 0
     # Output is often one character per chunk: count it here, and let the budget judge it only
-    # every so many bytes or once this file passes its limit.
-    batch = min(64 * 1024, budget.limits.file_bytes)
+    # every so many bytes or once this file passes its limit (``check``: the size at which it
+    # is next asked; one comparison a chunk, a fleet diff yields some 800,000).
+    limit = budget.limits.file_bytes
+    batch = min(64 * 1024, limit)
+    check = min(batch, limit + 1)
     gen = cast(Generator[str, None, None], tpl.root_render_func(context))  # a compiled template is a generator
     try:
         for chunk in gen:
             size += len(chunk)
-            if size - counted >= batch or size > budget.limits.file_bytes:
+            if size >= check:
                 over = budget.output(size - counted, size, what)
-                counted = size
+                counted, check = size, min(size + batch, limit + 1)
                 if over is not None:
                     # Thrown into the template, so the error carries the line that was printing.
                     gen.throw(RenderLimit(over))
-            chunks.append(chunk)
+            append(chunk)
     except Exception:
         # Rewrites the traceback so template frames carry the template's file and line.
         tpl.environment.handle_exception()

@@ -23,7 +23,8 @@ from typing import Any
 from reconciler.core.errors import RenderError, RenderLimit
 from reconciler.core.limits import Limits
 from reconciler.core.memo import ByIdentity
-from reconciler.core.model import Desired, DesiredService, FileSpec, Runtime
+from reconciler.core.model import Desired, DesiredService, Runtime
+from reconciler.core.model.desired import desired_service, file_spec
 from reconciler.drivers.kinds import ACCOUNTS, find
 from reconciler.render.environment import render_template, service_environment
 from reconciler.render.facts import NodeFacts
@@ -121,8 +122,8 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
             raise RenderLimit(f"node {node}, service {svc.name}: {over}", file=tpl)
         used = holds_secret(secrets, content)
         # Only the owner (the service's user, see the process driver) may read a secret file.
-        files.append(FileSpec(decl.path, decl.mode & 0o700 if used else decl.mode, content, bool(used),
-                              secret_file_key(secrets, used) if used else b""))
+        files.append(file_spec(decl.path, decl.mode & 0o700 if used else decl.mode, content, bool(used),
+                               secret_file_key(secrets, used) if used else b""))
 
     driver = repo.driver_of(node, svc.name)
     timeout = repo.settings.get("defaults", {}).get("health_timeout", 10)
@@ -145,7 +146,7 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
             raise RenderError(f"node {node}: service {svc.name}: runtime.{kind}: {problem}", file=svc.file,
                               line=svc.lines.get("runtime"))
     node_services = share.services
-    return DesiredService(
+    return desired_service(
         name=svc.name,
         runtime=runtime,
         files=tuple(files),
