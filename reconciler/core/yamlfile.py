@@ -16,6 +16,7 @@ from yaml.composer import Composer
 
 from reconciler.core.errors import BadInput, YamlLimit
 from reconciler.core.limits import LIMITS
+from reconciler.core.yamlfast import NOT_PLAIN, build
 
 Path_ = tuple[str | int, ...]
 
@@ -206,8 +207,10 @@ def _construct(loader: yaml.SafeLoader | yaml.CSafeLoader, node: yaml.Node, file
         raise located from exc
 
 
-def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | None) -> Any:
-    """Compose (bounded), check the expansion, map lines (when asked), construct."""
+def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | None, plain: bool = True) -> Any:
+    """Compose (bounded); a plain document built in one walk (``yamlfast``; ``plain=False``:
+    never, the careful path the tests hold it to); else check the expansion, map lines (when
+    asked), construct."""
     with _as_bad_input(file):
         decoded = text.decode("utf-8")
         # A YAML node takes at least one character ("{a,b}": five nodes in five), so a text of
@@ -222,6 +225,11 @@ def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | N
             node = loader.get_single_node()
             if node is None:
                 return None
+            data = build(loader, node, decoded, max_nodes, lines) if plain else NOT_PLAIN
+            if data is not NOT_PLAIN:
+                return data
+            if lines:
+                lines.clear()
             _check_expansion(node, max_nodes, file)
             if lines is not None:
                 _walk(node, (), lines, file, set())
@@ -313,7 +321,7 @@ def schema(name: str) -> dict[str, Any]:
 
 
 def check_schema(doc: YamlDoc, name: str) -> list[Problem]:
-    from reconciler.core.schemacheck import valid  # only where a commit is loaded, as jsonschema was
+    from reconciler.core.schemacompile import valid  # only where a commit is loaded, as jsonschema was
 
     if valid(doc.data, schema(name)):  # the common case, without jsonschema's 60 ms of imports (issue 40)
         return []

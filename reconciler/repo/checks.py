@@ -41,30 +41,40 @@ def check_file_names(services: Mapping[str, ServiceDef]) -> list[Problem]:
 
 
 def check_drivers(repo: DeploymentRepo) -> list[Problem]:
-    """What each node's driver needs from a service: a command, or an image (its kind says)."""
+    """What each node's driver needs from a service: a command, or an image (its kind says).
+    Judged once per service and driver (a fleet's nodes share a few), said for each node."""
     problems = []
+    judged: dict[tuple[str, str], list[tuple[int | None, str]]] = {}
     for node in sorted(repo.nodes):
         for name in repo.services_of(node):
-            svc, driver = repo.services[name], repo.driver_of(node, name)
-            kind = kind_of(driver)
-            if not kind.may_reboot and any(r.get("action") == "reboot" for r in svc.on_change):
-                problems.append(Problem(svc.file, svc.lines.get("runtime"),
-                                        f"node {node} runs {name} with {driver}: only a host service "
-                                        "(driver: host) can ask for a reboot"))
-            # Each path on its own: one absolute path among relative ones would be written
-            # outside the service's config dir.
-            wrong = [f for f in svc.files if f.path.startswith("/") != kind.absolute_paths]
-            if wrong:
-                where = "absolute" if kind.absolute_paths else "relative to its config dir"
-                problems.append(Problem(svc.file, wrong[0].line, f"node {node} runs {name} with {driver}: "
-                                        f"file path {wrong[0].path!r} must be {where}"))
-            if kind.needs_image and not svc.container.get("image"):
-                problems.append(Problem(svc.file, svc.lines.get("runtime"),
-                                        f"node {node} runs {name} with {driver}: runtime needs an image"))
-            elif kind.needs_command and not svc.command:
-                problems.append(Problem(svc.file, svc.lines.get("runtime"),
-                                        f"node {node} runs {name} with {driver}: runtime needs a command"))
+            driver = repo.driver_of(node, name)
+            found = judged.get((name, driver))
+            if found is None:
+                found = judged[name, driver] = _needs(repo.services[name], driver)
+            if found:
+                file = repo.services[name].file
+                problems += [Problem(file, line, f"node {node} runs {name} with {driver}: {what}")
+                             for line, what in found]
     return problems
+
+
+def _needs(svc: ServiceDef, driver: str) -> list[tuple[int | None, str]]:
+    """What ``driver`` needs of ``svc`` that it lacks: (line, what), in the order said."""
+    kind = kind_of(driver)
+    found: list[tuple[int | None, str]] = []
+    if not kind.may_reboot and any(r.get("action") == "reboot" for r in svc.on_change):
+        found.append((svc.lines.get("runtime"), "only a host service (driver: host) can ask for a reboot"))
+    # Each path on its own: one absolute path among relative ones would be written outside
+    # the service's config dir.
+    wrong = [f for f in svc.files if f.path.startswith("/") != kind.absolute_paths]
+    if wrong:
+        where = "absolute" if kind.absolute_paths else "relative to its config dir"
+        found.append((wrong[0].line, f"file path {wrong[0].path!r} must be {where}"))
+    if kind.needs_image and not svc.container.get("image"):
+        found.append((svc.lines.get("runtime"), "runtime needs an image"))
+    elif kind.needs_command and not svc.command:
+        found.append((svc.lines.get("runtime"), "runtime needs a command"))
+    return found
 
 
 def check_driver_names(doc: YamlDoc, schema_name: str) -> list[Problem]:
