@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import base64
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where a signature is checked: an idle agent never loads OpenSSL's bindings
@@ -161,10 +162,22 @@ def _plain_type(key_type: str) -> str:
     return base + "@openssh.com" if base != key_type and base.startswith("sk-") else base
 
 
+_ED25519 = "ssh-ed25519"
+_ED25519_HEAD = wire_string(_ED25519) + (32).to_bytes(4, "big")  # a plain ed25519 key's blob is this + 32 bytes
+
+
 @lru_cache(maxsize=256)
 def parse_key(blob: bytes) -> SshKey:
     """Parse a public key or certificate blob. A certificate's CA signature is checked here, as
     OpenSSH does while parsing, so no certificate exists unverified."""
+    if len(blob) == len(_ED25519_HEAD) + 32 and blob.startswith(_ED25519_HEAD):
+        # A plain ed25519 key, every note of a fleet: what _parse_key makes of it (its blob is
+        # already canonical), without reading it field by field.
+        return SshKey(_ED25519, _ED25519, blob, blob[len(_ED25519_HEAD) :], None, None)
+    return _parse_key(blob)
+
+
+def _parse_key(blob: bytes) -> SshKey:
     r = WireReader(blob)
     key_type = r.text()
     plain = _plain_type(key_type)
@@ -238,29 +251,51 @@ def _parse_cert(r: WireReader, blob: bytes) -> _Cert:
     return _Cert(cert_type, tuple(principals), valid_after, valid_before, ca)
 
 
+@cache
+def _libsodium() -> tuple[Callable[[bytes, bytes], bytes], type[Exception]]:
+    """Loaded with the first signature checked (an idle agent checks none); once, not per note."""
+    from nacl.bindings import crypto_sign_open
+    from nacl.exceptions import BadSignatureError
+
+    return crypto_sign_open, BadSignatureError
+
+
+def _ed25519_verify(public: bytes, sig: bytes, data: bytes) -> None:
+    """Ed25519 through libsodium: half OpenSSL's time (a fleet's reader checks 10,000 notes), and
+    stricter: it refuses small-order and non-canonical public keys, which OpenSSL and ssh-keygen
+    take (under the identity point as a key, R = identity, s = 0 verifies for every message)."""
+    crypto_sign_open, refused = _libsodium()
+    # libsodium reads the first 64 bytes of R || s || data as the signature: a shorter one would
+    # take bytes of the data (OpenSSL refuses any but 64)
+    if len(sig) != 64:
+        raise bad_signature("signature does not verify")
+    try:
+        crypto_sign_open(sig + data, public)
+    except refused:
+        raise bad_signature("signature does not verify") from None
+
+
 def check_signature(key: SshKey, signature: bytes, data: bytes) -> None:
     """Verify an SSH signature blob (string algorithm, algorithm-specific data) over ``data``."""
-    from cryptography.exceptions import InvalidSignature
-
-    if key.key_type == "ssh-ed25519":  # a fleet's notes: the same checks, without the dispatch below
+    if key.key_type == _ED25519:  # a fleet's notes: the same checks, without the dispatch below
         r = WireReader(signature)
         alg = r.text()
-        if alg != "ssh-ed25519":
+        if alg != _ED25519:
             raise bad_signature(f"signature algorithm {alg!r} does not fit a ssh-ed25519 key")
         sig = r.string()
         r.done("signature")
-        try:
-            key.public.verify(sig, data)  # type: ignore[call-arg]  # an ed25519 key: (signature, data)
-        except (InvalidSignature, ValueError):
-            raise bad_signature("signature does not verify") from None
+        assert isinstance(key.numbers, bytes)
+        _ed25519_verify(key.numbers, sig, data)
         return
+    from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+    from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
     from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
     r = WireReader(signature)
     alg = r.text()
-    public = key.public
+    # an ed25519 certificate or security key: libsodium takes the 32 bytes, as above
+    public = None if isinstance(key.numbers, bytes) else key.public
     try:
         if isinstance(public, rsa.RSAPublicKey):
             if alg == "ssh-rsa":
@@ -289,9 +324,11 @@ def check_signature(key: SshKey, signature: bytes, data: bytes) -> None:
 
             data = hashlib.sha256(key.application).digest() + flags_counter + hashlib.sha256(data).digest()
         r.done("signature")
-        if isinstance(public, ed25519.Ed25519PublicKey):
-            public.verify(sig, data)
+        if public is None:
+            assert isinstance(key.numbers, bytes)
+            _ed25519_verify(key.numbers, sig, data)
         else:
+            assert isinstance(public, ec.EllipticCurvePublicKey)
             inner = WireReader(sig)
             rs = inner.mpint(), inner.mpint()
             inner.done("ECDSA signature")

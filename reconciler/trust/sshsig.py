@@ -15,7 +15,9 @@ Verdicts must agree with ``ssh-keygen -Y verify`` (OpenSSH 9.x sshsig.c is the r
 the tests run both on every case), including its odd corners: the file's valid-before second is
 still valid but a certificate's is not, and a security key's user-presence flag is not required.
 Deliberate differences, all stricter: signature version 0, RSA keys under 2048 bits, DSA, SHA-1
-signatures (also by a certificate's CA) and webauthn security-key signatures are refused; a
+signatures (also by a certificate's CA), webauthn security-key signatures and ed25519 keys of
+small order or not canonically encoded (libsodium's checks: under the identity point as a key,
+which ssh-keygen takes, the signature R = identity, s = 0 verifies for every message) are refused; a
 malformed allowed-signers line is an error for the whole file, where ssh-keygen skips it. A
 well-formed line of a key type refused on purpose (DSA) or not known here is skipped, as
 ssh-keygen skips a line it cannot use, with a warning naming the file and line (said once): a
@@ -92,7 +94,7 @@ class Signature:
         return cert.ca.fingerprint if cert else None
 
 
-def _parse(armored: bytes) -> tuple[Signature, bytes]:
+def _parse(armored: bytes) -> tuple[Signature, bytes, SshKey]:
     r = WireReader(_dearmor(armored))
     if r.take(6) != b"SSHSIG":
         raise bad_signature("not an SSHSIG signature (bad magic)")
@@ -106,7 +108,7 @@ def _parse(armored: bytes) -> tuple[Signature, bytes]:
     if hash_alg not in _HASHES:
         raise bad_signature(f"unknown hash algorithm {hash_alg!r}")
     key = parse_key(key_blob)
-    return Signature(key.key_type, key_blob, namespace, hash_alg, WireReader(raw).text()), raw
+    return Signature(key.key_type, key_blob, namespace, hash_alg, WireReader(raw).text()), raw, key
 
 
 def parse_signature(armored: bytes) -> Signature:
@@ -117,14 +119,14 @@ def parse_signature(armored: bytes) -> Signature:
 def verify(armored: bytes, payload: bytes, namespace: str = "git") -> Signature:
     """Check that ``armored`` is a valid signature of ``payload`` in ``namespace`` by the key it
     names. Says nothing about whether that key is trusted: see ``find_signer``."""
-    sig, raw = _parse(armored)
+    sig, raw, key = _parse(armored)
     if sig.namespace != namespace:
         raise SignatureError(f"signature is for namespace {sig.namespace!r}, not {namespace!r}", "WRONG_NAMESPACE")
     import hashlib  # when a signature is checked: it loads OpenSSL, 3.5 MB of an idle daemon (issue 40)
 
     digest = hashlib.new(sig.hash_alg, payload).digest()
     signed = _signed_prefix(namespace, sig.hash_alg) + wire_string(digest)
-    check_signature(parse_key(sig.key_blob), raw, signed)
+    check_signature(key, raw, signed)
     return sig
 
 
@@ -242,7 +244,22 @@ def _parse_options(text: str) -> tuple[_Options, str]:
     return (ca, namespaces, after, before), text[i:].lstrip(" \t")
 
 
+# A line as ``public_line`` writes one (each node's in a fleet's trust/nodes): read in one match;
+# anything else (other options, quotes, tabs, upper case, a comment) the careful way below.
+_PLAIN_LINE = re.compile(r'([^\s"]+) namespaces="([^"\\]*)" ([^\s]+) ([^\s]+)')
+
+
 def _parse_line(text: str, n: int) -> AllowedSigner:
+    m = _PLAIN_LINE.fullmatch(text)
+    if m is None:
+        return _parse_line_careful(text, n)
+    principal, namespaces, key_type, encoded = m.groups()
+    key, blob = _key_of(key_type, encoded)
+    return AllowedSigner(tuple(principal.split(",")), key.key_type, blob, tuple(namespaces.split(",")),
+                         None, None, False, n, key.plain_blob)
+
+
+def _parse_line_careful(text: str, n: int) -> AllowedSigner:
     principals, rest = _token(text)
     first = rest.split(None, 1)[0] if rest else ""
     options: _Options = (False, None, None, None)
@@ -329,14 +346,17 @@ def find_signer(
     problem: SignatureError | None = None
     elsewhere = False
     for entry in signers:
-        listed = parse_key(entry.key_blob)
         if entry.cert_authority:
-            if key.cert is None or key.cert.ca.plain_blob != listed.plain_blob:
+            ca = parse_key(entry.key_blob)
+            if key.cert is None or key.cert.ca.plain_blob != ca.plain_blob:
                 continue
-        elif listed.key_type != key.key_type or (
-            listed.plain_blob != key.plain_blob if key.cert is None else entry.key_blob != sig.key_blob
-        ):
-            continue
+        else:
+            # a line's key as parsed with it (one parse a note, not two, for a fleet's reader)
+            listed = (entry.key_type, entry.plain_blob) if entry.plain_blob else _type_and_plain(entry.key_blob)
+            if listed[0] != key.key_type or (
+                listed[1] != key.plain_blob if key.cert is None else entry.key_blob != sig.key_blob
+            ):
+                continue
         if _match_pattern_list(principal, ",".join(entry.principals)) != 1:
             elsewhere = True
             continue
@@ -349,6 +369,11 @@ def find_signer(
     if elsewhere:
         raise SignatureError(f"key {key.fingerprint} is not allowed to sign as {principal!r}", "WRONG_PRINCIPAL")
     raise SignatureError(f"key {key.fingerprint} is not in the allowed signers", "UNTRUSTED_KEY")
+
+
+def _type_and_plain(blob: bytes) -> tuple[str, bytes]:
+    key = parse_key(blob)
+    return key.key_type, key.plain_blob
 
 
 def _entry_problem(entry: AllowedSigner, key: SshKey, principal: str, now: int,
