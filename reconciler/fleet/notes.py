@@ -131,6 +131,10 @@ def body(node: str, obj: str, text: str | bytes) -> dict[str, Any] | Malformed:
 def _str(value: Any, limit: int = MAX_NAME) -> str:
     """A field of a body that passed ``check`` is a string within bounds; one given to ``parse``
     by other code is made one, and cut."""
+    if type(value) is str and len(value) <= limit:  # what ``check`` let through: as it is
+        return value
+    if value is None:  # a field the note does not have
+        return ""
     return cut(value if isinstance(value, str) else "" if value is None else str(value), limit)
 
 
@@ -158,14 +162,19 @@ class Note:
     @staticmethod
     def parse(node: str, commit: str, data: Mapping[str, Any]) -> Note:
         services = data.get("services")
-        failed = [s for s, r in services.items() if isinstance(r, Mapping) and r.get("result") == "failed"] \
+        # (``type(r) is dict`` first: what ``check`` builds, told without the ABC's isinstance)
+        failed = [s for s, r in services.items()
+                  if (type(r) is dict or isinstance(r, Mapping)) and r.get("result") == "failed"] \
             if isinstance(services, Mapping) else []
         upgrade = data.get("upgrade")
-        steps = {(_str(s.get("service")), _str(s.get("step"))): _str(s.get("status"))
-                 for s in (upgrade if isinstance(upgrade, list) else ()) if isinstance(s, Mapping)}
-        fresh = frozenset(_str(s.get("service")) for s in (upgrade if isinstance(upgrade, list) else ())
-                          if isinstance(s, Mapping) and s.get("status") == "skipped"
-                          and s.get("detail") == STARTED_FRESH)
+        steps: dict[tuple[str, str], str] = {}
+        fresh: frozenset[str] = frozenset()
+        if isinstance(upgrade, list) and upgrade:
+            steps = {(_str(s.get("service")), _str(s.get("step"))): _str(s.get("status"))
+                     for s in upgrade if isinstance(s, Mapping)}
+            fresh = frozenset(_str(s.get("service")) for s in upgrade
+                              if isinstance(s, Mapping) and s.get("status") == "skipped"
+                              and s.get("detail") == STARTED_FRESH)
         plane = data.get("plane")
         refused = data.get("refused")
         refused = refused if isinstance(refused, Mapping) else {}

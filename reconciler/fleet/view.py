@@ -47,49 +47,65 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
     but their signatures not checked again; the notes that count now are added to it.
     ``about``: a view of that commit only (``status --fleet``), of the notes it shows
     (``Shown``): the rest of each node's history is neither verified nor in the view."""
-    refs = {r.removeprefix(prefix): r for r in repo.references if r.startswith(prefix)}
-    refs.update(own or {})
+    # Each node's notes ref and its commit, listed in one pass (a lookup by name costs as much again)
+    refs = {r.name.removeprefix(prefix): _target(r) for r in repo.references.iterator() if r.name.startswith(prefix)}
+    refs.update({node: _target(repo.references.get(ref)) for node, ref in (own or {}).items()})
     trust = trust if trust is not None else NoteTrust(problem="no trust/nodes to check notes against")
     at = at or datetime.now(UTC)
     from reconciler.repo.tree import reading
 
     commits: dict[pygit2.Oid, bool] = {}  # object -> a commit: a fleet's notes are on a few
     shown = None if about is None else Shown(repo, about)
-    found: dict[str, tuple[Note, ...]] = {}
+    found: dict[str, list[Note]] = {}
     claims: dict[str, Claim] = {}
     rejected: dict[str, list[tuple[str, str]]] = {}
+    # Notes read, not yet judged: judged a batch at a time, their outcomes taken in the order they
+    # were read. Reading a batch, then checking its signatures, costs some 0.3 s less CPU for
+    # 10,000 notes than one note after the other (git's, JSON's and the signature check's code
+    # and tables each stay warm); a batch keeps few bodies alive besides those ``_DECODED`` keeps.
+    batch: list[tuple[str, str, str, dict[str, Any] | notes.Malformed, Note | None, bool]] = []
+
+    def settle() -> None:
+        for node, obj, blob, data, note, kept in batch:
+            if isinstance(data, notes.Malformed):
+                _said(data, blob)
+                rejected.setdefault(node, []).append((data.obj, str(data)))
+                continue
+            why = None if kept else _judged(trust, node, obj, blob, data, at)
+            if why is not None:
+                rejected.setdefault(node, []).append((obj, why))
+                continue
+            if known is not None and not kept:
+                known.add(node, obj, blob)
+            if note is not None:
+                found[node].append(note)
+            elif (claim := Claim.parse(node, data)) is not None:
+                claims[node] = claim
+        batch.clear()
+
     with reading(repo):
         for node, ref in sorted(refs.items()):
             try:
-                entries = list(repo.notes(ref))  # type: ignore[call-arg]  # stub lacks ref
-            except (KeyError, pygit2.GitError):
+                entries = notes_in(repo, ref)
+            except (KeyError, ValueError, pygit2.GitError):  # no commit, or a tree the object store lacks
                 entries = []
-            parsed = []
-            for entry in entries:
-                obj, blob = str(entry.annotated_id), str(entry.id)
+            found[node] = []
+            for obj_id, blob_id in entries:
+                obj, blob = str(obj_id), str(blob_id)
                 kept = known is not None and known.holds(node, obj, blob)
-                data = _read(repo, node, entry.annotated_id, entry.id, kept, commits)
+                data = _read(repo, node, obj_id, blob_id, kept, commits)
                 if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
                     continue
-                if isinstance(data, notes.Malformed):
-                    _said(data, blob)
-                    rejected.setdefault(node, []).append((data.obj, str(data)))
-                    continue
-                # What it says, not yet that it counts.
-                note = None if obj == CLAIM_OBJECT else Note.parse(node, obj, data)
-                if shown is not None and (note is None or not shown(note)):
-                    continue  # not in this commit's status (a claim is in none): neither judged nor shown
-                why = None if kept else _judged(trust, node, obj, blob, data, at)
-                if why is not None:
-                    rejected.setdefault(node, []).append((obj, why))
-                    continue
-                if known is not None and not kept:
-                    known.add(node, obj, blob)
-                if note is not None:
-                    parsed.append(note)
-                elif (claim := Claim.parse(node, data)) is not None:
-                    claims[node] = claim
-            found[node] = tuple(parsed)
+                note = None
+                if not isinstance(data, notes.Malformed):  # (a malformed one: said, in its turn)
+                    # What it says, not yet that it counts.
+                    note = None if obj == CLAIM_OBJECT else Note.parse(node, obj, data)
+                    if shown is not None and (note is None or not shown(note)):
+                        continue  # not in this commit's status (a claim is in none): neither judged nor shown
+                batch.append((node, obj, blob, data, note, kept))
+                if len(batch) >= _BATCH:
+                    settle()
+        settle()
     if known is not None:
         known.save()
 
@@ -98,7 +114,58 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
 
         return is_descendant(repo, a, b)
 
-    return FleetView(found, descends, claims, {n: tuple(r) for n, r in rejected.items()})
+    return FleetView({n: tuple(f) for n, f in found.items()}, descends, claims,
+                     {n: tuple(r) for n, r in rejected.items()})
+
+
+_BATCH = 64  # notes read before they are judged: at most 4 MiB of bodies (64 KiB each) kept for it
+
+
+def _target(ref: pygit2.Reference | None) -> pygit2.Oid | None:
+    """The object a (notes) ref names, through a symbolic one; None for none."""
+    try:
+        target = None if ref is None else ref.target if isinstance(ref.target, pygit2.Oid) else ref.resolve().target
+    except (KeyError, pygit2.GitError):
+        return None
+    return target if isinstance(target, pygit2.Oid) else None
+
+
+_HEX = "0123456789abcdefABCDEF"
+_NOTE_NAME = 40  # hex digits of the object a note is on: its path in the notes tree, fanout's slashes aside
+
+
+def notes_in(repo: pygit2.Repository, commit: pygit2.Oid | None) -> list[tuple[pygit2.Oid, pygit2.Oid]]:
+    """(the object, the note's blob) of each note in the notes commit ``commit``: what libgit2's
+    ``repo.notes(ref)`` lists (a path of hex digits naming an object, split by fanout directories
+    or not, in the order the trees hold them), read off the commit's tree directly: 7 us a ref
+    against 11 (a fleet's 10,000 refs, cold). No note for what the iterator reads as garbage (a
+    path that is no object's name: it hands out an object id it never set). KeyError, ValueError
+    or GitError where it fails: no commit there, a tree missing or not one."""
+    if commit is None:
+        return []
+    made = repo[commit]
+    if not isinstance(made, pygit2.Commit):
+        raise ValueError(f"{commit}: not a commit")
+    found: list[tuple[pygit2.Oid, pygit2.Oid]] = []
+    frames, paths = [iter(made.tree)], [""]
+    while frames:
+        for entry in frames[-1]:
+            path = paths[-1] + (entry.name or "").replace("/", "")
+            if len(path) > _NOTE_NAME or path.strip(_HEX):
+                continue  # no object's name, whatever is below
+            if entry.filemode == pygit2.enums.FileMode.TREE:
+                below = repo[entry.id]
+                if not isinstance(below, pygit2.Tree):
+                    raise ValueError(f"{entry.id}: not a tree")
+                frames.append(iter(below))
+                paths.append(path)
+                break  # its notes before the next entry's, as libgit2 walks a tree
+            if len(path) == _NOTE_NAME:
+                found.append((pygit2.Oid(hex=path.lower()), entry.id))
+        else:
+            frames.pop()
+            paths.pop()
+    return found
 
 
 class Shown:
