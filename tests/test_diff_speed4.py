@@ -14,7 +14,7 @@ from test_diff_speedups import fleet
 from reconciler.core.compare import decide, file_decision
 from reconciler.core.inifile import _name_read, _read, ini_changes, ini_values
 from reconciler.core.model import FileSpec, Rule
-from reconciler.core.model.desired import ActionKind, _lines
+from reconciler.core.model.desired import ActionKind
 from reconciler.plan.planner import plan
 from reconciler.render.node import render_node
 from reconciler.review.applied import as_applied
@@ -124,19 +124,6 @@ def test_the_keys_an_ini_change_changes_are_the_keys_whose_values_differ(seed: i
             continue  # not INI: the whole file is the change
         if found is not None:
             assert found == sorted(k for k in set(va) | set(vb) if va.get(k) != vb.get(k)), (la, lb)
-
-
-BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
-
-
-def test_a_file_split_at_its_line_ends_is_split_as_splitlines_splits_it() -> None:
-    """A file's lines (``FileSpec.lines``): split at "\\n" when that is its only line break,
-    as ``str.splitlines`` splits it with every break it knows, with or without a last one."""
-    rng = random.Random(4)
-    words = ["a", "é", " ", "\t", "[x]", "k = v", *BREAKS]
-    for _ in range(20000):
-        text = "".join(rng.choice(words) for _ in range(rng.randint(0, 10)))
-        assert _lines(text) == text.splitlines(keepends=True), repr(text)
 
 
 def _ends(a: list[str], b: list[str]) -> tuple[int, int, int]:

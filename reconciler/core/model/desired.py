@@ -10,8 +10,6 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import repeat
-from operator import add
 from typing import Any
 
 from reconciler.core import digest
@@ -43,21 +41,6 @@ def _members(pairs: Iterable[tuple[str, str]]) -> str:
 _UNREAD = object()  # what a kept attribute that may be None reads before it is computed
 
 
-def _lines(text: str) -> list[str]:
-    """``text.splitlines(keepends=True)``. Split at "\\n" when that is the only line break the
-    text holds (ASCII text with no other one): ``splitlines`` weighs every character against
-    each break it knows, twice the time of a fleet diff's 60,000 files."""
-    if not text.isascii() or "\r" in text or "\v" in text or "\f" in text or "\x1c" in text or "\x1d" in text \
-            or "\x1e" in text:
-        return text.splitlines(keepends=True)
-    parts = text.split("\n")
-    last = parts.pop()
-    lines = list(map(add, parts, repeat("\n")))
-    if last:
-        lines.append(last)
-    return lines
-
-
 @dataclass(frozen=True)
 class FileSpec:
     """One rendered file of a service: a path relative to the service's config dir."""
@@ -82,7 +65,9 @@ class FileSpec:
         kept: list[str] | None = self.__dict__.get("_lines", _UNREAD)  # not cast(): a call, 120,000 times
         if kept is _UNREAD:
             try:
-                kept = _lines(self.content.decode("utf-8"))
+                # str.splitlines in C, each break it knows (measured quicker than a split at "\n"
+                # with the ends put back, on short and long files alike)
+                kept = self.content.decode("utf-8").splitlines(True)
             except UnicodeDecodeError:
                 kept = None
             self.__dict__["_lines"] = kept
