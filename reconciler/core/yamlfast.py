@@ -22,11 +22,27 @@ Path_ = tuple[str | int, ...]
 NOT_PLAIN: Any = object()
 
 _STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+INT = "tag:yaml.org,2002:int"
+# Python reads no decimal integer of more digits (``sys.get_int_max_str_digits``'s default).
+MAX_INT_TEXT = 4300
+
+
+def bounded_int(constructor: Any, node: yaml.ScalarNode) -> Any:
+    """SafeConstructor's integer, a sexagesimal one (``1:30``) of more than ``MAX_INT_TEXT``
+    characters refused as Python refuses a decimal one: PyYAML builds it multiplying a base by
+    60 a part, quadratic in its length (hours of CPU for a file within the size bound, and
+    ``reconciler.yaml`` is read before its commit is verified). ``yamlfile``'s loaders use it
+    too, so the fast path and the careful one say the same."""
+    if ":" in node.value and len(node.value) > MAX_INT_TEXT:
+        raise ValueError("number too large")
+    return SafeConstructor.construct_yaml_int(constructor, node)
+
+
 # The scalar tags built here, by SafeConstructor's own functions (a timestamp, binary, a merge
 # key, a custom tag: the careful path).
 _SCALARS = {tag: SafeConstructor.yaml_constructors[tag]
-            for tag in ("tag:yaml.org,2002:null", "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
-                        "tag:yaml.org,2002:float")}
+            for tag in ("tag:yaml.org,2002:null", "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float")}
+_SCALARS[INT] = bounded_int  # SafeConstructor's, bounded
 # Deeper than this, the careful path (its walks take more frames a level, so it may refuse as
 # nested too deeply what one walk would build).
 MAX_DEPTH = 32

@@ -16,7 +16,7 @@ from yaml.composer import Composer
 
 from reconciler.core.errors import BadInput, YamlLimit
 from reconciler.core.limits import LIMITS
-from reconciler.core.yamlfast import NOT_PLAIN, build
+from reconciler.core.yamlfast import INT, NOT_PLAIN, bounded_int, build
 
 Path_ = tuple[str | int, ...]
 
@@ -80,6 +80,21 @@ class _CountingLoader(yaml.SafeLoader):
         return Composer.compose_node(self, parent, index)  # type: ignore[no-untyped-call,no-any-return]
 
 
+_CountingLoader.add_constructor(INT, bounded_int)
+
+
+def _c_safe_loader() -> type | None:
+    """libyaml's loader, its integers bounded as the fast path's are; None without libyaml."""
+    if not getattr(yaml, "__with_libyaml__", False):
+        return None
+
+    class _CSafeLoader(yaml.CSafeLoader):  # type: ignore[misc,name-defined,unused-ignore]
+        pass
+
+    _CSafeLoader.add_constructor(INT, bounded_int)
+    return _CSafeLoader
+
+
 def _counting_c_loader() -> type | None:
     """``_CountingLoader`` over libyaml's scanner and parser (most of the time a big file takes:
     a 10,000-node inventory's), composing in Python as it counts; None without libyaml."""
@@ -101,6 +116,7 @@ def _counting_c_loader() -> type | None:
         get_single_node, check_node, get_node = Composer.get_single_node, Composer.check_node, Composer.get_node
         compose_node = _CountingLoader.compose_node
 
+    _CCountingLoader.add_constructor(INT, bounded_int)
     return _CCountingLoader
 
 
@@ -200,7 +216,7 @@ def _construct(loader: yaml.SafeLoader | yaml.CSafeLoader, node: yaml.Node, file
     """The document of ``node``; a value Python cannot build is said at its line."""
     try:
         return loader.construct_document(node)
-    except ValueError as exc:
+    except (ValueError, LookupError, AttributeError) as exc:  # a scalar its tag cannot build: PyYAML's own errors
         located = _unconstructable(loader, node, file)
         if located is None:
             raise
@@ -218,7 +234,7 @@ def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | N
         # (ten times faster) is safe for it; a bigger text is counted as it is composed.
         counting = _COUNTING_C or _CountingLoader
         loader: yaml.SafeLoader | yaml.CSafeLoader = (
-            yaml.CSafeLoader(decoded) if getattr(yaml, "__with_libyaml__", False) and (
+            _C_SAFE(decoded) if _C_SAFE is not None and (
                 len(decoded) * 2 < max_nodes or _few_events(decoded, max_nodes))
             else counting(decoded, file, max_nodes))
         try:
@@ -239,6 +255,7 @@ def _load(text: bytes, file: str, max_nodes: int, *, lines: dict[Path_, int] | N
 
 
 _COUNTING_C = _counting_c_loader()
+_C_SAFE = _c_safe_loader()
 
 
 def _few_events(text: str, max_nodes: int) -> bool:
@@ -257,8 +274,9 @@ def _few_events(text: str, max_nodes: int) -> bool:
 
 def _unconstructable(loader: yaml.SafeLoader | yaml.CSafeLoader, root: yaml.Node, file: str) -> BadInput | None:
     """The first scalar, in document order, whose value Python cannot build (an integer past
-    ``sys.get_int_max_str_digits``, a date like 2026-13-01), as a located error. Searched for
-    only once construction failed: the constructor raises a bare ValueError that says neither."""
+    ``sys.get_int_max_str_digits``, a date like 2026-13-01, ``!!bool 1``), as a located error.
+    Searched for only once construction failed: the constructor raises a bare ValueError (or
+    KeyError, IndexError, AttributeError for a text its explicit tag cannot read) that says neither."""
     stack, seen = [root], set()
     while stack:
         node = stack.pop()
@@ -273,7 +291,10 @@ def _unconstructable(loader: yaml.SafeLoader | yaml.CSafeLoader, root: yaml.Node
             if build is not None:
                 build(loader, node)
         except ValueError as exc:
-            what = "number too large" if node.tag == "tag:yaml.org,2002:int" else f"{node.value[:40]!r}: {exc}"
+            what = "number too large" if node.tag == INT else f"{node.value[:40]!r}: {exc}"
+            return BadInput(what, file=file, line=node.start_mark.line + 1)
+        except (LookupError, AttributeError):  # ``!!bool 1``, an empty ``!!int``: no message of PyYAML's worth showing
+            what = f"{node.value[:40]!r} is not a {node.tag.replace('tag:yaml.org,2002:', '!!')}"
             return BadInput(what, file=file, line=node.start_mark.line + 1)
     return None
 
