@@ -262,8 +262,9 @@ def _libsodium() -> tuple[Callable[[bytes, bytes], bytes], type[Exception]]:
 
 def _ed25519_verify(public: bytes, sig: bytes, data: bytes) -> None:
     """Ed25519 through libsodium: half OpenSSL's time (a fleet's reader checks 10,000 notes), and
-    stricter: it refuses small-order and non-canonical public keys, which OpenSSL and ssh-keygen
-    take (under the identity point as a key, R = identity, s = 0 verifies for every message)."""
+    stricter: it refuses small-order and non-canonical public keys, and an R of small order, which
+    OpenSSL and ssh-keygen take (under the identity point as a key, R = identity, s = 0 verifies
+    for every message); it is cofactorless, as they are (tests/test_verify_speed_review.py)."""
     crypto_sign_open, refused = _libsodium()
     # libsodium reads the first 64 bytes of R || s || data as the signature: a shorter one would
     # take bytes of the data (OpenSSL refuses any but 64)

@@ -15,9 +15,10 @@ Verdicts must agree with ``ssh-keygen -Y verify`` (OpenSSH 9.x sshsig.c is the r
 the tests run both on every case), including its odd corners: the file's valid-before second is
 still valid but a certificate's is not, and a security key's user-presence flag is not required.
 Deliberate differences, all stricter: signature version 0, RSA keys under 2048 bits, DSA, SHA-1
-signatures (also by a certificate's CA), webauthn security-key signatures and ed25519 keys of
-small order or not canonically encoded (libsodium's checks: under the identity point as a key,
-which ssh-keygen takes, the signature R = identity, s = 0 verifies for every message) are refused; a
+signatures (also by a certificate's CA), webauthn security-key signatures, ed25519 keys of
+small order or not canonically encoded and ed25519 signatures whose R is of small order or whose s
+is not reduced (libsodium's checks: under the identity point as a key, which ssh-keygen takes, the
+signature R = identity, s = 0 verifies for every message) are refused; a
 malformed allowed-signers line is an error for the whole file, where ssh-keygen skips it. A
 well-formed line of a key type refused on purpose (DSA) or not known here is skipped, as
 ssh-keygen skips a line it cannot use, with a warning naming the file and line (said once): a
