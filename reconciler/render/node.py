@@ -88,17 +88,6 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     ctx = context(repo, node, svc, pinned, share, env.globals)
     budget = budget or Budget(repo.limits)
     secrets: SecretView = ctx["secrets"]
-
-    def inline(text: str, key: str) -> str:
-        unmark(secrets)
-        out = render_template(env, ctx, name=None, text=text, file=svc.file, line=svc.lines.get(key), node=node,
-                      service=svc.name, what=key, budget=budget)
-        if holds_secret(secrets, out):
-            # Never the value: a runtime string reaches ps, notes and logs; a file is private.
-            raise RenderError(f"node {node}, service {svc.name}: {key} uses a secret: secrets belong in files "
-                              "(written 0600)", file=svc.file, line=svc.lines.get(key))
-        return out
-
     files = []
     for decl in svc.files_in_order:
         unmark(secrets)
@@ -112,7 +101,9 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
             except UnicodeEncodeError as exc:
                 raise RenderError(f"node {node}: rendered text is not valid UTF-8 ({exc.reason})", file=tpl) from exc
             # Counted in characters while streaming; a file of wide characters may pass in bytes.
-            over = budget.output(len(content) - len(text), len(content), decl.path)
+            # (As many bytes as characters: the stream's last count said all there is to say.)
+            over = budget.output(len(content) - len(text), len(content), decl.path) \
+                if decl.merge is not None or len(content) != len(text) else None
         else:
             assert decl.source is not None
             tpl = svc.source_path(decl.source)
@@ -134,17 +125,28 @@ def render_service(repo: DeploymentRepo, node: str, svc: ServiceDef, accounts: A
     # A plain string that holds one of this node's secret values is refused all the same: the
     # node renders it anew, and the error names the string's key.
     if run is None or holds_any_secret(secrets, run.said):
+
+        def inline(text: str, key: str) -> str:
+            unmark(secrets)
+            out = render_template(env, ctx, name=None, text=text, file=svc.file, line=svc.lines.get(key), node=node,
+                                  service=svc.name, what=key, budget=budget)
+            if holds_secret(secrets, out):
+                # Never the value: a runtime string reaches ps, notes and logs; a file is private.
+                raise RenderError(f"node {node}, service {svc.name}: {key} uses a secret: secrets belong in files "
+                                  "(written 0600)", file=svc.file, line=svc.lines.get(key))
+            return out
+
         run = render_runtime(repo, node, svc, driver, share.attached, timeout, inline)
         if not run.templated:
             compiled.runs[alike] = run
     runtime = run.runtime
-    runs_as = find(driver)
-    checks_accounts = runs_as is not None and ACCOUNTS in runs_as.checks  # it runs as the node's users
-    for kind, name in (("user", runtime.user), ("group", runtime.group)):
-        problem = accounts(kind, name) if accounts is not None and name and checks_accounts else None
-        if problem:
-            raise RenderError(f"node {node}: service {svc.name}: runtime.{kind}: {problem}", file=svc.file,
-                              line=svc.lines.get("runtime"))
+    runs_as = find(driver) if accounts is not None else None  # a reviewer's render checks no account
+    if runs_as is not None and ACCOUNTS in runs_as.checks:  # it runs as the node's users
+        for kind, name in (("user", runtime.user), ("group", runtime.group)):
+            problem = accounts(kind, name) if accounts is not None and name else None
+            if problem:
+                raise RenderError(f"node {node}: service {svc.name}: runtime.{kind}: {problem}", file=svc.file,
+                                  line=svc.lines.get("runtime"))
     node_services = share.services
     return desired_service(
         name=svc.name,
