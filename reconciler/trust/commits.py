@@ -118,10 +118,15 @@ def _verify_ssh(commit_id: str, signature: bytes, payload: bytes, principal: str
         with contextlib.suppress(SignatureError):
             fpr = sshsig.parse_signature(signature).fingerprint
         return Verdict(commit_id, False, exc.reason, str(exc), "ssh", principal, fpr)
-    fingerprints = {sig.fingerprint, entry.fingerprint}
-    if fingerprints & root.revoked:
+    if {sig.fingerprint, entry.fingerprint} & root.revoked:
         return Verdict(commit_id, False, "KEY_REVOKED", f"key {sig.fingerprint} is revoked", "ssh",
                        principal, sig.fingerprint)
+    # A revoked CA refuses every certificate it signed, however allowed_signers lists it (a
+    # cert-authority line is the CA's key, but a line may name one certificate itself).
+    ca = sig.ca_fingerprint
+    if ca is not None and ca in root.revoked:
+        return Verdict(commit_id, False, "KEY_REVOKED", f"key {sig.fingerprint} is certified by {ca}, "
+                       "a revoked CA", "ssh", principal, sig.fingerprint)
     return Verdict(commit_id, True, format="ssh", principal=principal, fingerprint=sig.fingerprint)
 
 

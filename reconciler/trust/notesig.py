@@ -254,11 +254,14 @@ def note_trust(repo: pygit2.Repository, commit: str | None) -> NoteTrust:
 
     if commit is None:
         return NoteTrust(problem=f"no commit to read {NODES_FILE} from")
-    policy = note_policy(tree_file(repo, commit, "reconciler.yaml"))
-    raw = tree_file(repo, commit, NODES_FILE)
-    if raw is None:
-        return NoteTrust((), policy, commit)
     try:
+        policy = note_policy(tree_file(repo, commit, "reconciler.yaml"))
+    except BadInput:  # past the repo's file limit: unread, it loosens nothing
+        policy = SIGNED
+    try:
+        raw = tree_file(repo, commit, NODES_FILE)
+        if raw is None:
+            return NoteTrust((), policy, commit)
         return NoteTrust(parse_nodes(raw.decode(), f"{NODES_FILE}@{commit[:12]}"), policy, commit)
     except (UnicodeDecodeError, BadInput) as exc:
         return NoteTrust((), policy, commit, problem=f"{NODES_FILE} at {commit[:12]} unreadable: {exc}")

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from reconciler.core.errors import BadInput, ReconcilerError
+from reconciler.core.errors import BadInput, ReconcilerError, RepoLimit
+from reconciler.core.limits import LIMITS
+from reconciler.core.limits import size as limit_size
 from reconciler.trust import sshsig
 from reconciler.trust.commits import read_commit, trailer_values, verify_commit
 from reconciler.trust.root import (
@@ -92,11 +94,11 @@ def is_descendant(repo: pygit2.Repository, head: str, base: str) -> bool:
         return bool(repo.descendant_of(head, base))
 
 
-def tree_file(repo: pygit2.Repository, commit_id: str, path: str) -> bytes | None:
-    """A file's bytes at a commit, or None."""
+def _blob(repo: pygit2.Repository, commit_id: str, path: str) -> pygit2.Blob | None:
+    """The blob at ``path`` of a commit, not loaded yet; None if there is none."""
     import pygit2
 
-    from reconciler.repo.tree import corrupt, reading
+    from reconciler.repo.tree import corrupt
 
     if pygit2.Oid(hex=commit_id) not in repo:
         return None
@@ -107,24 +109,62 @@ def tree_file(repo: pygit2.Repository, commit_id: str, path: str) -> bytes | Non
         raise corrupt(repo, exc) from exc
     except KeyError:
         return None
+    return obj if isinstance(obj, pygit2.Blob) else None
+
+
+def blob_size(repo: pygit2.Repository, commit_id: str, path: str) -> int | None:
+    """A file's size at a commit, from its object's header (the blob itself is not read), or None."""
+    from reconciler.repo.tree import reading
+
+    obj = _blob(repo, commit_id, path)
+    if obj is None:
+        return None
     with reading(repo):
-        return bytes(obj.data) if isinstance(obj, pygit2.Blob) else None
+        return int(repo.odb.read_header(obj.id)[1])
+
+
+def tree_file(repo: pygit2.Repository, commit_id: str, path: str,
+              max_bytes: int | None = LIMITS.file_bytes) -> bytes | None:
+    """A file's bytes at a commit, or None. Past ``max_bytes`` (the repo's file limit) a
+    ``RepoLimit`` naming it, its commit and its size, and nothing of it read: the gate reads
+    files of commits not verified yet, which anyone who can push may make as large as they like."""
+    from reconciler.repo.tree import reading
+
+    obj = _blob(repo, commit_id, path)
+    if obj is None:
+        return None
+    with reading(repo):
+        if max_bytes is not None:
+            size = int(repo.odb.read_header(obj.id)[1])
+            if size > max_bytes:
+                raise too_large(path, commit_id, size, max_bytes)
+        return bytes(obj.data)
+
+
+def too_large(path: str, commit_id: str, size: int, max_bytes: int) -> RepoLimit:
+    exc = RepoLimit(f"{size} bytes, larger than {limit_size(max_bytes)} (repo limit)", file=path)
+    exc.in_commit(commit_id)
+    return exc
 
 
 def changes_trust(repo: pygit2.Repository, commit_id: str) -> bool:
-    """Does the commit change the repo's ``trust/`` files against its first parent?"""
+    """Does the commit change the repo's ``trust/`` files against its first parent? Compared by
+    object id, unread: a seal asks this of commits that did not verify."""
     parents = read_commit(repo, commit_id).parent_ids
     parent = str(parents[0]) if parents else None
-    return any(tree_file(repo, commit_id, f"{TRUST_DIR}/{n}") != (tree_file(repo, parent, f"{TRUST_DIR}/{n}")
-                                                                  if parent else None)
-               for n in ("allowed_signers", "revoked"))
+
+    def blob_id(commit: str | None, name: str) -> object:
+        obj = _blob(repo, commit, f"{TRUST_DIR}/{name}") if commit else None
+        return obj.id if obj is not None else None
+
+    return any(blob_id(commit_id, n) != blob_id(parent, n) for n in ("allowed_signers", "revoked"))
 
 
 def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_revoked: frozenset[str]) -> TrustRoot:
     """The root after ``commit_id`` (already verified under ``root``): the repo's trust/ if this
     commit changed it (against its first parent). The node's own revocation list always stays
     in force."""
-    if tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers") is None:
+    if _blob(repo, commit_id, f"{TRUST_DIR}/allowed_signers") is None:
         return root
     if read_commit(repo, commit_id).parent_ids and not changes_trust(repo, commit_id):
         return root
@@ -137,10 +177,13 @@ def rotated_root(repo: pygit2.Repository, commit_id: str, root: TrustRoot, node_
 def rotated_root_at(repo: pygit2.Repository, commit_id: str, node_root: TrustRoot) -> TrustRoot:
     """The root the repo's ``trust/`` holds at ``commit_id``, as a node adopts it there: its
     signers and revocations, plus the node's own revocations, OpenPGP keyring and sealers."""
-    signers_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers")
+    try:
+        signers_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/allowed_signers")
+        revoked_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/revoked") or b""
+    except RepoLimit as exc:
+        raise TrustError(f"rotation refused: {exc}", "BAD_TRUST_ROOT") from exc
     if signers_raw is None:
         raise TrustError(f"no {TRUST_DIR}/allowed_signers at {commit_id[:12]}", "BAD_TRUST_ROOT")
-    revoked_raw = tree_file(repo, commit_id, f"{TRUST_DIR}/revoked") or b""
     file = f"{TRUST_DIR}/allowed_signers@{commit_id[:12]}"
     try:
         signers = sshsig.parse_allowed_signers(signers_raw.decode(), file)
@@ -203,6 +246,17 @@ def _judge(repo: pygit2.Repository, commits: Sequence[str], root: TrustRoot, now
     return verdicts, root
 
 
+def _oversized(repo: pygit2.Repository, head: str) -> Verdict | None:
+    """The head refused when its reconciler.yaml is past the repo's file limit: no node could
+    load it, and its size is read from the object's header, so a pusher without the key cannot
+    make every node read (and parse) a huge blob before its signature is checked. The base is
+    not asked: it was verified, and refusing every head after it would wedge the node."""
+    size = blob_size(repo, head, "reconciler.yaml")
+    if size is None or size <= LIMITS.file_bytes:
+        return None
+    return Verdict(head, False, "REPO_LIMIT", str(too_large("reconciler.yaml", head, size, LIMITS.file_bytes)))
+
+
 @dataclass
 class Gate:
     """Decides whether a node may act on a new head."""
@@ -233,6 +287,9 @@ class Gate:
             return Decision(head, (), self.root, policy)
         if self.root.empty:
             raise TrustError("the node has no trust root (allowed signers or OpenPGP keyring)", "NO_TRUST_ROOT")
+        oversized = _oversized(repo, head)
+        if oversized is not None:
+            raise TrustError(oversized.message, oversized.reason, [oversized])  # names the commit
         verdicts, root = _judge(repo, commits_to_verify(repo, head, base, policy), self.root, self.clock(),
                                 self.node_revoked, stop=True)
         bad = next((v for v in verdicts if not v.ok), None)
@@ -274,8 +331,9 @@ def repo_requires_binding(repo: pygit2.Repository, *commits: str | None) -> bool
     from reconciler.core.yamlfile import safe_load
 
     for commit in commits:
-        raw = tree_file(repo, commit, "reconciler.yaml") if commit else None
         try:
+            # past the file limit: not read (a RepoLimit), and the gate refuses that head itself
+            raw = tree_file(repo, commit, "reconciler.yaml") if commit else None
             data = safe_load(raw, "reconciler.yaml") if raw else None  # bounded: not verified yet
         except BadInput:
             continue
@@ -312,8 +370,9 @@ def repo_policy(repo: pygit2.Repository, *commits: str | None) -> Policy:
 
     policies = [Policy.HEAD]
     for commit in commits:
-        raw = tree_file(repo, commit, "reconciler.yaml") if commit else None
         try:
+            # past the file limit: not read (a RepoLimit), and the gate refuses that head itself
+            raw = tree_file(repo, commit, "reconciler.yaml") if commit else None
             data = safe_load(raw, "reconciler.yaml") if raw else None  # bounded: not verified yet
             wanted = data.get("trust", {}).get("policy") if isinstance(data, dict) else None
             if wanted:
