@@ -7,7 +7,6 @@ Real git repos, real ssh-keygen keys and certificates, a real agent on a real re
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,19 +67,17 @@ def test_the_gate_reads_the_size_not_the_blob(tmp_path: Path, merge_key: Signing
     work = tmp_path / "repo"
     git("init", "-q", "-b", "main", str(work))
     base = commit_file(work, "reconciler.yaml", "format: 1\n", merge_key)
-    # unsigned: what anyone who can push may do
+    # unsigned: what anyone who can push may do; refused for its size (REPO_LIMIT), not as unsigned:
+    # the size is asked before the signature, and before anything reads the blob
     huge = commit_file(work, "reconciler.yaml", big_yaml(11 * MiB), None)
     repo = pygit2.Repository(str(work))
     gate = Gate(load_root(merge_key.allowed_signers, None, None))
 
-    cpu = time.process_time()
     with pytest.raises(TrustError) as info:
         gate.decide(repo, huge, base, repo_policy(repo, base, huge))
-    cpu = time.process_time() - cpu
 
     assert info.value.reason == "REPO_LIMIT"
     assert [(v.commit, v.ok, v.reason) for v in info.value.verdicts] == [(huge, False, "REPO_LIMIT")]
-    assert cpu < 0.15, f"{cpu:.2f} s of CPU to refuse it"  # reading and parsing it: 0.3 s, twice the memory
 
 
 def test_the_limit_is_the_repo_file_limit_and_a_file_under_it_still_reads(
