@@ -113,7 +113,8 @@ def _fast(text: str, values: bool) -> dict[str, Any] | None:
     strings and fields read off what was built in one walk (``_sound``, ``_report_sound``): a
     fraction of the careful path's cost. None for any note with something wrong, or not read
     here (few brackets only): ``_careful`` then reads it and says what it always said."""
-    if text.count("[") + text.count("{") > _PARSED_FIRST:
+    brackets = text.count("[") + text.count("{")
+    if brackets > _PARSED_FIRST:
         return None
     try:
         data = _DECODER.decode(text)
@@ -121,7 +122,18 @@ def _fast(text: str, values: bool) -> dict[str, Any] | None:
             return None
         services = data.get("services")
         shaped = services is not None and _services_shaped(services, values)
-        if not _sound(data, values, services if shaped else None):
+        built, deepest = _sound(data, values, services if shaped else None)
+        if not built:
+            return None
+        # A key said twice keeps its last value: the brackets of the values before it built
+        # nothing walked here, but the careful path counts them on the text. As many of them as
+        # brackets neither built (a shaped services': 1 + 2 a service, 4 deep) nor in a string
+        # (or one that may be escaped) could nest past the bound: the depth counted as it does.
+        if shaped:
+            built, deepest = built + 1 + 2 * len(data["services"]), max(deepest, 4)
+        if deepest + brackets - built > MAX_DEPTH \
+                and (any(e in text for e in _ESCAPED) or built + _in_strings(data) < brackets) \
+                and _depth(text) > MAX_DEPTH:
             return None
         if "claim" in data:
             _claim(data["claim"])
@@ -132,34 +144,54 @@ def _fast(text: str, values: bool) -> dict[str, Any] | None:
     return data
 
 
-def _sound(data: dict[str, Any], values: bool, skip: Any = None) -> bool:
-    """Arrays and objects nested at most ``MAX_DEPTH`` deep (what ``_depth`` counts on the
-    text), every key a name and (``values``) every string a text, as ``_texts`` checks: one
-    walk, a level at a time, each level's keys and strings measured by C loops (``max``,
-    ``join``) rather than one by one. ``skip``: a value below ``data`` sound already
+def _sound(data: dict[str, Any], values: bool, skip: Any = None) -> tuple[int, int]:
+    """How many arrays and objects ``data`` holds (itself too) and how deep they nest, when at
+    most ``MAX_DEPTH`` (what ``_depth`` counts on the text, of what was built), every key a
+    name and (``values``) every string a text, as ``_texts`` checks; (0, 0) where not. One walk, a
+    level at a time, each level's keys and strings measured by C loops (``max``, ``join``)
+    rather than one by one. ``skip``: a value below ``data`` sound already
     (``_services_shaped``: at most three levels deep, far within the bound), not walked."""
-    depth, level = 0, [data]
+    depth, level, built = 0, [data], 0
     while level:
         depth += 1
         if depth > MAX_DEPTH:
-            return False
+            return 0, 0
+        built += len(level)
         below: list[Any] = []
         for value in level:
             items: Iterable[Any] = value
             if type(value) is dict:
                 if value and (max(map(len, value)) > MAX_NAME or values and not _encodes("".join(value))):
-                    return False
+                    return 0, 0
                 items = value.values()
             if values:
                 texts = [v for v in items if type(v) is str]  # json.loads makes exact types
                 if texts and (max(map(len, texts)) > MAX_TEXT or not _encodes("".join(texts))):
-                    return False
+                    return 0, 0
             below += [v for v in items if type(v) in _CONTAINERS and v is not skip]
         level = below
-    return True
+    return built, depth
 
 
 _CONTAINERS = frozenset((dict, list))
+_ESCAPED = ("\\u005b", "\\u005B", "\\u007b", "\\u007B")  # a bracket in a string, not one in the text
+
+
+def _in_strings(data: dict[str, Any]) -> int:
+    """Brackets in the keys and strings of ``data``: each one in the text too, where none is
+    escaped (``_ESCAPED``)."""
+    strings: list[str] = []
+    stack: list[Any] = [data]
+    while stack:
+        value = stack.pop()
+        items: Iterable[Any] = value
+        if type(value) is dict:
+            strings += value
+            items = value.values()
+        strings += [v for v in items if type(v) is str]
+        stack += [v for v in items if type(v) in _CONTAINERS]
+    joined = "".join(strings)
+    return joined.count("[") + joined.count("{")
 
 
 def _depth(text: str) -> int:

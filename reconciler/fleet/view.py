@@ -66,7 +66,9 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
     batch: list[tuple[str, str, str, dict[str, Any] | notes.Malformed, Note | None, bool]] = []
 
     def settle() -> None:
-        for node, obj, blob, data, note, kept in batch:
+        judged = batch.copy()  # (taken first: a judge that raises leaves none to judge again)
+        batch.clear()
+        for node, obj, blob, data, note, kept in judged:
             if isinstance(data, notes.Malformed):
                 _said(data, blob)
                 rejected.setdefault(node, []).append((data.obj, str(data)))
@@ -81,31 +83,32 @@ def fleet_view(repo: pygit2.Repository, prefix: str = FLEET_PREFIX,
                 found[node].append(note)
             elif (claim := Claim.parse(node, data)) is not None:
                 claims[node] = claim
-        batch.clear()
 
     with reading(repo):
-        for node, ref in sorted(refs.items()):
-            try:
-                entries = notes_in(repo, ref)
-            except (KeyError, ValueError, pygit2.GitError):  # no commit, or a tree the object store lacks
-                entries = []
-            found[node] = []
-            for obj_id, blob_id in entries:
-                obj, blob = str(obj_id), str(blob_id)
-                kept = known is not None and known.holds(node, obj, blob)
-                data = _read(repo, node, obj_id, blob_id, kept, commits)
-                if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
-                    continue
-                note = None
-                if not isinstance(data, notes.Malformed):  # (a malformed one: said, in its turn)
-                    # What it says, not yet that it counts.
-                    note = None if obj == CLAIM_OBJECT else Note.parse(node, obj, data)
-                    if shown is not None and (note is None or not shown(note)):
-                        continue  # not in this commit's status (a claim is in none): neither judged nor shown
-                batch.append((node, obj, blob, data, note, kept))
-                if len(batch) >= _BATCH:
-                    settle()
-        settle()
+        try:
+            for node, ref in sorted(refs.items()):
+                try:
+                    entries = notes_in(repo, ref)
+                except (KeyError, ValueError, pygit2.GitError):  # no commit, or a tree the object store lacks
+                    entries = []
+                found[node] = []
+                for obj_id, blob_id in entries:
+                    obj, blob = str(obj_id), str(blob_id)
+                    kept = known is not None and known.holds(node, obj, blob)
+                    data = _read(repo, node, obj_id, blob_id, kept, commits)
+                    if data is None:  # on a tree or a blob: no node's report (nor mirror damage)
+                        continue
+                    note = None
+                    if not isinstance(data, notes.Malformed):  # (a malformed one: said, in its turn)
+                        # What it says, not yet that it counts.
+                        note = None if obj == CLAIM_OBJECT else Note.parse(node, obj, data)
+                        if shown is not None and (note is None or not shown(note)):
+                            continue  # not in this commit's status (a claim is in none): neither judged nor shown
+                    batch.append((node, obj, blob, data, note, kept))
+                    if len(batch) >= _BATCH:
+                        settle()
+        finally:  # a read that failed (damage): the notes read before it judged and said, as one at a time
+            settle()
     if known is not None:
         known.save()
 
@@ -131,6 +134,7 @@ def _target(ref: pygit2.Reference | None) -> pygit2.Oid | None:
 
 
 _HEX = "0123456789abcdefABCDEF"
+_TREE, _GITLINK = int(pygit2.enums.ObjectType.TREE), int(pygit2.enums.ObjectType.COMMIT)  # an entry's ``type``
 _NOTE_NAME = 40  # hex digits of the object a note is on: its path in the notes tree, fanout's slashes aside
 
 
@@ -139,7 +143,8 @@ def notes_in(repo: pygit2.Repository, commit: pygit2.Oid | None) -> list[tuple[p
     ``repo.notes(ref)`` lists (a path of hex digits naming an object, split by fanout directories
     or not, in the order the trees hold them), read off the commit's tree directly: 7 us a ref
     against 11 (a fleet's 10,000 refs, cold). No note for what the iterator reads as garbage (a
-    path that is no object's name: it hands out an object id it never set). KeyError, ValueError
+    path that is no object's name: it hands out an object id it never set), nor for a gitlink
+    (which it lists, and git does not: its commit is not here to read). KeyError, ValueError
     or GitError where it fails: no commit there, a tree missing or not one."""
     if commit is None:
         return []
@@ -153,14 +158,17 @@ def notes_in(repo: pygit2.Repository, commit: pygit2.Oid | None) -> list[tuple[p
             path = paths[-1] + (entry.name or "").replace("/", "")
             if len(path) > _NOTE_NAME or path.strip(_HEX):
                 continue  # no object's name, whatever is below
-            if entry.filemode == pygit2.enums.FileMode.TREE:
+            kind = entry.type  # by the mode as git stores it (``filemode`` is libgit2's reading of it)
+            if kind == _TREE:
                 below = repo[entry.id]
                 if not isinstance(below, pygit2.Tree):
                     raise ValueError(f"{entry.id}: not a tree")
                 frames.append(iter(below))
                 paths.append(path)
                 break  # its notes before the next entry's, as libgit2 walks a tree
-            if len(path) == _NOTE_NAME:
+            # A gitlink names a commit no repository need hold (a push takes one, absent, where
+            # it takes no absent blob): no note, as git reads it, and not an object to read.
+            if len(path) == _NOTE_NAME and kind != _GITLINK:
                 found.append((pygit2.Oid(hex=path.lower()), entry.id))
         else:
             frames.pop()
