@@ -58,8 +58,12 @@ def venv(name: str, *install: str) -> Path:
 
 def installed_reconciler(checkout: Path = ROOT) -> Path:
     """The checkout installed as the docs say, in a venv of its own (its dependencies once, the
-    package again on every call); checked to have its bytecode compiled, as pip does by default."""
-    bin_dir = venv("reconciler", str(checkout))
+    package again on every call); checked to have its bytecode compiled, as pip does by default.
+    The dependencies are named in the venv's stamp: one added to pyproject.toml makes it anew."""
+    import tomllib
+
+    deps = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]["dependencies"]
+    bin_dir = venv("reconciler", str(checkout), *deps)
     subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                     "--no-deps", "--force-reinstall", str(checkout)], check=True)
     where = subprocess.run([str(bin_dir / "python"), "-c", "import reconciler.agent as a; print(a.__cached__)"],
