@@ -93,7 +93,7 @@ def _name_read(line: str) -> _Line:
     """A line both files have, read for its kind, indent and name: as its text up to its "=" or
     ":" (when it opens no section) reads. A node's own value ("port = 1003") is not kept."""
     cut = line.find("=") + 1 or line.find(":") + 1
-    name = line[:cut] if cut and line.lstrip()[:1] != "[" else line
+    name = line[:cut] if cut and line[:cut].lstrip()[:1] != "[" else line  # not the whole line copied
     return _READ.get(name) or _reading(name)
 
 

@@ -24,7 +24,7 @@ from reconciler.core.errors import RenderError, RenderLimit
 from reconciler.core.memo import ByIdentity
 from reconciler.render import lazyvars
 from reconciler.render.lazyvars import LazyContext, VarError
-from reconciler.render.sandbox import Budget, Sandbox, budget_in_use
+from reconciler.render.sandbox import Budget, Sandbox, budget_in_use, budget_now
 from reconciler.render.secrets import SecretUnreadable
 
 
@@ -199,6 +199,9 @@ def render_template(
                           f"{env.over_limit[name]}", file=name)
     sources = env.sources
     try:
+        if budget_now() is budget:  # the node's render holds it for all its files (``render_node``)
+            tpl = env.file_template(name) if name else _inline_template(env, text or "")
+            return _stream(tpl, ctx, budget, what)
         with budget_in_use(budget):
             tpl = env.file_template(name) if name else _inline_template(env, text or "")
             return _stream(tpl, ctx, budget, what)

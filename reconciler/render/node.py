@@ -30,7 +30,7 @@ from reconciler.render.environment import render_template, service_environment
 from reconciler.render.facts import NodeFacts
 from reconciler.render.merge import render_merged
 from reconciler.render.runtime import Run, render_runtime
-from reconciler.render.sandbox import Budget, Sandbox
+from reconciler.render.sandbox import Budget, Sandbox, budget_in_use
 from reconciler.render.variables import (
     NodeShare,
     SecretView,
@@ -206,10 +206,11 @@ def render_node(repo: DeploymentRepo, node: str, commit: str, accounts: Accounts
     names = repo.services_of(node)
     share = node_share(repo, node, facts) if only is None or any(s in only for s in names) else None
     standing = {} if only is None else _stand_ins(repo, node, names, only)
-    services = tuple(render_service(repo, node, repo.services[s], accounts, budget=budget,
-                                    pinned=(pinned or {}).get(s), share=share)
-                     if only is None or s in only else standing[s]
-                     for s in names)
+    with budget_in_use(budget):  # once for the node's files, not once a file
+        services = tuple(render_service(repo, node, repo.services[s], accounts, budget=budget,
+                                        pinned=(pinned or {}).get(s), share=share)
+                         if only is None or s in only else standing[s]
+                         for s in names)
     return Desired(node=node, commit=commit, services=services)
 
 
