@@ -14,6 +14,8 @@ fixed config), temporary ones are retried with backoff.
 
 from __future__ import annotations
 
+from typing import Self
+
 
 class ReconcilerError(Exception):
     """Base of every error the command line turns into a one-line message."""
@@ -65,7 +67,7 @@ class BadInput(ReconcilerError):
             where = f"{file}:{line}: " if line else f"{file}: "
         super().__init__(f"{where}{message}", reason=reason)
 
-    def in_commit(self, commit: str) -> BadInput:
+    def in_commit(self, commit: str) -> Self:
         """This error, placed in a commit as git names a file in one (``REV:FILE:LINE``): a
         command that reads two commits must say which of them is broken."""
         short = commit[:12] if len(commit) == 40 else commit

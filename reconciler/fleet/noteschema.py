@@ -93,13 +93,18 @@ def _names(most: int) -> Check:
     return check_names
 
 
+def _entry(item: Any, fields: Mapping[str, Check], where: str) -> None:
+    """One object of a note (a service, an upgrade step, the plane) and its fields."""
+    _object(item, where)
+    _fields(item, fields, f"{where}.")
+
+
 def _each(fields: Mapping[str, Check]) -> Check:
     def check_each(value: Any, where: str) -> None:
         if not isinstance(value, list):
             raise _Refused(f"{where}: a {_kind(value)}, not a list")
         for i, item in enumerate(value):
-            _object(item, f"{where}[{i}]")
-            _fields(item, fields, f"{where}[{i}].")
+            _entry(item, fields, f"{where}[{i}]")
     return check_each
 
 
@@ -107,15 +112,13 @@ def _by_name(fields: Mapping[str, Check]) -> Check:
     def check_by_name(value: Any, where: str) -> None:
         _object(value, where)
         for key, item in value.items():
-            _object(item, f"{where}.{key}")
-            _fields(item, fields, f"{where}.{key}.")
+            _entry(item, fields, f"{where}.{key}")
     return check_by_name
 
 
 def _with(fields: Mapping[str, Check]) -> Check:
     def check_with(value: Any, where: str) -> None:
-        _object(value, where)
-        _fields(value, fields, f"{where}.")
+        _entry(value, fields, where)
     return check_with
 
 

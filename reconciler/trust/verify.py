@@ -114,11 +114,13 @@ def _blob(repo: pygit2.Repository, commit_id: str, path: str) -> pygit2.Blob | N
 
 def blob_size(repo: pygit2.Repository, commit_id: str, path: str) -> int | None:
     """A file's size at a commit, from its object's header (the blob itself is not read), or None."""
+    obj = _blob(repo, commit_id, path)
+    return None if obj is None else _size(repo, obj)
+
+
+def _size(repo: pygit2.Repository, obj: pygit2.Blob) -> int:
     from reconciler.repo.tree import reading
 
-    obj = _blob(repo, commit_id, path)
-    if obj is None:
-        return None
     with reading(repo):
         return int(repo.odb.read_header(obj.id)[1])
 
@@ -133,18 +135,14 @@ def tree_file(repo: pygit2.Repository, commit_id: str, path: str,
     obj = _blob(repo, commit_id, path)
     if obj is None:
         return None
+    if max_bytes is not None and (size := _size(repo, obj)) > max_bytes:
+        raise too_large(path, commit_id, size, max_bytes)
     with reading(repo):
-        if max_bytes is not None:
-            size = int(repo.odb.read_header(obj.id)[1])
-            if size > max_bytes:
-                raise too_large(path, commit_id, size, max_bytes)
         return bytes(obj.data)
 
 
 def too_large(path: str, commit_id: str, size: int, max_bytes: int) -> RepoLimit:
-    exc = RepoLimit(f"{size} bytes, larger than {limit_size(max_bytes)} (repo limit)", file=path)
-    exc.in_commit(commit_id)
-    return exc
+    return RepoLimit(f"{size} bytes, larger than {limit_size(max_bytes)} (repo limit)", file=path).in_commit(commit_id)
 
 
 def changes_trust(repo: pygit2.Repository, commit_id: str) -> bool:
