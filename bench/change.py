@@ -1,14 +1,17 @@
 """Issue 40's change figure: one template change -> the service restarted, healthy, noted.
 
-A signed repo of 10 process services (32 files), 5 of them on the node; the node's daemon is
-warm (a fresh interpreter that has made its no-op poll, as a daemon that re-executed after its
-last change is), then one service's template changes: the pass that fetches, verifies, loads
-(the node's slice), renders, restarts that service, holds it for the `min_healthy` the repo
-asks (0.5 s) and notes it is measured, wall and CPU (its own and its children's: git, the
-service's start). What is left beyond the hold and the service's own restart (its interpreter
-starting) is the agent's cost. Beside it, in turns: `ansible-pull -o` doing the same (a
-playbook that templates the five services' files and restarts the changed one by a handler;
-no fact gathering, local connection), ansible-core in a venv of its own (``peers.venv``).
+A signed repo of 10 process services (32 files), 5 of them on the node, each a small server
+whose health is its TCP port answering (`health: tcp`, as a real service's is); the node's
+daemon is warm (a fresh interpreter that has made its no-op poll, as a daemon that re-executed
+after its last change is), then one service's template changes: the pass that fetches,
+verifies, loads (the node's slice), renders, restarts that service, waits for its port, holds
+it for the `min_healthy` the repo asks (0.5 s) and notes it is measured, wall and CPU (its own
+and its children's: git, the service's start). The service's own restart (the old process
+stopped, the new one's interpreter started until its port answers, timed here with a 1 ms
+poll) is on that path: the agent waits for it. What is left beyond it and the hold is the
+agent's cost. Beside it, in turns: `ansible-pull -o` doing the same (a playbook that templates
+the five services' files and restarts the changed one by a handler, waiting for nothing; no
+fact gathering, local connection), ansible-core in a venv of its own (``peers.venv``).
 
 Usage: .venv/bin/python bench/change.py [--runs 5]   (also printed by bench/floor.sh)
 """
@@ -33,7 +36,7 @@ SERVICES, MINE = 10, 5
 ANSIBLE_PLAY = """- hosts: localhost
   gather_facts: false
   connection: local
-  vars: {{greeting: hello, root: "{root}"}}
+  vars: {{greeting: hello, root: "{root}", port_base: {port_base}}}
   tasks:
 {tasks}
   handlers:
@@ -41,11 +44,47 @@ ANSIBLE_PLAY = """- hosts: localhost
 """
 
 
-def repo_files(stamp: str) -> dict[str, str]:
+# The service: its port read from its config; it answers connections (its health check) and
+# takes SIGHUP (a reload). Binding is retried: a peer's handler starts it before the old one is gone.
+SERVICE = """import signal, socket, sys, time
+signal.signal(signal.SIGHUP, lambda *a: None)
+port = int(next(line.split("=")[1] for line in open(sys.argv[1]) if line.startswith("port")))
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+for _ in range(500):
+    try:
+        s.bind(("127.0.0.1", port))
+        break
+    except OSError:
+        time.sleep(0.01)
+s.listen(16)
+while True:
+    s.accept()[0].close()
+"""
+
+
+def free_base(count: int) -> int:
+    """A first port of ``count`` free ones in a row on 127.0.0.1."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise SystemExit("no free ports for the bench's services")
+
+
+def repo_files(stamp: str, port_base: int = 0) -> dict[str, str]:
     out = {"reconciler.yaml": "format: 1\nname: change\ndefaults:\n  driver: process\n"}
     mine = ", ".join(f"s{i}" for i in range(MINE))
     theirs = ", ".join(f"s{i}" for i in range(MINE, SERVICES))
-    out["inventory.yaml"] = (f"vars:\n  greeting: hello\ngroups:\n  mine:\n    services: [{mine}]\n"
+    out["inventory.yaml"] = (f"vars:\n  greeting: hello\n  port_base: {port_base}\ngroups:\n  mine:\n    services: [{mine}]\n"
                              f"  theirs:\n    services: [{theirs}]\n"
                              "nodes:\n  bench1:\n    groups: [mine]\n  other:\n    groups: [theirs]\n")
     for i in range(SERVICES):
@@ -53,14 +92,13 @@ def repo_files(stamp: str) -> dict[str, str]:
             "description: a sleeper with a config file\nversion: '1'\n"
             "runtime:\n  command: [python3, svc.py, svc.conf]\n  env: {MODE: bench}\n"
             "files:\n  - {path: svc.conf, template: svc.conf.j2}\n  - {path: svc.py, source: svc.py}\n"
-            f"health:\n  min_healthy: {HOLD}\n"
+            f"health:\n  tcp: '127.0.0.1:{{{{ port_base + {i} }}}}'\n  min_healthy: {HOLD}\n"
             "on_change:\n  - {file: svc.conf, keys: ['main.level'], action: reload}\n"
             "reload: {signal: SIGHUP}\n")
         out[f"services/s{i}/templates/svc.conf.j2"] = (
-            f"[main]\nname = {{{{ service }}}}\ngreeting = {{{{ greeting }}}}\nport = {9000 + i}\n"
+            f"[main]\nname = {{{{ service }}}}\ngreeting = {{{{ greeting }}}}\nport = {{{{ port_base + {i} }}}}\n"
             + (f"stamp = {stamp}\n" if i == 0 else ""))
-        out[f"services/s{i}/files/svc.py"] = ("import signal, time\nsignal.signal(signal.SIGHUP, lambda *a: None)\n"
-                                              "while True:\n    time.sleep(3600)\n")
+        out[f"services/s{i}/files/svc.py"] = SERVICE
     return out
 
 
@@ -99,7 +137,8 @@ class Reconciler:
         root.mkdir(parents=True)
         self.key, allowed = make_key(root)
         self.work, self.bare = root / "work", root / "remote.git"
-        write(self.work, repo_files("0"))
+        self.port_base = free_base(MINE)
+        write(self.work, repo_files("0", self.port_base))
         git("init", "-q", "-b", "main", cwd=self.work)
         git("init", "-q", "--bare", "-b", "main", str(self.bare))
         self.rounds = 0
@@ -123,7 +162,7 @@ class Reconciler:
         daemon = subprocess.Popen([sys.executable, "-c", PASS, str(self.pickled)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         assert daemon.stdout is not None and daemon.stdout.readline().strip() == "polled"  # the daemon idles
-        write(self.work, {"services/s0/templates/svc.conf.j2": repo_files(str(self.rounds))[
+        write(self.work, {"services/s0/templates/svc.conf.j2": repo_files(str(self.rounds), self.port_base)[
             "services/s0/templates/svc.conf.j2"]})
         self.commit()
         out, _ = daemon.communicate("\n", timeout=120)
@@ -158,7 +197,8 @@ class AnsibleChange:
             f"        (nohup python3 svc.py s{i}.conf >/dev/null 2>&1 & echo $! > s{i}.pid)\n" for i in range(MINE))
         self.rounds = 0
         self.write_templates()
-        (self.work / "local.yml").write_text(ANSIBLE_PLAY.format(root=run, tasks=tasks.rstrip("\n"),
+        (self.work / "local.yml").write_text(ANSIBLE_PLAY.format(root=run, port_base=free_base(MINE),
+                                                                 tasks=tasks.rstrip("\n"),
                                                                  handlers=handlers.rstrip("\n")))
         for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "play"],
                      ["init", "-q", "--bare", "-b", "main", str(self.bare)], ["push", "-q", str(self.bare), "main"]):
@@ -190,14 +230,41 @@ class AnsibleChange:
             subprocess.run(["kill", pid.read_text().strip()], capture_output=True)
 
 
-def own_restart(runs: int = 5) -> float:
-    """The service's own restart: its interpreter started to its loop (stopping a sleeper is a
-    signal), the least any agent can take for it."""
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(["python3", "-c", "import signal, time"], check=True)
-        times.append(time.perf_counter() - t0)
+def own_restart(root: Path, runs: int = 5) -> float:
+    """The service's own restart, the least any agent waits for it: the old process stopped
+    (SIGTERM, until it is gone), the new one started until its port answers (a 1 ms poll); its
+    ``python3`` the one the process driver finds on a service's PATH (not the bench's, which may
+    be a version manager's shim)."""
+    import shutil
+    import socket
+
+    from reconciler.drivers.base import SERVICE_PATH
+
+    python3 = shutil.which("python3", path=SERVICE_PATH) or "python3"
+
+    port = free_base(1)
+    (root / "own.conf").write_text(f"[main]\nport = {port}\n")
+    (root / "own.py").write_text(SERVICE)
+
+    def up() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([python3, "own.py", "own.conf"], cwd=root)
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return proc
+            time.sleep(0.001)
+
+    times, proc = [], up()
+    try:
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            proc.terminate()
+            proc.wait()
+            proc = up()
+            times.append(time.perf_counter() - t0)
+    finally:
+        proc.kill()
+        proc.wait()
     return statistics.median(times)
 
 
@@ -211,7 +278,7 @@ def change_rows(runs: int) -> list[tuple[str, str, str, str, str]]:
             for _ in range(runs):
                 mine.append(ours.change())
                 peer.append(theirs.change())
-            restart = own_restart()
+            restart = own_restart(root)
         finally:
             ours.close()
             theirs.close()

@@ -23,7 +23,7 @@ from reconciler.node.desired import Resolver
 from reconciler.node.keeper import TrustKeeper
 from reconciler.node.localfiles import check_local
 from reconciler.node.peers import fleet_view
-from reconciler.node.reconcile import head, reconcile
+from reconciler.node.reconcile import CHANGE_IMPORTS, head, reconcile
 from reconciler.node.report import Reporter, key_loader, notes_ref
 from reconciler.node.run import Request, RunResult
 from reconciler.node.waitpoll import Tips, notes_moved, notes_tips, passed
@@ -74,6 +74,7 @@ class Agent:
             reads=cfg.read_urls, write=cfg.write_url,
             probes={r.url: TipProbe(r.probe, r.check_every, safe_url(r.probe)) for r in cfg.remotes
                     if r.probe and r.reads},
+            warm=() if __import__("os").environ.get("NOWARM") else CHANGE_IMPORTS,
         )
         keeper = TrustKeeper(cfg.trust, cfg.state_dir, ledger, lambda: source.repo, notes_ref(cfg.node), self.clock,
                              cfg.node, cfg.branch, note_key)

@@ -179,9 +179,12 @@ def terminate(name: str, targets: list[tuple[int, str, bool]]) -> None:
             return
 
         def exits(wait: float = wait) -> None:
-            deadline = time.monotonic() + wait
+            # Most processes are gone within a few ms of SIGTERM: looked at after 2 ms, then
+            # twice as long each time, up to 50 ms.
+            deadline, step = time.monotonic() + wait, 0.002
             while time.monotonic() < deadline and not gone():
-                pause(0.05)
+                pause(step)
+                step = min(step * 2, 0.05)
 
         aside(exits)  # a graceful exit takes its time: a batch's other actions go on meanwhile
         if gone():

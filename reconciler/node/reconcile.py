@@ -269,5 +269,13 @@ def post(ctx: NodeContext, run: Run) -> Run | RunResult:
     return post_step(ctx, run)
 
 
+# What a pass that fetched a new head imports next (the steps past the no-op check and what they
+# read with); imported while the fetch waits on git (``core.warmup``). A module left out is only
+# imported later, by the step that needs it; one here that a pass ends up not needing costs its
+# import, once.
+CHANGE_IMPORTS = ("pygit2", "nacl.bindings", "reconciler.node.adopt", "reconciler.node.gate",
+                  "reconciler.node.converge", "reconciler.node.upgrade", "reconciler.repo.load", "reconciler.repo.tree",
+                  "reconciler.render.vipnets", "reconciler.render.node", "reconciler.trust.notesig")
+
 STEPS: tuple[Step, ...] = (start, source, retired_step, resume, noop, adopt, trust, gate, decommission, upgrade,
                           converge, retire, post)

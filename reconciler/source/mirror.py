@@ -21,13 +21,14 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler.core import faults
 from reconciler.core.errors import CorruptMirror, RemoteError
+from reconciler.core.warmup import warming
 from reconciler.source import gitrun
 from reconciler.source.gitrun import git_cause, safe_url
 from reconciler.source.probe import TipProbe
@@ -75,10 +76,12 @@ class Source(Remotes):
         self, url: str, branch: str, mirror: Path, *, ssh_command: str | None = None,
         progress: bool | None = None, reads: tuple[str, ...] = (), write: str | None = "",
         probes: Mapping[str, TipProbe] | None = None, clock: Callable[[], float] = time.monotonic,
+        warm: Sequence[str] = (),
     ) -> None:
         super().__init__(url, branch, mirror, ssh_command=ssh_command, progress=progress, reads=reads,
                          write=write, probes=probes)
         self.clock = clock
+        self.warm = warm  # imported while a fetch waits on git (``core.warmup``)
         self._read: HeadRead | None = None
         self._lag_said = ""
         self._repo: pygit2.Repository | None = None
@@ -169,7 +172,8 @@ class Source(Remotes):
             if self.progress:
                 self._fetch_shown(refspec)
             else:
-                self.run("fetch", "--no-tags", self.url, refspec, what="fetch from")
+                with warming(self.warm):
+                    self.run("fetch", "--no-tags", self.url, refspec, what="fetch from")
         except RemoteError as exc:
             if self.damaged():
                 raise CorruptMirror(f"{exc}; git fsck finds {self.path} damaged") from exc

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.core.errors import BadInput, ConfigError, ReconcilerError
 from reconciler.trust import sshsig
+from reconciler.trust.keyfile import SodiumEd25519, read_ed25519
 from reconciler.trust.sshkeys import bad_signature, parse_key, wire_string
 
 if TYPE_CHECKING:
@@ -60,10 +61,14 @@ class NoteKey:
     """A node's private SSH key (OpenSSH format, no passphrase): ed25519, ECDSA or RSA."""
 
     def __init__(self, path: Path, private: Any) -> None:
-        from cryptography.hazmat.primitives import serialization
-
         self.path = path
         self._key = private
+        if isinstance(private, SodiumEd25519):
+            self.key_type, self.blob = "ssh-ed25519", private.blob
+            self.public_line = f"{self.key_type} {base64.b64encode(self.blob).decode()}"
+            return
+        from cryptography.hazmat.primitives import serialization
+
         line = private.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                  serialization.PublicFormat.OpenSSH).decode()
         self.key_type, blob = line.split()[:2]
@@ -72,14 +77,17 @@ class NoteKey:
 
     @staticmethod
     def load(path: Path) -> NoteKey:
-        from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
-
         check_private_mode(path)
         try:
             raw = path.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read the note key: {exc.strerror}", file=str(path)) from exc
+        quick = read_ed25519(raw)  # the usual key, through libsodium (``trust.keyfile``)
+        if quick is not None:
+            return NoteKey(path, quick)
+        from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
         try:
             key = load_ssh_private_key(raw, password=None)
         except (ValueError, TypeError) as exc:
@@ -93,10 +101,10 @@ class NoteKey:
     @staticmethod
     def load_or_create(path: Path) -> NoteKey:
         """The key at ``path``; a new ed25519 key there (0600) when there is none yet."""
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ed25519
-
         if not path.exists():
+            from cryptography.hazmat.primitives import serialization
+            from cryptography.hazmat.primitives.asymmetric import ed25519
+
             from reconciler.core.atomic import atomic_write
 
             key = ed25519.Ed25519PrivateKey.generate()
@@ -107,11 +115,13 @@ class NoteKey:
         return NoteKey.load(path)
 
     def _raw_signature(self, data: bytes) -> bytes:
+        key = self._key
+        if isinstance(key, SodiumEd25519):
+            return wire_string(self.key_type) + wire_string(key.sign(data))
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
         from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-        key = self._key
         if isinstance(key, ed25519.Ed25519PrivateKey):
             return wire_string(self.key_type) + wire_string(key.sign(data))
         if isinstance(key, ec.EllipticCurvePrivateKey):
