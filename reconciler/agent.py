@@ -74,7 +74,7 @@ class Agent:
             reads=cfg.read_urls, write=cfg.write_url,
             probes={r.url: TipProbe(r.probe, r.check_every, safe_url(r.probe)) for r in cfg.remotes
                     if r.probe and r.reads},
-            warm=() if __import__("os").environ.get("NOWARM") else CHANGE_IMPORTS,
+            warm=CHANGE_IMPORTS,
         )
         keeper = TrustKeeper(cfg.trust, cfg.state_dir, ledger, lambda: source.repo, notes_ref(cfg.node), self.clock,
                              cfg.node, cfg.branch, note_key)

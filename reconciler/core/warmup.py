@@ -31,22 +31,30 @@ def warming(modules: Sequence[str]) -> Iterator[None]:
         yield
         return
     thread = threading.Thread(target=_import_all, args=(missing,), name="reconciler-warmup", daemon=True)
-    # No cyclic collection meanwhile: imports make objects by the ten thousand and free almost
-    # none, so each pass of the collector over the daemon's heap is lost time (6 ms of 80 here).
-    collecting = gc.isenabled()
-    gc.disable()
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to be had now (a pids limit): the pass imports them itself
+        yield
+        return
     try:
         yield
     finally:
         thread.join()
-        if collecting:
-            gc.enable()
 
 
 def _import_all(modules: Sequence[str]) -> None:
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - said by the pass's own import of it, not by a thread
-            return
+    # No cyclic collection while importing: imports make objects by the ten thousand and free
+    # almost none, so each pass of the collector over the daemon's heap is lost time (6 ms of
+    # 80 here). Only that long, not the fetch's (up to git's time limit): the collector is the
+    # whole process's, and the supervisor's and the receiver's threads run meanwhile.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - said by the pass's own import of it, not by a thread
+                return
+    finally:
+        if collecting:
+            gc.enable()

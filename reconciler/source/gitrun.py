@@ -8,6 +8,7 @@ be read (``git_cause``, ``stale_lock``, ``Source.note``, ``bundles``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -113,10 +114,19 @@ def git_result(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     C locale: ``git_cause``, ``note`` and ``bundles`` read git's English."""
     argv = ["git", *args]
     try:
-        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT,
-                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, -signal.SIGKILL, "", f"fatal: git did not answer within "
-                                           f"{GIT_TIMEOUT:.0f} s")
+        # Its own process group, killed whole on a timeout: what git started (a hook, an ssh)
+        # would otherwise outlive it, an orphan per hung call (as ``Remotes.run`` does).
+        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})
     except OSError as exc:
         return subprocess.CompletedProcess(argv, 128, "", f"fatal: cannot run git in {cwd}: {exc.strerror}")
+    try:
+        out, err = proc.communicate(timeout=GIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return subprocess.CompletedProcess(argv, -signal.SIGKILL, "", f"fatal: git did not answer within "
+                                           f"{GIT_TIMEOUT:.0f} s")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)

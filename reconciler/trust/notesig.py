@@ -85,12 +85,13 @@ class NoteKey:
         quick = read_ed25519(raw)  # the usual key, through libsodium (``trust.keyfile``)
         if quick is not None:
             return NoteKey(path, quick)
+        from cryptography.exceptions import UnsupportedAlgorithm
         from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
         from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
         try:
             key = load_ssh_private_key(raw, password=None)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # a cipher or key type it lacks: -Z, -sk
             raise ConfigError(f"not an unencrypted OpenSSH private key ({exc})", file=str(path)) from exc
         if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
             raise ConfigError(f"a note key must be ed25519, ECDSA or RSA, not {type(key).__name__}", file=str(path))
