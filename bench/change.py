@@ -6,7 +6,8 @@ daemon is warm (a fresh interpreter that has made its no-op poll, as a daemon th
 after its last change is), then one service's template changes: the pass that fetches,
 verifies, loads (the node's slice), renders, restarts that service, waits for its port, holds
 it for the `min_healthy` the repo asks (0.5 s) and notes it is measured, wall and CPU (its own
-and its children's: git, the service's start). The service's own restart (the old process
+and the git processes it waited for; the service runs on, unreaped, so its CPU is in neither
+side's figure). The service's own restart (the old process
 stopped, the new one's interpreter started until its port answers, timed here with a 1 ms
 poll) is on that path: the agent waits for it. What is left beyond it and the hold is the
 agent's cost. Beside it, in turns: `ansible-pull -o` doing the same (a playbook that templates
