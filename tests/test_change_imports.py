@@ -5,15 +5,18 @@ node's ed25519 key through libsodium, without the cryptography package."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import SigningKey, small_deployment
 from test_idle import ONCE
 
 from reconciler.agent import Agent
+from reconciler.core.warmup import warming
 
 SERVICE = ("runtime:\n  command: [python3, idle.py]\nfiles:\n  - {path: idle.py, source: idle.py}\n"
            "  - {path: idle.conf, template: idle.conf.j2}\n")
@@ -46,3 +49,18 @@ def test_a_change_applied_by_a_fresh_agent_once_loads_no_secret_window_or_openss
     assert "pygit2" in modules and "jinja2" in modules, modules  # the change path ran
     assert not {m for m in modules if m.partition(".")[0] in HEAVY}, modules
     assert (node.cfg.state_dir / "services/idle/live/idle.conf").read_text() == "level = debug\n"
+
+
+def test_a_module_that_fails_to_import_while_the_fetch_waits_fails_the_same_in_the_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up swallows nothing the pass would have said: the module is not left half made
+    in ``sys.modules``, and the pass's own import raises the module's error (a broken install)."""
+    name = f"broken_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text("raise ImportError('libgit2.so.1.9: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warming([name, "json"]):
+        pass
+    assert name not in sys.modules
+    with pytest.raises(ImportError, match="libgit2.so.1.9"):
+        importlib.import_module(name)

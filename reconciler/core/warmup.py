@@ -33,13 +33,14 @@ def warming(modules: Sequence[str]) -> Iterator[None]:
     thread = threading.Thread(target=_import_all, args=(missing,), name="reconciler-warmup", daemon=True)
     try:
         thread.start()
+        started = True
     except RuntimeError:  # no thread to be had now (a pids limit): the pass imports them itself
-        yield
-        return
+        started = False
     try:
         yield
     finally:
-        thread.join()
+        if started:
+            thread.join()
 
 
 def _import_all(modules: Sequence[str]) -> None:

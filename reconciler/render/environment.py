@@ -178,6 +178,11 @@ def _stream(tpl: jinja2.Template, ctx: Mapping[str, Any], budget: Budget, what: 
     return "".join(chunks)
 
 
+def _render(env: Sandbox, name: str | None, text: str | None, ctx: Mapping[str, Any], budget: Budget, what: str) -> str:
+    tpl = env.file_template(name) if name else _inline_template(env, text or "")
+    return _stream(tpl, ctx, budget, what)
+
+
 def render_template(
     env: Sandbox,
     ctx: Mapping[str, Any],
@@ -200,11 +205,9 @@ def render_template(
     sources = env.sources
     try:
         if budget_now() is budget:  # the node's render holds it for all its files (``render_node``)
-            tpl = env.file_template(name) if name else _inline_template(env, text or "")
-            return _stream(tpl, ctx, budget, what)
+            return _render(env, name, text, ctx, budget, what)
         with budget_in_use(budget):
-            tpl = env.file_template(name) if name else _inline_template(env, text or "")
-            return _stream(tpl, ctx, budget, what)
+            return _render(env, name, text, ctx, budget, what)
     except RenderLimit as exc:
         # A loop that ran too long for one node runs as long for the next: the others of a
         # `validate` over the fleet are refused at once, naming the node it was measured on.

@@ -114,19 +114,27 @@ def git_result(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     C locale: ``git_cause``, ``note`` and ``bundles`` read git's English."""
     argv = ["git", *args]
     try:
-        # Its own process group, killed whole on a timeout: what git started (a hook, an ssh)
-        # would otherwise outlive it, an orphan per hung call (as ``Remotes.run`` does).
-        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})
+        done = in_group(argv, cwd, {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LANGUAGE": "C", "LC_ALL": "C"})
     except OSError as exc:
         return subprocess.CompletedProcess(argv, 128, "", f"fatal: cannot run git in {cwd}: {exc.strerror}")
+    if done is None:
+        return subprocess.CompletedProcess(argv, -signal.SIGKILL, "", f"fatal: git did not answer within "
+                                           f"{GIT_TIMEOUT:.0f} s")
+    return subprocess.CompletedProcess(argv, done.returncode, done.stdout.decode(errors="replace"),
+                                       done.stderr.decode(errors="replace"))
+
+
+def in_group(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[bytes] | None:
+    """``argv`` run in a process group of its own, no stdin, its output kept; None when it did not
+    end within ``GIT_TIMEOUT``, and then the whole group is killed: what git started (an ssh, an
+    https helper, a hook) would otherwise outlive it, an orphan per hung call."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=GIT_TIMEOUT)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return subprocess.CompletedProcess(argv, -signal.SIGKILL, "", f"fatal: git did not answer within "
-                                           f"{GIT_TIMEOUT:.0f} s")
+        return None
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -23,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.core import faults
 from reconciler.core.errors import RemoteError
-from reconciler.source.gitrun import GIT_TIMEOUT, git_cause, git_env, safe_url, scrub, stale_lock
+from reconciler.source.gitrun import GIT_TIMEOUT, git_cause, git_env, in_group, safe_url, scrub, stale_lock
 from reconciler.source.probe import TipProbe
 
 if TYPE_CHECKING:
@@ -88,25 +86,18 @@ class Remotes:
         ``git_cause`` reads), no stdin, a time limit, one trailing newline stripped."""
         env = {**os.environ, **self.env, "LANGUAGE": "C", "LC_ALL": "C"}
         url = url or self.url
-        # Its own process group: on a timeout, the ssh or https helper git started goes with it
-        # (killing git alone left one orphan per poll of a hung remote).
-        proc = subprocess.Popen(["git", "-c", "protocol.version=2", *args], cwd=cwd or self.path, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=GIT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        # Its own process group (``in_group``): on a timeout, the ssh or https helper git started
+        # goes with it (killing git alone left one orphan per poll of a hung remote).
+        done = in_group(["git", "-c", "protocol.version=2", *args], cwd or self.path, env)
+        if done is None:
             raise RemoteError(scrub(f"{what} {safe_url(url)} failed: git did not answer within "
-                                    f"{GIT_TIMEOUT} s", url)) from None
-        if proc.returncode != 0:
-            stderr = err.decode(errors="replace").strip()
+                                    f"{GIT_TIMEOUT} s", url))
+        if done.returncode != 0:
+            stderr = done.stderr.decode(errors="replace").strip()
             if not retried and self._unlock(stderr, cwd or self.path):
                 return self.run(*args, what=what, cwd=cwd, url=url, retried=True)
-            raise self._failed(what, stderr, proc.returncode, url)
-        return out.decode(errors="replace").removesuffix("\n")
+            raise self._failed(what, stderr, done.returncode, url)
+        return done.stdout.decode(errors="replace").removesuffix("\n")
 
     def _fetch_shown(self, refspec: str, retried: bool = False) -> None:
         """The fetch through GitPython, its progress on the terminal; a stale ref lock is
