@@ -12,7 +12,9 @@ stopped, the new one's interpreter started until its port answers, timed here wi
 poll) is on that path: the agent waits for it. What is left beyond it and the hold is the
 agent's cost. Beside it, in turns: `ansible-pull -o` doing the same (a playbook that templates
 the five services' files and restarts the changed one by a handler, waiting for nothing; no
-fact gathering, local connection), ansible-core in a venv of its own (``peers.venv``).
+fact gathering, local connection), ansible-core in a venv of its own (``peers.venv``). Last, a
+yardstick of the machine (``yardstick``): the figure is absolute, and one commit (0ce15d8) gave
+0.12-0.14 s on one VM, 0.17-0.24 s on another slower at the imports the figure is mostly made of.
 
 Usage: .venv/bin/python bench/change.py [--runs 5]   (also printed by bench/floor.sh)
 """
@@ -269,6 +271,18 @@ def own_restart(root: Path, runs: int = 5) -> float:
     return statistics.median(times)
 
 
+def yardstick(runs: int = 7) -> float:
+    """This machine's speed at what the figure is mostly made of: importing pygit2 and Jinja2
+    in a fresh interpreter of the bench's venv, beyond a bare one (wall, median). The figure is
+    absolute; this says how it compares with one taken on another machine or day."""
+    def wall(code: str) -> float:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        return time.perf_counter() - t0
+
+    return statistics.median(wall("import pygit2, jinja2") - wall("pass") for _ in range(runs))
+
+
 def change_rows(runs: int) -> list[tuple[str, str, str, str, str]]:
     """Rows of (measure, reconciler, peer, ratio, target) for bench/poll.py --targets."""
     with tempfile.TemporaryDirectory(prefix="reconciler-bench-") as tmp:
@@ -280,6 +294,7 @@ def change_rows(runs: int) -> list[tuple[str, str, str, str, str]]:
                 mine.append(ours.change())
                 peer.append(theirs.change())
             restart = own_restart(root)
+            stick = yardstick()
         finally:
             ours.close()
             theirs.close()
@@ -293,6 +308,7 @@ def change_rows(runs: int) -> list[tuple[str, str, str, str, str]]:
         ("  the hold the repo asks (apart)", f"{HOLD:.3f} s", "", "", ""),
         ("  the service's own restart", f"{restart:.3f} s", "", "", ""),
         ("  beyond the hold and the restart", f"{beyond:.3f} s", "", "", "<= 0.15 s"),
+        ("  yardstick: pygit2 + Jinja2 imported", f"{stick:.3f} s", "", "", ""),
     ]
 
 

@@ -82,7 +82,7 @@ def serve(root: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", f"--base-path={srv}", "--export-all",
                                "--enable=receive-pack", f"--port={port}", "--listen=127.0.0.1",
-                               "--max-connections=0", str(srv)], stderr=subprocess.DEVNULL)
+                               "--max-connections=0", str(srv)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
     url = f"git://127.0.0.1:{port}/cloud.git"
     git("push", "-q", url, "main", cwd=work)

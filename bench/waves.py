@@ -112,17 +112,17 @@ def rollout(n: int, k: int, interval: float, wait_poll: float, wake: bool) -> Ro
         (root / "keys").mkdir()
         files["trust/nodes"] = "".join(public_line(m, NoteKey.load_or_create(keys[m])) + "\n" for m in names)
         work, sign = signed_repo(root, files)
+        www = root / "www"
+        web = Nginx(www, root / "nginx", free_port())
+        if not web.available:  # asked before the git daemon starts: nothing is left running
+            raise SystemExit(f"nginx is needed for the tip probe ({web.binary}): apt-get install nginx-light")
         daemon, url = serve(root, work)
         bare = root / "srv" / "cloud.git"
-        www = root / "www"
         (www / "tips").mkdir(parents=True)
         git("config", "reconciler.tips", str(www / "tips" / "cloud"), cwd=bare)
         (bare / "hooks" / "post-receive").write_bytes(HOOK.read_bytes())
         (bare / "hooks" / "post-receive").chmod(0o755)
         subprocess.run([str(HOOK)], cwd=bare, check=True, stdin=subprocess.DEVNULL)
-        web = Nginx(www, root / "nginx", free_port())
-        if not web.available:
-            raise SystemExit(f"nginx is needed for the tip probe ({web.binary}): apt-get install nginx-light")
         web.start()
         trust = TrustConfig(allowed_signers=root / "allowed", policy="head")
         remotes = (RemoteConfig(url, "both", probe=web.url("tips/cloud")),)
