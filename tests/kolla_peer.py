@@ -29,13 +29,13 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cachelock import building
 
 ANSIBLE_CORE = "2.19.14"
 ANSIBLE_WITH_COLLECTIONS = "ansible>=12,<13"  # the community package built on ansible-core 2.19
@@ -43,9 +43,13 @@ ANSIBLE_WITH_COLLECTIONS = "ansible>=12,<13"  # the community package built on a
 
 def peer_venv(kolla_version: str) -> Path:
     """The peer's venv under the test cache; a failing install fails the test (no skip)."""
-    venv = Path(tempfile.gettempdir()) / "reconciler-test-cache" / f"kolla-peer-{kolla_version}"
-    if (venv / "complete").is_file():
-        return venv
+    with building(f"kolla-peer-{kolla_version}") as venv:
+        if not (venv / "complete").is_file():
+            _make_venv(venv, kolla_version)
+    return venv
+
+
+def _make_venv(venv: Path, kolla_version: str) -> None:
     steps = [
         [sys.executable, "-m", "venv", "--clear", str(venv)],
         [str(venv / "bin" / "pip"), "install", "-q", f"kolla-ansible=={kolla_version}",
@@ -62,7 +66,6 @@ def peer_venv(kolla_version: str) -> Path:
         whl.extractall(venv / "collections",
                        [n for n in whl.namelist() if n.startswith("ansible_collections/ansible/utils/")])
     (venv / "complete").write_text(wheel.name + "\n")
-    return venv
 
 
 FACTS_MODULE = """\

@@ -21,6 +21,7 @@ listens on the Docker bridge's gateway, the address the containers reach this ma
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -83,8 +84,11 @@ def test_every_shell_block_of_the_guide_is_run() -> None:
 
 
 def _gateway(client: docker.DockerClient) -> str:
-    """The address containers on the default bridge reach this machine at."""
-    return str(client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"])
+    """The address containers on the default bridge reach this machine at: the one its IPAM
+    config names, or (an engine that names only the subnet: Debian's docker.io 20.10.24 on a
+    fresh machine) the subnet's first address, which the engine gives the bridge."""
+    config = client.networks.get("bridge").attrs["IPAM"]["Config"][0]
+    return str(config.get("Gateway") or next(ipaddress.ip_network(config["Subnet"]).hosts()))
 
 
 @contextlib.contextmanager

@@ -8,12 +8,12 @@ import re
 import secrets
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
+from cachelock import building
 
 KOLLA_VERSION = "22.2.0"
 SHARE = f"kolla_ansible-{KOLLA_VERSION}.data/data/share/kolla-ansible"
@@ -32,14 +32,15 @@ enable_cinder: "no"
 
 @pytest.fixture(scope="session")
 def kolla_wheel() -> Path:
-    cache = Path(tempfile.gettempdir()) / "reconciler-test-cache" / "kolla"
-    found = sorted(cache.glob(f"kolla_ansible-{KOLLA_VERSION}-*.whl"))
-    if not found:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                               "-d", str(cache), f"kolla-ansible=={KOLLA_VERSION}"], capture_output=True, text=True)
+    with building("kolla") as cache:
         found = sorted(cache.glob(f"kolla_ansible-{KOLLA_VERSION}-*.whl"))
-        if done.returncode != 0 or not found:
-            pytest.fail(f"pip download kolla-ansible=={KOLLA_VERSION}: {done.stderr[-500:]}")
+        if not found:
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                                   "-d", str(cache), f"kolla-ansible=={KOLLA_VERSION}"], capture_output=True,
+                                  text=True)
+            found = sorted(cache.glob(f"kolla_ansible-{KOLLA_VERSION}-*.whl"))
+            if done.returncode != 0 or not found:
+                pytest.fail(f"pip download kolla-ansible=={KOLLA_VERSION}: {done.stderr[-500:]}")
     return found[0]
 
 
