@@ -114,23 +114,25 @@ def rollout(n: int, k: int, interval: float, wait_poll: float, wake: bool) -> Ro
         work, sign = signed_repo(root, files)
         www = root / "www"
         web = Nginx(www, root / "nginx", free_port())
-        if not web.available:  # asked before the git daemon starts: nothing is left running
+        if not web.available:  # said before anything starts
             raise SystemExit(f"nginx is needed for the tip probe ({web.binary}): apt-get install nginx-light")
         daemon, url = serve(root, work)
-        bare = root / "srv" / "cloud.git"
-        (www / "tips").mkdir(parents=True)
-        git("config", "reconciler.tips", str(www / "tips" / "cloud"), cwd=bare)
-        (bare / "hooks" / "post-receive").write_bytes(HOOK.read_bytes())
-        (bare / "hooks" / "post-receive").chmod(0o755)
-        subprocess.run([str(HOOK)], cwd=bare, check=True, stdin=subprocess.DEVNULL)
-        web.start()
-        trust = TrustConfig(allowed_signers=root / "allowed", policy="head")
-        remotes = (RemoteConfig(url, "both", probe=web.url("tips/cloud")),)
-        agents = {m: Agent(AgentConfig(node=m, remote=url, state_dir=root / "nodes" / m, trust=trust, remotes=remotes,
-                                       note_key=keys[m], interval=interval, jitter=interval, wait_poll=wait_poll),
-                           progress=False)
-                  for m in names}
-        try:
+        agents: dict[str, Agent] = {}
+        waits: dict[str, WaitPolls] = {}
+        try:  # from here on, whatever fails stops what started (the daemon, nginx, the services)
+            bare = root / "srv" / "cloud.git"
+            (www / "tips").mkdir(parents=True)
+            git("config", "reconciler.tips", str(www / "tips" / "cloud"), cwd=bare)
+            (bare / "hooks" / "post-receive").write_bytes(HOOK.read_bytes())
+            (bare / "hooks" / "post-receive").chmod(0o755)
+            subprocess.run([str(HOOK)], cwd=bare, check=True, stdin=subprocess.DEVNULL)
+            web.start()
+            trust = TrustConfig(allowed_signers=root / "allowed", policy="head")
+            remotes = (RemoteConfig(url, "both", probe=web.url("tips/cloud")),)
+            agents.update({m: Agent(AgentConfig(node=m, remote=url, state_dir=root / "nodes" / m, trust=trust,
+                                                remotes=remotes, note_key=keys[m], interval=interval, jitter=interval,
+                                                wait_poll=wait_poll), progress=False)
+                           for m in names})
             for a in agents.values():  # everyone on c0, wave by wave
                 a.reconcile_once()
             for w in waves[1:]:
@@ -149,7 +151,6 @@ def rollout(n: int, k: int, interval: float, wait_poll: float, wake: bool) -> Ro
             lock = threading.Lock()
             finished = {m: threading.Event() for m in names}
             passing = {m: threading.Lock() for m in names}  # the daemon's one pass at a time
-            waits: dict[str, WaitPolls] = {}
 
             def poller(m: str) -> Callable[[], None]:
                 def poll() -> None:

@@ -6,25 +6,17 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from reconciler.core.model import DesiredService, Health, Runtime
+from reconciler.drivers.process import ProcessDriver
 from reconciler.node.apply import wait_healthy
 
 
 class Enough(Exception):
     """Raised by the recording sleep: the schedule has been seen far enough."""
-
-
-class Started:
-    """A driver whose service runs, with no health of its own: only the port decides."""
-
-    def running(self, name: str) -> bool:
-        return True
-
-    def native_health(self, name: str) -> str | None:
-        return None
 
 
 @pytest.fixture
@@ -35,9 +27,12 @@ def closed_port() -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
-def schedule(port: int, checks: int) -> list[float]:
-    """The sleeps between the first ``checks`` checks of a port that never answers."""
-    svc = DesiredService("api", Runtime("process", ("api",)), (), Health("tcp", f"127.0.0.1:{port}", timeout=3600))
+def schedule(tmp_path: Path, port: int, checks: int) -> list[float]:
+    """The sleeps between the first ``checks`` checks of a service that runs (a real process of
+    the process driver) and whose port never answers."""
+    svc = DesiredService("api", Runtime("process", ("python3", "-c", "import time; time.sleep(600)")), (),
+                         Health("tcp", f"127.0.0.1:{port}", timeout=3600))
+    driver = ProcessDriver(tmp_path / "services", "n1")
     slept: list[float] = []
 
     def sleep(seconds: float) -> None:
@@ -45,13 +40,17 @@ def schedule(port: int, checks: int) -> list[float]:
         if len(slept) == checks:
             raise Enough
 
-    with pytest.raises(Enough):
-        wait_healthy(Started(), svc, sleep=sleep)  # type: ignore[arg-type]
+    try:
+        driver.start(svc, "c" * 40, lambda: None)
+        with pytest.raises(Enough):
+            wait_healthy(driver, svc, sleep=sleep)
+    finally:
+        driver.remove("api")
     return slept
 
 
-def test_a_start_is_seen_within_2_ms_and_a_fifth_of_its_time(closed_port: int) -> None:
-    slept = schedule(closed_port, 60)
+def test_a_start_is_seen_within_2_ms_and_a_fifth_of_its_time(tmp_path: Path, closed_port: int) -> None:
+    slept = schedule(tmp_path, closed_port, 60)
     assert slept[0] <= 0.002
     waited = 0.0
     for step in slept:
@@ -61,8 +60,8 @@ def test_a_start_is_seen_within_2_ms_and_a_fifth_of_its_time(closed_port: int) -
         waited += step
 
 
-def test_a_slow_start_costs_few_checks(closed_port: int) -> None:
-    slept = schedule(closed_port, 60)
+def test_a_slow_start_costs_few_checks(tmp_path: Path, closed_port: int) -> None:
+    slept = schedule(tmp_path, closed_port, 60)
     assert max(slept) == pytest.approx(0.05)
     times = [sum(slept[: i + 1]) for i in range(len(slept))]
     assert sum(t <= 0.1 for t in times) <= 15  # its first 0.1 s
