@@ -119,6 +119,7 @@ def rollout(n: int, k: int, interval: float, wait_poll: float, wake: bool) -> Ro
         daemon, url = serve(root, work)
         agents: dict[str, Agent] = {}
         waits: dict[str, WaitPolls] = {}
+        finished = {m: threading.Event() for m in names}  # a node's schedule ends when set
         try:  # from here on, whatever fails stops what started (the daemon, nginx, the services)
             bare = root / "srv" / "cloud.git"
             (www / "tips").mkdir(parents=True)
@@ -149,7 +150,6 @@ def rollout(n: int, k: int, interval: float, wait_poll: float, wake: bool) -> Ro
             polls = [0]
             failures: list[str] = []
             lock = threading.Lock()
-            finished = {m: threading.Event() for m in names}
             passing = {m: threading.Lock() for m in names}  # the daemon's one pass at a time
 
             def poller(m: str) -> Callable[[], None]:
@@ -198,6 +198,8 @@ def rollout(n: int, k: int, interval: float, wait_poll: float, wake: bool) -> Ro
             wait_polls = sum(len(web.requests(f"tips/cloud.notes/{m}")) for m in names)
             return Rollout(waves, started, noted, applying, polls[0], wait_polls, cpu, pushed, failures)
         finally:
+            for m in names:  # every node's schedule ends, a failed run's too
+                finished[m].set()
             for wp in waits.values():
                 wp.wake()
             daemon.terminate()
