@@ -17,6 +17,10 @@ _HEADER = re.compile(r"(?:\A|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])\s*\[")
 def has_header(content: bytes) -> bool:
     """Whether a line of the file starts with "[" (after whitespace): a sectioned INI file,
     whose keys print as "[section] key"."""
+    # Most such files open with their first header: known from their first bytes, no decode
+    # (bytes.lstrip strips only ASCII whitespace, each of which "\s" matches).
+    if content[:256].lstrip()[:1] == b"[":
+        return True
     return _HEADER.search(content.decode(errors="replace")) is not None
 
 
@@ -91,10 +95,26 @@ _LONGEST_KEPT = 512
 
 def _name_read(line: str) -> _Line:
     """A line both files have, read for its kind, indent and name: as its text up to its "=" or
-    ":" (when it opens no section) reads. A node's own value ("port = 1003") is not kept."""
+    ":" (when it opens no section) reads. No node's own value ("port = 1003") is read or kept
+    here (``_moves`` keeps the line, not its reading)."""
     cut = line.find("=") + 1 or line.find(":") + 1
     name = line[:cut] if cut and line[:cut].lstrip()[:1] != "[" else line  # not the whole line copied
     return _READ.get(name) or _reading(name)
+
+
+# A line both files have -> how it moves the parser (``_name_read``): the lines a template
+# renders alike on every node ("debug = False", "workers = 4"), and a node's own line on each of
+# its services ("host = node0001"), are read by name once, not once a file.
+_MOVES: dict[str, _Line] = {}
+
+
+def _moves(line: str) -> _Line:
+    seen = _name_read(line)
+    if len(line) <= _LONGEST_KEPT:
+        if len(_MOVES) >= 1 << 15:
+            _MOVES.clear()
+        _MOVES[line] = seen
+    return seen
 
 
 def ini_values(text: str) -> dict[str, tuple[str, ...]]:
@@ -144,45 +164,51 @@ def ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
     if len(la) != len(lb):
         return None
     changed: set[str] = set()
-    prefix, key, key_indent = "", "", 0
+    # The parser's place: the section's key prefix, and the option a line indented below
+    # ``indent`` continues ("" after a header or a blank line: none). Its key is made only
+    # when one of its values changed.
+    prefix, option, indent = "", "", 0
+    read, moves = _READ.get, _MOVES.get
     for a, b in zip(la, lb, strict=True):
         if a == b:  # most lines: read once per text, moving the parser along, nothing kept
-            kind, indent, word, _, _ = _READ.get(a) or _name_read(a)
-            if kind == _BLANK:
-                key = ""  # a blank line ends a value
-            elif kind == _COMMENT or (key and indent > key_indent):
+            # A long line is not looked for (never kept): not hashed (a group's member list, a key).
+            kind, at, word, _, _ = (moves(a) if len(a) <= _LONGEST_KEPT else None) or _moves(a)
+            if kind is _OPTION:  # most of them
+                if not option or at <= indent:  # else it continues the option's value
+                    option, indent = word, at
+            elif kind is _BLANK:
+                option = ""  # a blank line ends a value
+            elif kind is _COMMENT or (option and at > indent):
                 continue
-            elif kind == _SECTION:
-                key, prefix = "", word
-            elif kind == _OPTION:
-                key, key_indent = prefix + word, indent
+            elif kind is _SECTION:
+                option, prefix = "", word
             else:
                 return None  # not an option: ``ini_values`` says which file does not parse
             continue
         # Kept too: a line a change rewrites alike on every node ("region = RegionTwo") is read
         # once in a fleet diff; one that is this node's own costs a table entry until it starts over.
-        kind, indent, word, value, text = _READ.get(a) or _reading(a)
-        other_kind, other_indent, other_word, other_value, other_text = _READ.get(b) or _reading(b)
-        if kind in (_BLANK, _COMMENT) or other_kind in (_BLANK, _COMMENT):
-            if kind != other_kind:
+        kind, at, word, value, text = read(a) or _reading(a)
+        other_kind, other_at, other_word, other_value, other_text = read(b) or _reading(b)
+        if kind is _BLANK or kind is _COMMENT or other_kind is _BLANK or other_kind is _COMMENT:
+            if kind is not other_kind:
                 return None  # a blank line (the end of a value) or a comment against a line that is not
-            if kind == _BLANK:
-                key = ""
+            if kind is _BLANK:
+                option = ""
             continue
-        more, other_more = bool(key) and indent > key_indent, bool(key) and other_indent > key_indent
+        more, other_more = bool(option) and at > indent, bool(option) and other_at > indent
         if more != other_more:
             return None  # a continuation against a line that is not
         if more:
             if text != other_text:
-                changed.add(key)
-        elif kind != other_kind or kind == _OTHER or word != other_word:
+                changed.add(prefix + option)
+        elif kind is not other_kind or kind is _OTHER or word != other_word:
             return None  # another section, another option, or a line that is not INI
-        elif kind == _SECTION:
-            key, prefix = "", word
-        elif indent != other_indent:
+        elif kind is _SECTION:
+            option, prefix = "", word
+        elif at != other_at:
             return None  # the same option at another indent: what continues it differs
         else:
-            key, key_indent = prefix + word, indent
+            option, indent = word, at
             if value != other_value:
-                changed.add(key)
+                changed.add(prefix + word)
     return sorted(changed)
