@@ -142,6 +142,21 @@ def test_a_file_over_its_limit_and_a_node_over_its_budget(tmp_path: Path) -> Non
         render(tmp_path, "{{ 'x' * 800 }}", limits, **{"services/api/service.yaml": two_files})
 
 
+def test_a_file_over_its_limit_in_its_first_few_chunks_names_the_line_that_passed_it(tmp_path: Path) -> None:
+    # Short files are taken a batch of chunks at a time; the line printing when the file
+    # passed its limit is still the one named, not the last line the batch took.
+    limits = Limits(file_bytes=1000)
+    with pytest.raises(RenderLimit) as info:
+        render(tmp_path, "a\n{{ 'x' * 600 }}\n{{ 'y' * 600 }}\nz\n", limits)
+    assert str(info.value) == ("services/api/templates/api.conf.j2:3: node n1, service api: api.conf is larger "
+                               "than 1000 B (render limit)")
+    # The limit is met before the error that follows it, as when each chunk is counted.
+    with pytest.raises(RenderLimit, match=r"api.conf.j2:1: node n1, service api: api.conf is larger than 1000 B"):
+        render(tmp_path, "{% for i in range(2) %}{{ 'x' * 600 }}{% endfor %}\n{{ 1 / 0 }}\n", limits)
+    # Under its limit, a file that had to be counted chunk by chunk renders as it is.
+    assert render(tmp_path, "{{ 'x' * 600 }}\n{{ 'y' * 399 }}", limits) == b"x" * 600 + b"\n" + b"y" * 399
+
+
 @pytest.mark.parametrize("template", [
     "{{ 'x' * 10 ** 10 }}",
     "{{ 10 ** (10 ** 10) }}",
