@@ -114,7 +114,12 @@ def _file_domains(path: str, a: FileSpec | None, b: FileSpec | None) -> list[Dom
 def _changes(a: FileSpec, b: FileSpec) -> list[tuple[str, str]] | None:
     """(key, added | removed | changed) of each key whose values differ between two versions of
     a file, in key order; None when it is not a structured config or does not parse."""
-    if _format(a.path) == "ini":
+    return _changes_as(_format(a.path), a, b)
+
+
+def _changes_as(kind: str | None, a: FileSpec, b: FileSpec) -> list[tuple[str, str]] | None:
+    """``_changes`` of a file whose format (``_format``) the caller has found."""
+    if kind == "ini":
         la, lb = a.lines, b.lines
         if la is None or lb is None:
             return None  # not UTF-8
@@ -175,9 +180,10 @@ def file_decision(a: FileSpec, b: FileSpec, rules: tuple[Rule, ...],
                   default: ActionKind = DEFAULT) -> tuple[ActionKind, str]:
     """``decide({"file"}, (a,), (b,), rules, default)`` for one file at one path at both sides,
     kept per (rules, path, changed keys): a change alike on every node is judged once."""
-    if a.content == b.content or not (keys := _changes(a, b)):  # its mode, the whole file, comments only
+    kind = _format(b.path)
+    if a.content == b.content or not (keys := _changes_as(kind, a, b)):  # its mode, the whole file, comments only
         return decide(_PARTS, (a,), (b,), rules, default)
-    key = (id(rules), b.path, tuple(keys), _format(b.path) == "ini" and has_header(b.content), id(default))
+    key = (id(rules), b.path, tuple(keys), kind == "ini" and has_header(b.content), id(default))
     said = _FILE_DECIDED.get(key)
     return said if said is not None else _FILE_DECIDED.put(key, decide(_PARTS, (a,), (b,), rules, default), rules)
 
