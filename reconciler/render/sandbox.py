@@ -47,6 +47,8 @@ from reconciler.render.sizes import (
     weight,
 )
 
+# Exactly these types (a subclass is measured) hold no container to measure before printing.
+_SCALARS = frozenset({str, int, bool, float, type(None)})
 _CHECK_EVERY = 256  # steps between clock reads: cheap, and still many checks per second
 _MADE_PER_OUTPUT = 4  # the strings a render builds, against the output it may write
 
@@ -286,7 +288,9 @@ class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     @staticmethod
     def _printable(value: Any) -> Any:
-        if type(value) is not str and isinstance(value, CONTAINERS):
+        if type(value) in _SCALARS:  # most of what a config prints: nothing to measure (one set lookup)
+            return value
+        if isinstance(value, CONTAINERS):
             budget = _BUDGET.get()
             if budget is not None:
                 _printed(budget, value)
