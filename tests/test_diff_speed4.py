@@ -19,6 +19,7 @@ from reconciler.plan.planner import plan
 from reconciler.render.node import render_node
 from reconciler.review.applied import as_applied
 from reconciler.review.diff import diff_repos
+from reconciler.review.linediff import _ends as ends_found
 from reconciler.review.linediff import _grouped, _opcodes, unified
 
 SERVICES = {
@@ -135,6 +136,18 @@ def _ends(a: list[str], b: list[str]) -> tuple[int, int, int]:
     while tail < limit - head and a[-1 - tail] == b[-1 - tail]:
         tail += 1
     return head, len(a) - tail, len(b) - tail
+
+
+def test_the_lines_both_files_start_and_end_with_are_found_as_counted_one_by_one() -> None:
+    """Found for two files of one length (lines rewritten in place, most changes) by comparing
+    every pair at once; otherwise one by one from each end."""
+    rng = random.Random(7)
+    words = ["a\n", "b\n", "a", "\n", "port = 1\n"]
+    for _ in range(5000):
+        a = [rng.choice(words) for _ in range(rng.randint(0, 10))]
+        b = [rng.choice(words) if rng.random() < 0.3 else line for line in a] if rng.random() < 0.7 else \
+            [rng.choice(words) for _ in range(rng.randint(0, 10))]
+        assert ends_found(a, b) == _ends(a, b), (a, b)
 
 
 def test_one_changed_region_printed_a_run_at_a_time_is_the_general_grouping() -> None:

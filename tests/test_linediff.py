@@ -96,17 +96,3 @@ def test_one_changed_region_is_the_hunk_the_general_grouping_makes(head: list[st
     assert unified(old, new, "a/f", "b/f", context) == _grouped(old, new, "a/f", "b/f", context,
                                                                 _opcodes(old, new, ends))
 
-
-@settings(max_examples=500, deadline=None)
-@given(LINES, LINES, st.data())
-def test_the_lines_both_files_start_and_end_with_are_counted_as_one_by_one(old: list[str], other: list[str],
-                                                                          data: st.DataObject) -> None:
-    # Mostly files of one length, lines rewritten in place (compared all at once), sometimes not.
-    new = [data.draw(st.sampled_from(["a\n", "z\n", line])) for line in old] if data.draw(st.booleans()) else other
-    head, limit = 0, min(len(old), len(new))
-    while head < limit and old[head] == new[head]:
-        head += 1
-    tail = 0
-    while tail < limit - head and old[-1 - tail] == new[-1 - tail]:
-        tail += 1
-    assert _ends(old, new) == (head, len(old) - tail, len(new) - tail)

@@ -80,17 +80,20 @@ _READ: dict[str, _Line] = {}
 
 
 def _reading(line: str) -> _Line:
-    seen = _read(line)
-    # A long line (a certificate, a key, a blob on one line) is a node's own: kept, a review or a
-    # daemon would hold a copy of each, three times over, until the table starts over.
-    if len(line) <= _LONGEST_KEPT:
-        if len(_READ) >= 1 << 15:
-            _READ.clear()
-        _READ[line] = seen
-    return seen
+    return _kept(_READ, line, _read(line))
 
 
 _LONGEST_KEPT = 512
+
+
+def _kept(table: dict[str, _Line], line: str, seen: _Line) -> _Line:
+    # A long line (a certificate, a key, a blob on one line) is a node's own: kept, a review or a
+    # daemon would hold a copy of each, three times over, until the table starts over.
+    if len(line) <= _LONGEST_KEPT:
+        if len(table) >= 1 << 15:
+            table.clear()
+        table[line] = seen
+    return seen
 
 
 def _name_read(line: str) -> _Line:
@@ -109,12 +112,7 @@ _MOVES: dict[str, _Line] = {}
 
 
 def _moves(line: str) -> _Line:
-    seen = _name_read(line)
-    if len(line) <= _LONGEST_KEPT:
-        if len(_MOVES) >= 1 << 15:
-            _MOVES.clear()
-        _MOVES[line] = seen
-    return seen
+    return _kept(_MOVES, line, _name_read(line))
 
 
 def ini_values(text: str) -> dict[str, tuple[str, ...]]:
