@@ -142,6 +142,38 @@ def test_a_file_over_its_limit_and_a_node_over_its_budget(tmp_path: Path) -> Non
         render(tmp_path, "{{ 'x' * 800 }}", limits, **{"services/api/service.yaml": two_files})
 
 
+# Renders the node of the repo given, in a process of its own: its error, then its peak RSS in MiB.
+PEAK = """
+import resource, sys
+from pathlib import Path
+from reconciler.core.errors import RenderLimit
+from reconciler.render.node import render_node
+from reconciler.repo.load import load_repo
+from reconciler.repo.tree import DirTree
+try:
+    render_node(load_repo(DirTree(Path(sys.argv[1]))), "n1", "x")
+except RenderLimit as exc:
+    print(exc)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_a_loop_of_values_each_as_large_as_a_file_stops_at_the_second_holding_two(tmp_path: Path) -> None:
+    # Each value is allowed (10 Mi characters, 40 MiB as Python holds them); the file passes its
+    # limit at the second. Counted as each is printed, two are held at most, not the 64 (2.5 GiB)
+    # a render that took many chunks before counting them would hold.
+    repo = make(tmp_path, {"services/api/templates/api.conf.j2":
+                           "{% for i in range(64) %}{{ '\\U0001F600' * 10485760 }}{% endfor %}\n"})
+
+    proc = subprocess.run([sys.executable, "-c", PEAK, str(repo)], capture_output=True, text=True, timeout=600,
+                          preexec_fn=_bounded_memory, check=True)
+
+    error, peak = proc.stdout.splitlines()
+    assert error == ("services/api/templates/api.conf.j2:1: node n1, service api: api.conf is larger than 10 MiB "
+                     "(render limit)")
+    assert int(peak) < 400, f"{peak} MiB at its peak"
+
+
 def test_a_file_over_its_limit_in_its_first_few_chunks_names_the_line_that_passed_it(tmp_path: Path) -> None:
     # Short files are taken a batch of chunks at a time; the line printing when the file
     # passed its limit is still the one named, not the last line the batch took.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Generator, Mapping
-from itertools import islice
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Any, cast
@@ -141,40 +140,25 @@ def _template_where(tb: TracebackType | None, templates: Mapping[str, str]) -> t
     return where
 
 
-# Chunks taken at once before they are counted (a rendered config is mostly fewer): counted one
-# by one in Python, a file's dozen chunks were a tenth of its render.
-_FIRST = 64
-
-
 def _stream(tpl: jinja2.Template, ctx: Mapping[str, Any], budget: Budget, what: str) -> str:
     """Render while counting: output past a limit stops the template where it is, so a loop
     that prints gigabytes fails after ``file_bytes``, not after allocating them. ``ctx`` already
     holds the environment's globals (``render_service`` merges them once per service): it is
     the template's context as it is, no copy of them and of every variable per file."""
+    # Built directly, without the template's globals: Jinja only lists their names (a set built
+    # from a ChainMap, a tenth of a fleet's render time) for a template imported as a module,
+    # and an import builds a context of its own.
+    context = tpl.environment.context_class(tpl.environment, cast(dict[str, Any], ctx), tpl.name, tpl.blocks)
+    chunks: list[str] = []
+    append = chunks.append
+    size, counted = 0, 0
     # Output is often one character per chunk: count it here, and let the budget judge it only
     # every so many bytes or once this file passes its limit (``check``: the size at which it
     # is next asked; one comparison a chunk, a fleet diff yields some 800,000).
     limit = budget.limits.file_bytes
     batch = min(64 * 1024, limit)
     check = min(batch, limit + 1)
-    steps, made = budget.steps, budget.made
-    gen = _generator(tpl, ctx)
-    try:
-        chunks: list[str] | None = list(islice(gen, _FIRST))
-    except Exception:
-        chunks = None
-    if chunks is not None and (size := sum(map(len, chunks))) < check:
-        if len(chunks) < _FIRST:  # all of it, and short of the first check: nothing to ask the budget
-            return _counted(budget, size, 0, what, chunks)
-    else:
-        # The first check was due within the first chunks, or the template failed there: it is
-        # rendered again chunk by chunk from the budget as it was, so the error is the one, and
-        # names the line, that counting each chunk meets first.
-        gen.close()
-        budget.steps, budget.made = steps, made
-        gen, chunks, size = _generator(tpl, ctx), [], 0
-    append = chunks.append
-    counted = 0
+    gen = cast(Generator[str, None, None], tpl.root_render_func(context))  # a compiled template is a generator
     try:
         for chunk in gen:
             size += len(chunk)
@@ -188,19 +172,6 @@ def _stream(tpl: jinja2.Template, ctx: Mapping[str, Any], budget: Budget, what: 
     except Exception:
         # Rewrites the traceback so template frames carry the template's file and line.
         tpl.environment.handle_exception()
-    return _counted(budget, size, counted, what, chunks)
-
-
-def _generator(tpl: jinja2.Template, ctx: Mapping[str, Any]) -> Generator[str, None, None]:
-    # Built directly, without the template's globals: Jinja only lists their names (a set built
-    # from a ChainMap, a tenth of a fleet's render time) for a template imported as a module,
-    # and an import builds a context of its own.
-    context = tpl.environment.context_class(tpl.environment, cast(dict[str, Any], ctx), tpl.name, tpl.blocks)
-    return cast(Generator[str, None, None], tpl.root_render_func(context))  # a compiled template is a generator
-
-
-def _counted(budget: Budget, size: int, counted: int, what: str, chunks: list[str]) -> str:
-    """The file's text, once the budget has counted what it had not (the node's total and clock)."""
     over = budget.output(size - counted, size, what)
     if over is not None:
         raise RenderLimit(over)
