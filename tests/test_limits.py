@@ -175,8 +175,8 @@ def test_a_loop_of_values_each_as_large_as_a_file_stops_at_the_second_holding_tw
 
 
 def test_a_file_over_its_limit_in_its_first_few_chunks_names_the_line_that_passed_it(tmp_path: Path) -> None:
-    # Short files are taken a batch of chunks at a time; the line printing when the file
-    # passed its limit is still the one named, not the last line the batch took.
+    # The line printing when the file passed its limit is the one named, not a later one
+    # (a render that took its chunks a batch at a time would have been further on).
     limits = Limits(file_bytes=1000)
     with pytest.raises(RenderLimit) as info:
         render(tmp_path, "a\n{{ 'x' * 600 }}\n{{ 'y' * 600 }}\nz\n", limits)
@@ -185,7 +185,7 @@ def test_a_file_over_its_limit_in_its_first_few_chunks_names_the_line_that_passe
     # The limit is met before the error that follows it, as when each chunk is counted.
     with pytest.raises(RenderLimit, match=r"api.conf.j2:1: node n1, service api: api.conf is larger than 1000 B"):
         render(tmp_path, "{% for i in range(2) %}{{ 'x' * 600 }}{% endfor %}\n{{ 1 / 0 }}\n", limits)
-    # Under its limit, a file that had to be counted chunk by chunk renders as it is.
+    # At its limit exactly, after its first check, a file renders as it is.
     assert render(tmp_path, "{{ 'x' * 600 }}\n{{ 'y' * 399 }}", limits) == b"x" * 600 + b"\n" + b"y" * 399
 
 

@@ -95,4 +95,3 @@ def test_one_changed_region_is_the_hunk_the_general_grouping_makes(head: list[st
     ends = _ends(old, new)
     assert unified(old, new, "a/f", "b/f", context) == _grouped(old, new, "a/f", "b/f", context,
                                                                 _opcodes(old, new, ends))
-

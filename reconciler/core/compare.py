@@ -123,7 +123,7 @@ def _changes_as(kind: str | None, a: FileSpec, b: FileSpec) -> list[tuple[str, s
         la, lb = a.lines, b.lines
         if la is None or lb is None:
             return None  # not UTF-8
-        same_shape = ini_changes(la, lb)
+        same_shape = ini_changes(la, lb, keep=not (a.secret or b.secret))
         if same_shape is not None:
             return [(key, "changed") for key in same_shape]
     fa, fb = flatten(a.path, a.content), flatten(b.path, b.content)

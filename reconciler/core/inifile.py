@@ -146,7 +146,7 @@ def ini_values(text: str) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in values.items()}
 
 
-def ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
+def ini_changes(la: Sequence[str], lb: Sequence[str], keep: bool = True) -> list[str] | None:
     """The keys whose values differ between two INI files of the same shape, read in one pass
     for both: line for line, each pair of differing lines is the same kind of line for the
     parser (an option of the same name at the same indent, a continuation, a comment, a blank,
@@ -158,7 +158,8 @@ def ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
     and its continuations (none of which holds a line break), so they differ exactly when one of
     those lines reads differently: an equal line only moves the parser along. ``la``, ``lb``:
     the files' lines, with their line ends or without (a line that differs only there reads the
-    same)."""
+    same). ``keep``: False for a file that holds a secret, none of whose lines (or their values)
+    stay in the tables after the call (a daemon or a review bot lives long)."""
     if len(la) != len(lb):
         return None
     changed: set[str] = set()
@@ -167,10 +168,11 @@ def ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
     # when one of its values changed.
     prefix, option, indent = "", "", 0
     read, moves = _READ.get, _MOVES.get
+    reading, moving = (_reading, _moves) if keep else (_read, _read)  # what is read afresh is kept, or not
     for a, b in zip(la, lb, strict=True):
-        if a == b:  # most lines: read once per text, moving the parser along, nothing kept
+        if a == b:  # most lines: read once per text (``_MOVES``), moving the parser along
             # A long line is not looked for (never kept): not hashed (a group's member list, a key).
-            kind, at, word, _, _ = (moves(a) if len(a) <= _LONGEST_KEPT else None) or _moves(a)
+            kind, at, word, _, _ = (moves(a) if len(a) <= _LONGEST_KEPT else None) or moving(a)
             if kind is _OPTION:  # most of them
                 if not option or at <= indent:  # else it continues the option's value
                     option, indent = word, at
@@ -185,8 +187,8 @@ def ini_changes(la: Sequence[str], lb: Sequence[str]) -> list[str] | None:
             continue
         # Kept too: a line a change rewrites alike on every node ("region = RegionTwo") is read
         # once in a fleet diff; one that is this node's own costs a table entry until it starts over.
-        kind, at, word, value, text = read(a) or _reading(a)
-        other_kind, other_at, other_word, other_value, other_text = read(b) or _reading(b)
+        kind, at, word, value, text = read(a) or reading(a)
+        other_kind, other_at, other_word, other_value, other_text = read(b) or reading(b)
         if kind is _BLANK or kind is _COMMENT or other_kind is _BLANK or other_kind is _COMMENT:
             if kind is not other_kind:
                 return None  # a blank line (the end of a value) or a comment against a line that is not
